@@ -1,0 +1,99 @@
+"""Repository settings (stored in ``.ckpt/config.json``) and process knobs (env overrides).
+
+Repository settings are fixed at ``init`` and travel with the repository; knobs are
+per-process and may be overridden by environment variables named ``CKPT_<KNOB>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from ckptrepo.errors import FormatError, UsageError
+
+FORMAT_VERSION = 1
+REPO_DIRNAME = ".ckpt"
+CONFIG_NAME = "config.json"
+SQLITE_NAME = "db.sqlite"
+
+DEFAULT_CHUNK_SIZE = 1 << 20
+DEFAULT_PACK_TARGET = 64 << 20
+
+
+@dataclass
+class RepoConfig:
+    """What a repository is: its format, layout and where its data lives.
+
+    ``db_url`` None means the embedded SQLite file ``.ckpt/db.sqlite``; ``store_url``
+    None means the local pack store ``.ckpt/store``.
+    """
+
+    format_version: int = FORMAT_VERSION
+    repo_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    pack_target: int = DEFAULT_PACK_TARGET
+    zstd_level: int = 1
+    compression: bool = True
+    db_url: str | None = None
+    store_url: str | None = None
+
+    def validate(self) -> None:
+        """Raise UsageError for settings no repository can work with."""
+        if self.chunk_size < 4096 or self.chunk_size > (1 << 30):
+            raise UsageError(f"chunk size {self.chunk_size} is out of range", hint="Use 4 KiB to 1 GiB.")
+        if self.chunk_size % 64:
+            raise UsageError(
+                f"chunk size {self.chunk_size} is not a multiple of 64 bytes",
+                hint="Pick a multiple of 64 so every dtype's elements align with chunk cuts.",
+            )
+        if self.pack_target < self.chunk_size:
+            raise UsageError("pack target is smaller than the chunk size", hint="Raise --pack-size.")
+        if not 1 <= self.zstd_level <= 22:
+            raise UsageError(f"zstd level {self.zstd_level} is out of range", hint="Use 1..22.")
+
+    def save(self, repo_dir: Path) -> None:
+        """Write the settings atomically (temp file, fsync, rename)."""
+        path = repo_dir / CONFIG_NAME
+        tmp = path.with_suffix(".json.tmp")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(asdict(self), fh, indent=2, sort_keys=True)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, repo_dir: Path) -> RepoConfig:
+        """Read ``config.json``; refuse formats newer than this code."""
+        path = repo_dir / CONFIG_NAME
+        try:
+            raw: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise FormatError(detail=f"{path} is missing") from exc
+        except (OSError, ValueError) as exc:
+            raise FormatError(detail=f"{path} is unreadable ({exc})") from exc
+        version = raw.get("format_version")
+        if not isinstance(version, int) or version > FORMAT_VERSION:
+            raise FormatError(detail=f"format version {version!r}, this ckptrepo reads up to {FORMAT_VERSION}")
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in raw.items() if k in known})
+
+
+def env_int(name: str, default: int) -> int:
+    """Integer knob ``CKPT_<NAME>`` from the environment, else ``default``."""
+    value = os.environ.get(f"CKPT_{name}")
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError as exc:
+        raise UsageError(f"CKPT_{name}={value!r} is not an integer") from exc
+
+
+def default_workers() -> int:
+    """Worker threads for hashing/encoding/decoding (``CKPT_WORKERS``, default: all cores)."""
+    return max(1, env_int("WORKERS", os.cpu_count() or 1))

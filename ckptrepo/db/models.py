@@ -1,0 +1,190 @@
+"""SQLAlchemy 2.0 models: the lineage graph and the chunk index.
+
+Ids are 64-character lowercase hex BLAKE3 digests (see ``ckptrepo.ids``). Rows are
+only ever inserted by one transaction per commit (``repository``), so a row that is
+visible always refers to durable pack bytes (the write ordering in DESIGN.md).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    SmallInteger,
+    String,
+    Text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+Id = String(64)
+JsonType = JSON().with_variant(JSONB(), "postgresql")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class RepoMeta(Base):
+    """Key/value facts about the repository (its id, format version)."""
+
+    __tablename__ = "repo_meta"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+
+
+class Pack(Base):
+    """A durable, immutable pack object in the store, named by the BLAKE3 of its bytes."""
+
+    __tablename__ = "packs"
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    n_chunks: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Chunk(Base):
+    """Where a chunk's encoded bytes live. ``id`` is BLAKE3 of the *decoded* bytes.
+
+    ``encoding`` is ``ckptrepo.chunks.codecs.Encoding``; ``base_id`` names the chunk a
+    delta is taken against and ``depth`` the length of that delta chain (0 = standalone).
+    """
+
+    __tablename__ = "chunks"
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    pack_id: Mapped[str] = mapped_column(ForeignKey("packs.id"), index=True)
+    offset: Mapped[int] = mapped_column(BigInteger)
+    length: Mapped[int] = mapped_column(BigInteger)
+    raw_length: Mapped[int] = mapped_column(BigInteger)
+    encoding: Mapped[int] = mapped_column(SmallInteger)
+    base_id: Mapped[str | None] = mapped_column(ForeignKey("chunks.id"), index=True, default=None)
+    depth: Mapped[int] = mapped_column(SmallInteger, default=0)
+
+
+class Tensor(Base):
+    """One distinct tensor value: dtype, shape, ordered chunks and ingest statistics.
+
+    ``id`` hashes dtype, shape and chunk ids, so identical tensors are one row.
+    Statistics are over the tensor's elements as float64 (None where not meaningful,
+    e.g. bool or complex tensors' min/max).
+    """
+
+    __tablename__ = "tensors"
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    dtype: Mapped[str] = mapped_column(String(32))
+    shape: Mapped[list[int]] = mapped_column(JsonType)
+    nbytes: Mapped[int] = mapped_column(BigInteger)
+    chunk_size: Mapped[int] = mapped_column(BigInteger)
+    n_chunks: Mapped[int] = mapped_column(Integer)
+    numel: Mapped[int] = mapped_column(BigInteger)
+    mean: Mapped[float | None] = mapped_column(Float, default=None)
+    std: Mapped[float | None] = mapped_column(Float, default=None)
+    min: Mapped[float | None] = mapped_column(Float, default=None)
+    max: Mapped[float | None] = mapped_column(Float, default=None)
+    l2_norm: Mapped[float | None] = mapped_column(Float, default=None)
+    abs_max: Mapped[float | None] = mapped_column(Float, default=None)
+    nan_count: Mapped[int] = mapped_column(BigInteger, default=0)
+    inf_count: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class TensorChunk(Base):
+    """The ``seq``-th chunk of a tensor (byte offset ``seq * tensor.chunk_size``)."""
+
+    __tablename__ = "tensor_chunks"
+    tensor_id: Mapped[str] = mapped_column(ForeignKey("tensors.id"), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    chunk_id: Mapped[str] = mapped_column(ForeignKey("chunks.id"), index=True)
+
+
+class Commit(Base):
+    """A node of the lineage graph: one saved state plus what is known about it.
+
+    ``skeleton`` is the state's structure with non-tensor values inline and tensors
+    as references to ``entries`` names (see ``ckptrepo.state``). Ingest figures are
+    bytes and seconds measured while committing.
+    """
+
+    __tablename__ = "commits"
+    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    message: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    author: Mapped[str] = mapped_column(String(255), default="")
+    host: Mapped[str] = mapped_column(String(255), default="")
+    branch: Mapped[str | None] = mapped_column(String(255), index=True, default=None)
+    step: Mapped[int | None] = mapped_column(BigInteger, index=True, default=None)
+    epoch: Mapped[int | None] = mapped_column(Integer, default=None)
+    generation: Mapped[int] = mapped_column(Integer, default=1)
+    config: Mapped[Any | None] = mapped_column(JsonType, default=None)
+    code_version: Mapped[str | None] = mapped_column(String(255), default=None)
+    skeleton: Mapped[Any] = mapped_column(JsonType)
+    n_tensors: Mapped[int] = mapped_column(Integer, default=0)
+    logical_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    new_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    stored_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    stall_s: Mapped[float] = mapped_column(Float, default=0.0)
+    wait_s: Mapped[float] = mapped_column(Float, default=0.0)
+    persist_s: Mapped[float] = mapped_column(Float, default=0.0)
+    nonfinite: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class Entry(Base):
+    """A named tensor of a commit. ``name`` is the '/'-joined key path (``state.join_path``)."""
+
+    __tablename__ = "entries"
+    commit_id: Mapped[str] = mapped_column(ForeignKey("commits.id"), primary_key=True)
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    tensor_id: Mapped[str] = mapped_column(ForeignKey("tensors.id"), index=True)
+
+
+class Edge(Base):
+    """child -> parent with ``kind`` in parent | merge | transfer; ``position`` orders parents.
+
+    The first parent has kind ``parent``; further parents of a merge have kind ``merge``;
+    a ``transfer`` edge may carry ``mapping`` {dst tensor name: src tensor name}.
+    """
+
+    __tablename__ = "edges"
+    child_id: Mapped[str] = mapped_column(ForeignKey("commits.id"), primary_key=True)
+    parent_id: Mapped[str] = mapped_column(ForeignKey("commits.id"), primary_key=True, index=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    position: Mapped[int] = mapped_column(Integer, default=0)
+    mapping: Mapped[Any | None] = mapped_column(JsonType, default=None)
+
+
+class Ref(Base):
+    """A branch (moves by compare-and-swap) or a tag (never moves)."""
+
+    __tablename__ = "refs"
+    kind: Mapped[str] = mapped_column(String(8), primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    commit_id: Mapped[str] = mapped_column(ForeignKey("commits.id"), index=True)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class Metric(Base):
+    """A scalar metric recorded with a commit (``val_loss`` = 2.03)."""
+
+    __tablename__ = "metrics"
+    commit_id: Mapped[str] = mapped_column(ForeignKey("commits.id"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    value: Mapped[float] = mapped_column(Float)
+
+
+Index("ix_metrics_name_value", Metric.name, Metric.value)

@@ -1,0 +1,158 @@
+"""Every error ckptrepo raises on purpose.
+
+Each class's docstring is its one-line message template; ``hint`` says what to do
+about it and ``exit_code`` is what the ``ckpt`` CLI exits with. Raising code passes
+the specifics as keyword arguments that fill the template, for example
+``UnknownRevision(rev="main~9")``.
+
+Exit codes: 1 generic, 2 usage/bad input, 3 not found, 4 conflict, 5 integrity,
+6 schema/version, 7 backend/storage.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class CkptError(Exception):
+    """{message}"""
+
+    exit_code: ClassVar[int] = 1
+    hint: ClassVar[str] = ""
+
+    def __init__(self, message: str | None = None, *, hint: str | None = None, **fields: Any) -> None:
+        self.fields = fields
+        template = (type(self).__doc__ or "{message}").strip().splitlines()[0]
+        if message is None:
+            try:
+                message = template.format(**fields)
+            except (KeyError, IndexError):
+                message = template
+        self.message = message
+        if hint is not None:
+            self.hint = hint  # type: ignore[misc]
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(CkptError):
+    """{message}"""
+
+    exit_code = 2
+
+
+class NotARepository(CkptError):
+    """No ckpt repository at or above {path}."""
+
+    exit_code = 3
+    hint = "Create one with `ckpt init`, or point at one with `--repo PATH`."
+
+
+class RepositoryExists(CkptError):
+    """A ckpt repository already exists at {path}."""
+
+    exit_code = 4
+    hint = "Open it with `ckpt --repo PATH ...`; remove the .ckpt folder first to start over."
+
+
+class UnknownRevision(CkptError):
+    """Unknown revision {rev!r}."""
+
+    exit_code = 3
+    hint = "Use a commit id or prefix, a branch or tag name, REV~N, REV^N or BRANCH@step=N; `ckpt log` lists commits."
+
+
+class AmbiguousRevision(CkptError):
+    """Revision {rev!r} is ambiguous: it matches {candidates}."""
+
+    exit_code = 2
+    hint = "Give more characters of the commit id."
+
+
+class UnknownTensor(CkptError):
+    """Commit {commit} has no tensor named {name!r}."""
+
+    exit_code = 3
+    hint = "`ckpt show REV` lists the tensor names of a commit."
+
+
+class UnsupportedState(CkptError):
+    """Cannot store the value at {path}: {reason}."""
+
+    exit_code = 2
+    hint = (
+        "State may hold tensors, numpy arrays, modules, optimizers, schedulers and JSON-compatible values; "
+        "convert the value, or pass allow_pickle=True to store it pickled."
+    )
+
+
+class InvalidInput(CkptError):
+    """Cannot read {path}: {reason}."""
+
+    exit_code = 2
+    hint = "`ckpt commit` takes .safetensors files, torch.save files and Hugging Face model folders."
+
+
+class RefConflict(CkptError):
+    """Branch {branch!r} moved while committing: it is at {actual}, expected {expected}."""
+
+    exit_code = 4
+    hint = "Commit again on top of the new head, or on a new branch; the commit itself is kept under its id."
+
+
+class RefExists(CkptError):
+    """{kind} {name!r} already exists."""
+
+    exit_code = 4
+    hint = "Pick another name."
+
+
+class InvalidRefName(CkptError):
+    """Invalid {kind} name {name!r}: {reason}."""
+
+    exit_code = 2
+    hint = "Names may use letters, digits and . _ - /, must not start with - or look like a revision expression."
+
+
+class IntegrityError(CkptError):
+    """Stored data is corrupt: {detail}."""
+
+    exit_code = 5
+    hint = "Run `ckpt verify` to list damaged packs and the commits that use them."
+
+
+class SchemaOutdated(CkptError):
+    """The repository database is at schema {current}, this ckptrepo needs {head}."""
+
+    exit_code = 6
+    hint = "Run `ckpt db upgrade` (back up the database first if it is shared)."
+
+
+class SchemaTooNew(CkptError):
+    """The repository database is at schema {current}, newer than this ckptrepo knows ({head})."""
+
+    exit_code = 6
+    hint = "Upgrade ckptrepo to open this repository."
+
+
+class FormatError(CkptError):
+    """Unsupported repository format: {detail}."""
+
+    exit_code = 6
+    hint = "Upgrade ckptrepo, or check that --repo points at a ckpt repository."
+
+
+class StorageError(CkptError):
+    """Storage backend failed: {detail}."""
+
+    exit_code = 7
+    hint = "Check the store's path or URL, free space and permissions; nothing partial was made visible."
+
+
+class CommitFailed(CkptError):
+    """A background commit failed: {detail}."""
+
+    exit_code = 1
+    hint = "The repository is as it was before that commit; fix the cause and commit again."

@@ -1,0 +1,36 @@
+"""Content ids: BLAKE3-256 in lowercase hex, and their short forms."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import blake3
+
+ID_HEX_LEN = 64
+SHORT_LEN = 10
+
+# Inputs at least this large are hashed with blake3's own threads (it releases the GIL).
+_PARALLEL_MIN = 4 << 20
+
+
+def hash_bytes(data: bytes | bytearray | memoryview) -> str:
+    """BLAKE3-256 of ``data`` as 64 lowercase hex characters."""
+    threads = blake3.blake3.AUTO if len(data) >= _PARALLEL_MIN else 1
+    return blake3.blake3(data, max_threads=threads).hexdigest()
+
+
+def hash_json(value: Any) -> str:
+    """BLAKE3-256 of the canonical JSON form of ``value`` (sorted keys, no spaces)."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return hash_bytes(text.encode("ascii"))
+
+
+def short(full_id: str, length: int = SHORT_LEN) -> str:
+    """The id shown to people: its first ``length`` hex characters."""
+    return full_id[:length]
+
+
+def is_hex(text: str) -> bool:
+    """True when ``text`` is a non-empty run of lowercase hex digits."""
+    return bool(text) and all(c in "0123456789abcdef" for c in text)
