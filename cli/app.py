@@ -1,1 +1,88 @@
-def main() -> None: print("ok")
+"""The ``ckpt`` command line: global options, the command list, and the one place errors become exit codes.
+
+Every command is a thin function over ``ckptrepo.Repo`` (in the ``*_commands`` modules);
+``CkptGroup.invoke`` turns any exception a command raises into ``error:`` and ``hint:``
+lines on stderr and an exit code (see ``failures``). Typer's own usage errors exit 2.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperGroup
+
+from . import failures, history_commands, ref_commands, repo_commands, state_commands
+from .options import DebugOpt, RepoOpt
+from .session import Session, begin, current
+
+
+class CkptGroup(TyperGroup):
+    """A command group that reports failures of its commands as one error line plus a hint."""
+
+    # ctx is Typer's vendored click Context, which Typer does not export.
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort, typer.TyperException):
+            raise  # usage errors (exit 2), --help and explicit exits keep Typer's handling
+        except (Exception, KeyboardInterrupt) as exc:
+            raise typer.Exit(failures.report(exc, debug=current().debug)) from exc
+
+
+app = typer.Typer(
+    cls=CkptGroup,
+    name="ckpt",
+    help="A lineage-aware checkpoint repository for PyTorch: commit, branch and restore training state.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+db_app = typer.Typer(cls=CkptGroup, help="Manage the repository database.", no_args_is_help=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        try:
+            typer.echo(f"ckpt {version('ckptrepo')}")
+        except PackageNotFoundError:
+            typer.echo("ckpt (version unknown: ckptrepo is not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _global(
+    repo: RepoOpt = None,
+    debug: DebugOpt = False,
+    show_version: Annotated[
+        bool | None,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    ] = None,
+) -> None:
+    begin(Session(repo=repo, debug=debug))
+
+
+REPOSITORY, COMMITS, REFS = "Repository", "Commits", "Branches and tags"
+
+app.command(rich_help_panel=REPOSITORY)(repo_commands.init)
+app.command(rich_help_panel=COMMITS)(state_commands.commit)
+app.command(rich_help_panel=COMMITS)(state_commands.checkout)
+app.command(rich_help_panel=COMMITS)(history_commands.log)
+app.command(rich_help_panel=COMMITS)(history_commands.show)
+app.command(rich_help_panel=REFS)(ref_commands.branch)
+app.command(rich_help_panel=REFS)(ref_commands.tag)
+app.command(rich_help_panel=REPOSITORY)(repo_commands.stats)
+app.add_typer(db_app, name="db", rich_help_panel=REPOSITORY)
+db_app.command("upgrade")(repo_commands.db_upgrade)
+app.command(rich_help_panel=REPOSITORY)(repo_commands.demo)
+
+
+def main() -> None:
+    """Console-script entry point (``ckpt``)."""
+    app(prog_name="ckpt")
+
+
+if __name__ == "__main__":
+    main()

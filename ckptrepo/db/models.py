@@ -7,7 +7,7 @@ visible always refers to durable pack bytes (the write ordering in DESIGN.md).
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import (
@@ -22,8 +22,10 @@ from sqlalchemy import (
     SmallInteger,
     String,
     Text,
+    TypeDecorator,
 )
 from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 NAMING_CONVENTION = {
@@ -36,6 +38,32 @@ NAMING_CONVENTION = {
 
 Id = String(64)
 JsonType = JSON().with_variant(JSONB(), "postgresql")
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """A point in time, stored as UTC and read back timezone-aware (UTC) on every database.
+
+    SQLite has no time zone type: a plain ``DateTime(timezone=True)`` stores an aware
+    value's wall-clock digits (whatever its zone) and reads back naive datetimes, which
+    neither order correctly nor compare with aware ones. Naive values are refused.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"naive datetime {value!r}: pass a timezone-aware datetime")
+        return value.astimezone(timezone.utc)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
 
 
 class Base(DeclarativeBase):
@@ -57,7 +85,7 @@ class Pack(Base):
     id: Mapped[str] = mapped_column(Id, primary_key=True)
     size: Mapped[int] = mapped_column(BigInteger)
     n_chunks: Mapped[int] = mapped_column(Integer)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime())
 
 
 class Chunk(Base):
@@ -124,7 +152,7 @@ class Commit(Base):
     __tablename__ = "commits"
     id: Mapped[str] = mapped_column(Id, primary_key=True)
     message: Mapped[str] = mapped_column(Text, default="")
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), index=True)
     author: Mapped[str] = mapped_column(String(255), default="")
     host: Mapped[str] = mapped_column(String(255), default="")
     branch: Mapped[str | None] = mapped_column(String(255), index=True, default=None)
@@ -175,7 +203,7 @@ class Ref(Base):
     kind: Mapped[str] = mapped_column(String(8), primary_key=True)
     name: Mapped[str] = mapped_column(String(255), primary_key=True)
     commit_id: Mapped[str] = mapped_column(ForeignKey("commits.id"), index=True)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime())
 
 
 class Metric(Base):

@@ -1,0 +1,35 @@
+"""Where a tensor's bytes are cut into chunks.
+
+Cuts are fixed and element-aligned from the tensor's first byte, so an unchanged region of
+a changed tensor yields the same chunks as before (exact dedup), and a child's chunk sits
+at the same offset as its parent's (what delta coding pairs up).
+"""
+
+from __future__ import annotations
+
+from ckptrepo.errors import UsageError
+
+
+def chunk_step(itemsize: int, chunk_size: int) -> int:
+    """The chunk length actually used: ``chunk_size`` rounded down to whole elements, at least one."""
+    if itemsize < 1:
+        raise UsageError(f"itemsize {itemsize} must be at least 1")
+    if chunk_size < 1:
+        raise UsageError(f"chunk size {chunk_size} must be at least 1")
+    return max(itemsize, chunk_size - chunk_size % itemsize)
+
+
+def chunk_spans(nbytes: int, itemsize: int, chunk_size: int) -> list[tuple[int, int]]:
+    """(offset, length) cuts of a tensor's bytes.
+
+    Fixed cuts from offset 0, each a multiple of ``itemsize`` (``chunk_size`` rounded down
+    to a multiple of ``itemsize``, at least one element); a tensor of ``<= chunk_size``
+    bytes is one chunk; an empty tensor (``nbytes == 0``) is ONE chunk of length 0, so
+    every tensor has at least one chunk. ``nbytes`` must be a multiple of ``itemsize``.
+    """
+    step = chunk_step(itemsize, chunk_size)
+    if nbytes < 0 or nbytes % itemsize:
+        raise UsageError(f"{nbytes} bytes is not a whole number of {itemsize}-byte elements")
+    if nbytes == 0:
+        return [(0, 0)]
+    return [(offset, min(step, nbytes - offset)) for offset in range(0, nbytes, step)]

@@ -1,0 +1,252 @@
+"""Pack files: immutable containers of encoded chunks with a self-describing index.
+
+Format (version 1, little-endian, pinned by tests)::
+
+    header   b"CKPTPACK" + u16 version                                   10 bytes
+    payloads encoded chunk payloads back to back, from offset 10
+    index    one 90-byte record per chunk, in the order added:
+                 chunk id   32 raw bytes (BLAKE3 of the decoded chunk)
+                 offset     u64  (from the start of the file)
+                 length     u64  (payload bytes)
+                 raw_length u64  (decoded bytes)
+                 encoding   u8   (``codecs.Encoding``)
+                 depth      u8   (delta chain length, 0 = standalone)
+                 base id    32 raw bytes, all zeros when there is no base
+    trailer  index offset u64, entry count u32, BLAKE3 of the index (32 raw bytes),
+             b"CKPTIDX1"                                                52 bytes
+
+The pack id is the BLAKE3 hex of the whole file. The index makes the database's chunk
+table rebuildable from packs alone; its hash lets a reader trust it without hashing the
+payloads (each chunk is verified on its own by its id).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import blake3
+
+from ckptrepo.errors import IntegrityError, UsageError
+from ckptrepo.ids import ID_HEX_LEN, is_hex
+from ckptrepo.storage.base import Backend
+
+MAGIC = b"CKPTPACK"
+INDEX_MAGIC = b"CKPTIDX1"
+VERSION = 1
+HEADER = struct.Struct("<8sH")
+ENTRY = struct.Struct("<32sQQQBB32s")
+TRAILER = struct.Struct("<QI32s8s")
+_NO_BASE = bytes(32)
+# Most indexes fit in the first tail read: a 64 MiB pack of 1 MiB chunks has a 5.6 KiB index.
+_TAIL_GUESS = 64 << 10
+
+
+@dataclass(frozen=True)
+class PackEntry:
+    """Where one encoded chunk sits in a pack, and how to decode it."""
+
+    chunk_id: str
+    offset: int
+    length: int
+    raw_length: int
+    encoding: int
+    depth: int = 0
+    base_id: str | None = None
+
+
+def _check_id(value: str, what: str) -> bytes:
+    if len(value) != ID_HEX_LEN or not is_hex(value):
+        raise UsageError(f"{what} {value!r} is not a {ID_HEX_LEN}-character lowercase hex id")
+    return bytes.fromhex(value)
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class PackWriter:
+    """Streams encoded chunks into a new pack file in ``staging_dir``.
+
+    Owned by one thread. The file is hashed as it is written, so ``finish`` knows the pack
+    id without reading it back. Until ``finish`` the file is a temporary no reader knows
+    about; ``abort`` (or a failed ``finish``) removes it.
+    """
+
+    def __init__(self, staging_dir: Path) -> None:
+        fd, name = tempfile.mkstemp(prefix="pack-", suffix=".tmp", dir=staging_dir)
+        self._fd: int | None = fd
+        self.path = Path(name)
+        self._hasher = blake3.blake3()
+        self._entries: list[PackEntry] = []
+        self._size = 0
+        try:
+            self._append(HEADER.pack(MAGIC, VERSION))
+        except BaseException:
+            self.abort()
+            raise
+
+    def _append(self, data: bytes | memoryview) -> None:
+        if self._fd is None:
+            raise UsageError("pack writer is already finished or aborted")
+        view = memoryview(data)
+        if view.format != "B" or view.ndim != 1:
+            view = view.cast("B")
+        _write_all(self._fd, view)
+        self._hasher.update(view)
+        self._size += len(view)
+
+    @property
+    def size(self) -> int:
+        """Bytes written so far (the whole file's size after ``finish``)."""
+        return self._size
+
+    @property
+    def count(self) -> int:
+        """Chunks added so far."""
+        return len(self._entries)
+
+    def add(
+        self,
+        chunk_id: str,
+        encoding: int,
+        payload: bytes | memoryview,
+        raw_length: int,
+        *,
+        depth: int = 0,
+        base_id: str | None = None,
+    ) -> PackEntry:
+        """Append one encoded chunk; returns where it landed. Validates before writing a byte."""
+        _check_id(chunk_id, "chunk id")
+        if base_id is not None:
+            _check_id(base_id, "base id")
+        if not 0 <= encoding <= 255 or not 0 <= depth <= 255:
+            raise UsageError(f"encoding {encoding} / depth {depth} do not fit in a byte")
+        if raw_length < 0:
+            raise UsageError(f"raw length {raw_length} is negative")
+        entry = PackEntry(chunk_id, self._size, memoryview(payload).nbytes, raw_length, encoding, depth, base_id)
+        self._append(payload)
+        self._entries.append(entry)
+        return entry
+
+    def finish(self) -> tuple[str, Path, list[PackEntry]]:
+        """Write index and trailer, fsync, close; returns ``(pack_id, temp_path, entries)``.
+
+        The caller moves ``temp_path`` into the store (``Backend.put_file``), which makes it
+        visible; this writer no longer owns the file.
+        """
+        fd = self._fd
+        if fd is None:
+            raise UsageError("pack writer is already finished or aborted")
+        try:
+            index = b"".join(_pack_entry(e) for e in self._entries)
+            index_offset = self._size
+            self._append(index)
+            self._append(TRAILER.pack(index_offset, len(self._entries), blake3.blake3(index).digest(), INDEX_MAGIC))
+            # Write ordering step 1 starts here: the pack is durable before put_file names it.
+            os.fsync(fd)
+            self._fd = None
+            os.close(fd)
+        except BaseException:
+            self.abort()
+            raise
+        return self._hasher.hexdigest(), self.path, list(self._entries)
+
+    def abort(self) -> None:
+        """Close and delete the temporary file; safe to call more than once."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self.path.unlink(missing_ok=True)
+
+
+def _pack_entry(entry: PackEntry) -> bytes:
+    base = _NO_BASE if entry.base_id is None else bytes.fromhex(entry.base_id)
+    return ENTRY.pack(
+        bytes.fromhex(entry.chunk_id),
+        entry.offset,
+        entry.length,
+        entry.raw_length,
+        entry.encoding,
+        entry.depth,
+        base,
+    )
+
+
+def _corrupt(detail: str) -> IntegrityError:
+    return IntegrityError(detail=detail)
+
+
+def _parse_trailer(tail: bytes, file_size: int) -> tuple[int, int, bytes]:
+    """(index offset, entry count, index hash) from bytes ending at the end of the file."""
+    if file_size < HEADER.size + TRAILER.size or len(tail) < TRAILER.size:
+        raise _corrupt(f"pack of {file_size} bytes is too short to hold a header and trailer")
+    index_offset, count, digest, magic = TRAILER.unpack_from(tail, len(tail) - TRAILER.size)
+    if magic != INDEX_MAGIC:
+        raise _corrupt(f"pack trailer magic is {magic!r}, expected {INDEX_MAGIC!r}")
+    if index_offset < HEADER.size or index_offset + count * ENTRY.size + TRAILER.size != file_size:
+        raise _corrupt(f"pack trailer puts {count} index entries at {index_offset} in a {file_size}-byte pack")
+    return index_offset, count, digest
+
+
+def _parse_entries(index: bytes, count: int, digest: bytes, index_offset: int) -> list[PackEntry]:
+    if blake3.blake3(index).digest() != digest:
+        raise _corrupt("pack index does not match its hash")
+    entries = []
+    for k in range(count):
+        cid, offset, length, raw_length, encoding, depth, base = ENTRY.unpack_from(index, k * ENTRY.size)
+        if offset < HEADER.size or offset + length > index_offset:
+            raise _corrupt(f"pack index entry {k} ({offset}+{length}) lies outside the payload area")
+        base_id = None if base == _NO_BASE else base.hex()
+        entries.append(PackEntry(cid.hex(), offset, length, raw_length, encoding, depth, base_id))
+    return entries
+
+
+def _check_header(head: bytes) -> None:
+    magic, version = HEADER.unpack_from(head, 0)
+    if magic != MAGIC:
+        raise _corrupt(f"pack header magic is {magic!r}, expected {MAGIC!r}")
+    if version != VERSION:
+        raise _corrupt(f"pack format version {version}, this ckptrepo reads {VERSION}")
+
+
+def parse_index(data: bytes, file_size: int | None = None) -> list[PackEntry]:
+    """The entries of a pack from its bytes.
+
+    ``data`` is the whole file, or (with ``file_size``) a tail of it that contains at least
+    the index and trailer. Raises IntegrityError when magic, version, lengths or the index
+    hash are wrong.
+    """
+    if file_size is None:
+        file_size = len(data)
+        if len(data) >= HEADER.size:
+            _check_header(data)
+    if len(data) > file_size:
+        raise UsageError(f"{len(data)} bytes given for a {file_size}-byte pack")
+    index_offset, count, digest = _parse_trailer(data, file_size)
+    start = len(data) - (file_size - index_offset)
+    if start < 0:
+        raise UsageError("the given tail does not reach back to the pack index")
+    index = data[start : start + count * ENTRY.size]
+    return _parse_entries(index, count, digest, index_offset)
+
+
+def read_index(backend: Backend, key: str) -> list[PackEntry]:
+    """The entries of the pack stored under ``key``, reading only its header, trailer and index."""
+    try:
+        size = backend.size(key)
+        if size < HEADER.size + TRAILER.size:
+            raise _corrupt(f"{size} bytes is too short to be a pack")
+        _check_header(backend.get_range(key, 0, HEADER.size))
+        tail_len = min(size, _TAIL_GUESS)
+        tail = backend.get_range(key, size - tail_len, tail_len)
+        index_offset, _, _ = _parse_trailer(tail, size)
+        if size - index_offset > tail_len:
+            tail = backend.get_range(key, index_offset, size - index_offset)
+        return parse_index(tail, size)
+    except IntegrityError as exc:
+        raise _corrupt(f"pack {key}: {exc.fields.get('detail', exc)}") from exc

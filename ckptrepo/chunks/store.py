@@ -1,0 +1,208 @@
+"""Writing encoded chunks into packs in a store, and reading them back verified.
+
+Write ordering step 1 happens here: ``PackSink`` makes packs durable in the backend and
+only then hands back their chunk locations. The caller inserts rows for them (step 2);
+until it does, nothing references the packs, and a crash leaves at most unreferenced
+packs that gc reclaims.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from ckptrepo.chunks.codecs import Encoding, decode
+from ckptrepo.chunks.pack import PackEntry, PackWriter
+from ckptrepo.errors import IntegrityError, UsageError
+from ckptrepo.ids import hash_bytes
+from ckptrepo.storage.base import Backend
+
+
+@dataclass(frozen=True)
+class ChunkLocation:
+    """Where a chunk's encoded bytes live: a row of the database's chunk index."""
+
+    chunk_id: str
+    pack_id: str
+    offset: int
+    length: int
+    raw_length: int
+    encoding: int
+    depth: int = 0
+    base_id: str | None = None
+
+
+def pack_key(pack_id: str) -> str:
+    """The store key of a pack: ``packs/<first 2 hex>/<pack_id>.pack``."""
+    return f"packs/{pack_id[:2]}/{pack_id}.pack"
+
+
+@dataclass(frozen=True)
+class SealedPack:
+    """A pack that is durable in the store, with the locations of its chunks."""
+
+    pack_id: str
+    size: int
+    locations: list[ChunkLocation]
+
+
+def _location(pack_id: str, entry: PackEntry) -> ChunkLocation:
+    return ChunkLocation(
+        entry.chunk_id,
+        pack_id,
+        entry.offset,
+        entry.length,
+        entry.raw_length,
+        entry.encoding,
+        entry.depth,
+        entry.base_id,
+    )
+
+
+class PackSink:
+    """Appends already-encoded chunks into packs of ~``pack_target`` bytes.
+
+    Single-threaded: the caller serializes ``add``. When the open pack reaches
+    ``pack_target``, ``add`` finishes it and ``put_file``s it right away; ``seal`` does the
+    same for the open pack and returns every pack made durable since the last ``seal``.
+    Nothing is visible to the database until the caller inserts rows for the returned
+    locations. A chunk id added twice between two ``seal`` calls is stored once.
+    ``abort`` deletes the open pack's temporary file; packs already put stay, unreferenced,
+    for gc to reclaim.
+    """
+
+    def __init__(self, backend: Backend, pack_target: int) -> None:
+        if pack_target < 1:
+            raise UsageError(f"pack target {pack_target} must be positive")
+        self._backend = backend
+        self._target = pack_target
+        self._writer: PackWriter | None = None
+        self._sealed: list[SealedPack] = []
+        self._seen: set[str] = set()
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes in the open pack: accepted by ``add`` but not yet durable in the store."""
+        return 0 if self._writer is None else self._writer.size
+
+    def add(
+        self,
+        chunk_id: str,
+        encoding: int,
+        payload: bytes | memoryview,
+        raw_length: int,
+        *,
+        depth: int = 0,
+        base_id: str | None = None,
+    ) -> None:
+        """Append one encoded chunk to the open pack (starting one if needed)."""
+        if chunk_id in self._seen:
+            return
+        if self._writer is None:
+            self._writer = PackWriter(self._backend.staging_dir())
+        self._writer.add(chunk_id, encoding, payload, raw_length, depth=depth, base_id=base_id)
+        self._seen.add(chunk_id)
+        if self._writer.size >= self._target:
+            self._put_open_pack()
+
+    def _put_open_pack(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is None:
+            return
+        if writer.count == 0:
+            writer.abort()
+            return
+        pack_id, path, entries = writer.finish()
+        try:
+            # Step 1 of the write ordering: durable and named in the store before any row
+            # can point at it.
+            self._backend.put_file(pack_key(pack_id), path)
+        except BaseException:
+            writer.abort()
+            raise
+        self._sealed.append(SealedPack(pack_id, writer.size, [_location(pack_id, e) for e in entries]))
+
+    def seal(self) -> list[SealedPack]:
+        """Make every pack written so far durable in the store and return them (oldest first)."""
+        self._put_open_pack()
+        sealed, self._sealed = self._sealed, []
+        self._seen.clear()
+        return sealed
+
+    def abort(self) -> None:
+        """Drop the open pack and forget packs not yet returned by ``seal``; safe to repeat."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.abort()
+        self._sealed.clear()
+        self._seen.clear()
+
+
+def _bytes_view(buffer: memoryview) -> memoryview:
+    return buffer if buffer.format == "B" and buffer.ndim == 1 else buffer.cast("B")
+
+
+class ChunkReader:
+    """Reads chunks by location, decodes them and verifies ``BLAKE3(decoded) == chunk_id``.
+
+    Thread-safe: several checkout threads may share one (each gets its own scratch buffer
+    for fetched payloads, as large as the largest payload it has read).
+    A mismatch raises IntegrityError naming the chunk and its pack; a missing pack raises
+    the backend's StorageError.
+    """
+
+    def __init__(self, backend: Backend) -> None:
+        self._backend = backend
+        self._local = threading.local()
+
+    def _fetch(self, key: str, loc: ChunkLocation) -> memoryview:
+        """The payload, read into this thread's reused buffer (no allocation, no page faults)."""
+        buf: bytearray | None = getattr(self._local, "buffer", None)
+        if buf is None or len(buf) < loc.length:
+            buf = self._local.buffer = bytearray(loc.length)
+        view = memoryview(buf)[: loc.length]
+        self._backend.read_into(key, loc.offset, view)
+        return view
+
+    def read(self, loc: ChunkLocation) -> bytes:
+        """The chunk's raw bytes, verified."""
+        payload = self._backend.get_range(pack_key(loc.pack_id), loc.offset, loc.length)
+        data = self._decode(loc, payload, None)
+        self._verify(loc, data)
+        return data if isinstance(data, bytes) else bytes(data)
+
+    def read_into(self, loc: ChunkLocation, out: memoryview) -> None:
+        """Write the chunk's raw bytes into ``out`` (exactly ``loc.raw_length`` bytes), verified.
+
+        RAW chunks are read straight into ``out``; others are fetched, then decoded into
+        it. On IntegrityError ``out`` holds unverified bytes and must not be used.
+        """
+        target = _bytes_view(out)
+        if len(target) != loc.raw_length:
+            raise UsageError(f"output buffer is {len(target)} bytes, chunk {loc.chunk_id} has {loc.raw_length}")
+        key = pack_key(loc.pack_id)
+        if loc.encoding == Encoding.RAW:
+            if loc.length != loc.raw_length:
+                raise self._corrupt(loc, f"raw chunk stored as {loc.length} bytes, expected {loc.raw_length}")
+            self._backend.read_into(key, loc.offset, target)
+        else:
+            self._decode(loc, self._fetch(key, loc), target)
+        self._verify(loc, target)
+
+    def _decode(self, loc: ChunkLocation, payload: bytes | memoryview, out: memoryview | None) -> bytes | memoryview:
+        """Decode a fetched payload (into ``out`` if given); the hook where DELTA will take its base."""
+        if loc.encoding == Encoding.DELTA:
+            raise self._corrupt(loc, "delta chunks need their base")
+        try:
+            return decode(loc.encoding, payload, loc.raw_length, out)
+        except IntegrityError as exc:
+            raise self._corrupt(loc, str(exc.fields.get("detail", exc))) from exc
+
+    def _verify(self, loc: ChunkLocation, data: bytes | memoryview) -> None:
+        actual = hash_bytes(data)
+        if actual != loc.chunk_id:
+            raise self._corrupt(loc, f"decoded bytes hash to {actual}")
+
+    @staticmethod
+    def _corrupt(loc: ChunkLocation, detail: str) -> IntegrityError:
+        return IntegrityError(detail=f"chunk {loc.chunk_id} in pack {loc.pack_id}: {detail}")

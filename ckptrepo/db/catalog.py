@@ -1,0 +1,243 @@
+"""Row-level reads and writes of the catalog: chunk index, tensors, commits, refs.
+
+Functions take a ``Session`` owned by the caller, who also owns the transaction:
+``record_commit`` must run inside the single write transaction that makes a commit
+visible (after its packs are durable). Only plain values cross this boundary, so the
+chunk layer and the database layer never import each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from ckptrepo.db.engine import insert_ignore
+from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Metric, Pack, Ref, Tensor, TensorChunk
+
+_IN_BATCH = 500
+
+
+@dataclass(frozen=True)
+class ChunkRow:
+    chunk_id: str
+    pack_id: str
+    offset: int
+    length: int
+    raw_length: int
+    encoding: int
+    depth: int = 0
+    base_id: str | None = None
+
+
+@dataclass(frozen=True)
+class PackRow:
+    pack_id: str
+    size: int
+    n_chunks: int
+
+
+@dataclass(frozen=True)
+class TensorRow:
+    tensor_id: str
+    dtype: str
+    shape: list[int]
+    nbytes: int
+    chunk_size: int
+    chunk_ids: list[str]
+    stats: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class EdgeRow:
+    parent_id: str
+    kind: str
+    position: int
+    mapping: dict[str, str] | None = None
+
+
+def existing_chunks(session: Session, ids: Sequence[str]) -> set[str]:
+    """The subset of ``ids`` already in the chunk index."""
+    found: set[str] = set()
+    for start in range(0, len(ids), _IN_BATCH):
+        batch = ids[start : start + _IN_BATCH]
+        found.update(session.scalars(select(Chunk.id).where(Chunk.id.in_(batch))))
+    return found
+
+
+def record_commit(
+    session: Session,
+    *,
+    packs: Iterable[PackRow],
+    chunks: Iterable[ChunkRow],
+    tensors: Iterable[TensorRow],
+    commit: dict[str, Any],
+    entries: dict[str, str],
+    edges: Iterable[EdgeRow],
+    metrics: dict[str, float],
+    now: datetime,
+) -> None:
+    """Insert everything one commit adds. Rows another commit inserted concurrently
+    (same chunk, same tensor) are kept as they are: content ids make them equal."""
+    # Rows go in key order: two transactions inserting overlapping keys then lock them in the
+    # same order and cannot deadlock (PostgreSQL); base chunks sort before their deltas.
+    pack_rows = [
+        {"id": p.pack_id, "size": p.size, "n_chunks": p.n_chunks, "created_at": now}
+        for p in sorted(packs, key=lambda p: p.pack_id)
+    ]
+    if pack_rows:
+        session.execute(insert_ignore(Pack), pack_rows)
+    chunk_rows = [
+        {
+            "id": c.chunk_id, "pack_id": c.pack_id, "offset": c.offset, "length": c.length,
+            "raw_length": c.raw_length, "encoding": c.encoding, "depth": c.depth, "base_id": c.base_id,
+        }
+        for c in sorted(chunks, key=lambda c: (c.depth, c.chunk_id))
+    ]
+    if chunk_rows:
+        session.execute(insert_ignore(Chunk), chunk_rows)
+    tensor_list = sorted({t.tensor_id: t for t in tensors}.values(), key=lambda t: t.tensor_id)
+    if tensor_list:
+        session.execute(
+            insert_ignore(Tensor),
+            [
+                {
+                    "id": t.tensor_id, "dtype": t.dtype, "shape": t.shape, "nbytes": t.nbytes,
+                    "chunk_size": t.chunk_size, "n_chunks": len(t.chunk_ids), **t.stats,
+                }
+                for t in tensor_list
+            ],
+        )
+        session.execute(
+            insert_ignore(TensorChunk),
+            [
+                {"tensor_id": t.tensor_id, "seq": i, "chunk_id": cid}
+                for t in tensor_list
+                for i, cid in enumerate(t.chunk_ids)
+            ],
+        )
+    session.add(Commit(**commit))
+    session.flush()
+    if entries:
+        session.execute(
+            insert_ignore(Entry),
+            [{"commit_id": commit["id"], "name": n, "tensor_id": tid} for n, tid in entries.items()],
+        )
+    for e in edges:
+        session.add(
+            Edge(child_id=commit["id"], parent_id=e.parent_id, kind=e.kind, position=e.position, mapping=e.mapping)
+        )
+    for name, value in metrics.items():
+        session.add(Metric(commit_id=commit["id"], name=name, value=value))
+    session.flush()
+
+
+def move_branch(session: Session, name: str, new_id: str, expected: str | None, now: datetime) -> str | None:
+    """Compare-and-swap a branch: point ``name`` at ``new_id`` if it is at ``expected``
+    (``None``: the branch must not exist). Returns None on success, else where it is."""
+    if expected is None:
+        current = session.get(Ref, ("branch", name))
+        if current is not None:
+            return current.commit_id
+        # Insert-or-ignore, then read back: a concurrent creator of the same branch wins cleanly.
+        session.execute(
+            insert_ignore(Ref),
+            [{"kind": "branch", "name": name, "commit_id": new_id, "updated_at": now}],
+        )
+        current = session.get(Ref, ("branch", name), populate_existing=True)
+        assert current is not None
+        return None if current.commit_id == new_id else current.commit_id
+    moved = session.execute(
+        update(Ref)
+        .where(Ref.kind == "branch", Ref.name == name, Ref.commit_id == expected)
+        .values(commit_id=new_id, updated_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    if moved.rowcount == 1:  # type: ignore[attr-defined]
+        return None
+    current = session.get(Ref, ("branch", name), populate_existing=True)
+    return current.commit_id if current is not None else ""
+
+
+def parents_of(session: Session, commit_id: str) -> list[Edge]:
+    """Edges from ``commit_id`` to its parents, first parent first."""
+    return list(session.scalars(select(Edge).where(Edge.child_id == commit_id).order_by(Edge.position)))
+
+
+def refs_at(session: Session, commit_ids: Sequence[str]) -> dict[str, list[str]]:
+    """Ref names per commit id (branches plain, tags as ``tag:NAME``)."""
+    out: dict[str, list[str]] = {}
+    for start in range(0, len(commit_ids), _IN_BATCH):
+        batch = commit_ids[start : start + _IN_BATCH]
+        for ref in session.scalars(select(Ref).where(Ref.commit_id.in_(batch)).order_by(Ref.kind, Ref.name)):
+            out.setdefault(ref.commit_id, []).append(ref.name if ref.kind == "branch" else f"tag:{ref.name}")
+    return out
+
+
+def metrics_of(session: Session, commit_ids: Sequence[str]) -> dict[str, dict[str, float]]:
+    """Metrics per commit id."""
+    out: dict[str, dict[str, float]] = {}
+    for start in range(0, len(commit_ids), _IN_BATCH):
+        batch = commit_ids[start : start + _IN_BATCH]
+        for m in session.scalars(select(Metric).where(Metric.commit_id.in_(batch))):
+            out.setdefault(m.commit_id, {})[m.name] = m.value
+    return out
+
+
+def edges_of(session: Session, commit_ids: Sequence[str]) -> dict[str, list[Edge]]:
+    """Parent edges per commit id, first parent first."""
+    out: dict[str, list[Edge]] = {}
+    for start in range(0, len(commit_ids), _IN_BATCH):
+        batch = commit_ids[start : start + _IN_BATCH]
+        for e in session.scalars(select(Edge).where(Edge.child_id.in_(batch)).order_by(Edge.position)):
+            out.setdefault(e.child_id, []).append(e)
+    return out
+
+
+def tensor_layout(
+    session: Session, commit_id: str, names: Sequence[str] | None = None
+) -> list[tuple[Entry, Tensor]]:
+    """The entries of a commit (all, or those named) with their tensor rows, by name."""
+    q = select(Entry, Tensor).join(Tensor, Tensor.id == Entry.tensor_id).where(Entry.commit_id == commit_id)
+    if names is not None:
+        q = q.where(Entry.name.in_(list(names)))
+    return [(row[0], row[1]) for row in session.execute(q.order_by(Entry.name))]
+
+
+def chunk_locations(session: Session, tensor_ids: Sequence[str]) -> dict[str, list[Chunk]]:
+    """Ordered chunk rows per tensor id."""
+    out: dict[str, list[Chunk]] = {tid: [] for tid in tensor_ids}
+    for start in range(0, len(tensor_ids), _IN_BATCH):
+        batch = tensor_ids[start : start + _IN_BATCH]
+        q = (
+            select(TensorChunk.tensor_id, Chunk)
+            .join(Chunk, Chunk.id == TensorChunk.chunk_id)
+            .where(TensorChunk.tensor_id.in_(batch))
+            .order_by(TensorChunk.tensor_id, TensorChunk.seq)
+        )
+        for row in session.execute(q):
+            out[row[0]].append(row[1])
+    return out
+
+
+def totals(session: Session) -> dict[str, int]:
+    """Counts and byte sums for ``Repo.stats``."""
+    def scalar(q: Any) -> int:
+        return int(session.scalar(q) or 0)
+
+    return {
+        "commits": scalar(select(func.count()).select_from(Commit)),
+        "branches": scalar(select(func.count()).select_from(Ref).where(Ref.kind == "branch")),
+        "tags": scalar(select(func.count()).select_from(Ref).where(Ref.kind == "tag")),
+        "tensors": scalar(select(func.count()).select_from(Tensor)),
+        "chunks": scalar(select(func.count()).select_from(Chunk)),
+        "packs": scalar(select(func.count()).select_from(Pack)),
+        "logical_bytes": scalar(select(func.sum(Commit.logical_bytes))),
+        "unique_bytes": scalar(select(func.sum(Chunk.raw_length))),
+        "stored_bytes": scalar(select(func.sum(Chunk.length))),
+        "pack_bytes": scalar(select(func.sum(Pack.size))),
+    }

@@ -1,0 +1,228 @@
+"""Engines, sessions and write transactions for SQLite (embedded) and PostgreSQL (shared).
+
+Contracts:
+
+- ``make_engine`` owns the driver setup: callers never set PRAGMAs or isolation levels.
+- A ``Session`` from ``session_factory`` belongs to the caller that opened it and to one
+  thread; close it (``with sf() as s:``).
+- Everything that writes goes through ``write_transaction`` (ORM) or ``write_connection``
+  (Core): one database transaction, committed when the block exits normally, rolled back
+  on any exception. On SQLite it takes the database write lock at BEGIN, so concurrent
+  writers (threads or processes) queue on the busy timeout instead of failing halfway.
+- ``insert_ignore`` builds the one INSERT that tolerates rows a concurrent commit inserted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, Insert, Table, create_engine, event, insert
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, CompileError
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+from sqlalchemy.sql import ClauseElement, SyntaxExtension
+
+from ckptrepo import errors
+from ckptrepo.config import SQLITE_NAME, env_int
+from ckptrepo.errors import UsageError
+
+# Execution option read by the SQLite "begin" hook: which BEGIN flavour to emit.
+_SQLITE_BEGIN_OPTION = "ckpt_sqlite_begin"
+_WRITE_OPTIONS: dict[str, Any] = {_SQLITE_BEGIN_OPTION: "IMMEDIATE"}
+
+_URL_HINT = (
+    "Use sqlite:///ABSOLUTE/PATH or postgresql://USER@HOST:PORT/DBNAME "
+    "(PostgreSQL is reached through psycopg 3)."
+)
+
+
+def database_url(db_url: str | None, repo_dir: Path) -> str:
+    """The SQLAlchemy URL for a repository's database.
+
+    ``None`` means the embedded ``<repo_dir>/db.sqlite`` (absolute path).
+    ``postgresql://`` and ``postgres://`` select the psycopg 3 driver; ``sqlite:`` and
+    ``postgresql+psycopg:`` URLs pass through unchanged. Anything else is a UsageError.
+    """
+    if db_url is None:
+        path = (repo_dir / SQLITE_NAME).absolute()
+        # URL.create quotes the characters that URLs reserve ('?', '#', '%') in the path.
+        return URL.create("sqlite", database=str(path)).render_as_string(hide_password=False)
+    scheme, sep, rest = db_url.partition("://")
+    if not sep:
+        raise UsageError(f"database URL {db_url!r} has no scheme", hint=_URL_HINT)
+    scheme = scheme.lower()
+    if scheme in ("postgresql", "postgres"):
+        url = f"postgresql+psycopg://{rest}"
+    elif scheme in ("sqlite", "sqlite+pysqlite", "postgresql+psycopg"):
+        url = db_url
+    else:
+        raise UsageError(f"unsupported database URL scheme {scheme!r}", hint=_URL_HINT)
+    try:
+        make_url(url)
+    except ArgumentError as exc:
+        raise UsageError(f"malformed database URL {db_url!r} ({exc})", hint=_URL_HINT) from exc
+    return url
+
+
+def make_engine(url: str) -> Engine:
+    """An Engine for ``url`` (from ``database_url``), configured for durability and concurrency.
+
+    SQLite: WAL journal, ``synchronous=FULL``, foreign keys on, a busy timeout of
+    ``CKPT_DB_BUSY_TIMEOUT`` seconds (default 60), and SQLAlchemy in charge of BEGIN so
+    transactions (DDL and SAVEPOINT included) behave as PEP 249 says. PostgreSQL: psycopg 3
+    with ``pool_pre_ping`` so a connection dropped by the server is replaced, not reported.
+    """
+    if make_url(url).get_backend_name() == "sqlite":
+        return _sqlite_engine(url)
+    return create_engine(url, pool_pre_ping=True)
+
+
+def _sqlite_engine(url: str) -> Engine:
+    # sqlite3's ``timeout`` is SQLite's busy timeout: a writer waits this long for another
+    # process's write lock before giving up with "database is locked".
+    timeout = float(env_int("DB_BUSY_TIMEOUT", 60))
+    engine = create_engine(url, connect_args={"timeout": timeout})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Take BEGIN away from sqlite3's legacy transaction control (it skips BEGIN before
+        # SELECT and DDL); the "begin" hook below emits it instead. This is SQLAlchemy's
+        # documented recipe for pysqlite on every Python version (``autocommit=False``
+        # needs 3.12). With no transaction open, the PRAGMAs below take effect.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            # WAL: readers never block the writer and a commit is one append to the log.
+            cursor.execute("PRAGMA journal_mode=WAL")
+            # In WAL mode NORMAL only syncs at checkpoints, so a power loss can drop the last
+            # committed transactions; FULL fsyncs the log at every commit, which makes a
+            # committed commit (whose pack bytes are already durable) survive power loss.
+            cursor.execute("PRAGMA synchronous=FULL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        options = conn.get_execution_options()
+        if options.get("isolation_level") == "AUTOCOMMIT":
+            return
+        # DEFERRED for readers; IMMEDIATE (from ``write_transaction``) takes the write lock
+        # now, waiting on the busy timeout, instead of failing at the first write when
+        # another connection committed since this transaction's snapshot.
+        mode = options.get(_SQLITE_BEGIN_OPTION, "DEFERRED")
+        conn.exec_driver_sql(f"BEGIN {mode}")
+
+    return engine
+
+
+def session_factory(engine: Engine) -> sessionmaker[Session]:
+    """Sessions bound to ``engine``; objects stay readable after commit (``expire_on_commit=False``).
+
+    Each Session is owned by whoever opened it and must stay on one thread.
+    """
+    return sessionmaker(bind=engine, expire_on_commit=False)
+
+
+@contextmanager
+def write_transaction(sf: sessionmaker[Session]) -> Iterator[Session]:
+    """One write transaction in a new Session: commit on normal exit, roll back on any exception.
+
+    Atomic: either every change made through the yielded Session is committed, or none
+    is. The Session is closed on exit; do not keep it. On SQLite the transaction starts
+    with ``BEGIN IMMEDIATE``, so writers from other threads or processes serialize on the
+    write lock (waiting up to the busy timeout) instead of failing mid-transaction.
+    """
+    with sf() as session, session.begin():
+        # Provision the connection now, with the option the SQLite "begin" hook reads.
+        session.connection(execution_options=_WRITE_OPTIONS)
+        yield session
+
+
+@contextmanager
+def write_connection(engine: Engine, *, enforce_foreign_keys: bool = True) -> Iterator[Connection]:
+    """A Connection in one write transaction: commit on normal exit, roll back on any exception.
+
+    The Core counterpart of ``write_transaction`` (same atomicity and SQLite write lock),
+    for schema migrations and bulk maintenance. ``enforce_foreign_keys=False`` lets such
+    work rebuild tables on SQLite (where foreign keys can only be switched off outside a
+    transaction); every foreign key is then checked before COMMIT and a violation rolls
+    the transaction back with IntegrityError. PostgreSQL always enforces them.
+    """
+    with engine.connect() as conn:
+        relax = conn.dialect.name == "sqlite" and not enforce_foreign_keys
+        if relax:
+            _sqlite_pragma(conn, "PRAGMA foreign_keys=OFF")
+        try:
+            conn.execution_options(**_WRITE_OPTIONS)
+            with conn.begin():
+                yield conn
+                if relax:
+                    bad = conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                    if bad:
+                        table, rowid, parent, _ = bad[0]
+                        detail = f"{len(bad)} foreign key violation(s), e.g. {table} row {rowid} -> {parent}"
+                        raise errors.IntegrityError(detail=detail)
+        finally:
+            if relax:
+                try:
+                    _sqlite_pragma(conn, "PRAGMA foreign_keys=ON")
+                except BaseException:
+                    # Never hand a connection without foreign keys back to the pool.
+                    conn.invalidate()
+                    raise
+
+
+def _sqlite_pragma(conn: Connection, sql: str) -> None:
+    # Straight to the driver: through SQLAlchemy the statement would autobegin a
+    # transaction, inside which SQLite ignores ``PRAGMA foreign_keys``.
+    cursor = conn.connection.cursor()
+    try:
+        cursor.execute(sql)
+    finally:
+        cursor.close()
+
+
+class OnConflictDoNothing(SyntaxExtension, ClauseElement):
+    """``ON CONFLICT DO NOTHING`` without a conflict target, for any ``insert()``.
+
+    The clause reads the same on SQLite (3.24+) and PostgreSQL, so one statement serves
+    both; other dialects refuse to compile it. Apply with ``insert(t).ext(OnConflictDoNothing())``.
+    """
+
+    __visit_name__ = "ckpt_on_conflict_do_nothing"
+    inherit_cache = True
+    _traverse_internals = []  # noqa: RUF012 (SQLAlchemy's declaration: no state to compare)
+
+    def apply_to_insert(self, insert_stmt: Insert) -> None:
+        insert_stmt.apply_syntax_extension_point(self.append_replacing_same_type, "post_values")
+
+
+@compiles(OnConflictDoNothing, "sqlite")
+@compiles(OnConflictDoNothing, "postgresql")
+def _compile_on_conflict_do_nothing(element: OnConflictDoNothing, compiler: Any, **kw: Any) -> str:
+    return "ON CONFLICT DO NOTHING"
+
+
+@compiles(OnConflictDoNothing)
+def _refuse_on_conflict_do_nothing(element: OnConflictDoNothing, compiler: Any, **kw: Any) -> str:
+    raise CompileError(f"ON CONFLICT DO NOTHING is not supported on {compiler.dialect.name}")
+
+
+def insert_ignore(table: Table | type[DeclarativeBase]) -> Insert:
+    """``INSERT ... ON CONFLICT DO NOTHING`` into ``table``, for SQLite and PostgreSQL alike.
+
+    For content-addressed rows (packs, chunks, tensors) that a concurrent commit may have
+    inserted first: a row whose key (or any unique column) already exists is kept as it
+    is and the new one is skipped. Other violations (foreign keys, NOT NULL) still raise.
+    Use like ``insert``: ``session.execute(insert_ignore(Chunk), rows)``.
+
+    Pass ``rows`` sorted by primary key. On PostgreSQL an insert that meets a key another
+    open transaction inserted waits for it; two commits sharing rows in different orders
+    would each wait for the other (deadlock, one fails). Sorted, they queue instead.
+    """
+    return insert(table).ext(OnConflictDoNothing())

@@ -1,0 +1,145 @@
+"""Schema migrations, run in-process with Alembic from the scripts shipped in the package.
+
+There is no alembic.ini: the Alembic Config is built here and points at the installed
+``ckptrepo.migrations`` package, so this works from a wheel as well as a checkout.
+Every function that changes the schema does so in one transaction of its own (committed
+at the end, rolled back on any error; SQLite DDL is transactional with ``make_engine``),
+so a failed upgrade leaves the database as it was. ``scripts`` (keyword) selects another
+script directory; it exists for tests and tools, callers normally leave it out.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
+from sqlalchemy import Connection, Engine, insert, inspect, select, text
+
+import ckptrepo.migrations
+from ckptrepo.db.engine import write_connection
+from ckptrepo.db.models import RepoMeta
+from ckptrepo.errors import FormatError, RepositoryExists, SchemaOutdated, SchemaTooNew, UsageError
+
+# Key of the PostgreSQL advisory lock that serializes concurrent migrations ("ckpt").
+_PG_MIGRATION_LOCK = 0x636B7074
+
+
+def script_location() -> Path:
+    """The directory of the installed ``ckptrepo.migrations`` package (env.py, versions/)."""
+    return Path(ckptrepo.migrations.__file__).resolve().parent
+
+
+def _config(scripts: Path | None, connection: Connection | None = None) -> Config:
+    cfg = Config(output_buffer=io.StringIO())
+    # Config values go through configparser interpolation: escape '%'.
+    location = str(scripts or script_location())
+    cfg.set_main_option("script_location", location.replace("%", "%%"))
+    cfg.set_main_option("file_template", "%%(rev)s_%%(slug)s")
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+def _script_directory(scripts: Path | None) -> ScriptDirectory:
+    return ScriptDirectory.from_config(_config(scripts))
+
+
+def head_revision(*, scripts: Path | None = None) -> str:
+    """The newest schema revision this code knows (the single head of its migrations)."""
+    head = _script_directory(scripts).get_current_head()
+    if head is None:
+        raise FormatError(detail="the packaged migrations have no revisions")
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    """The revision the database is stamped with, or None when it has none (empty database)."""
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+@contextmanager
+def _migration_transaction(engine: Engine) -> Iterator[Connection]:
+    # Foreign keys off on SQLite so batch migrations can rebuild referenced tables;
+    # write_connection re-checks all of them before COMMIT.
+    with write_connection(engine, enforce_foreign_keys=False) as conn:
+        if conn.dialect.name == "postgresql":
+            # Two processes upgrading one shared database would both try to create the
+            # tables; the second waits here and then finds the schema already at head.
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK})
+        yield conn
+
+
+def upgrade(engine: Engine, revision: str = "head", *, scripts: Path | None = None) -> None:
+    """Upgrade the schema to ``revision`` (default: head), atomically; a no-op when already there."""
+    with _migration_transaction(engine) as conn:
+        command.upgrade(_config(scripts, conn), revision)
+
+
+def downgrade(engine: Engine, revision: str, *, scripts: Path | None = None) -> None:
+    """Downgrade the schema to ``revision`` atomically; ``"base"`` drops every ckpt table and its data."""
+    with _migration_transaction(engine) as conn:
+        command.downgrade(_config(scripts, conn), revision)
+
+
+def check_schema(engine: Engine, *, scripts: Path | None = None) -> None:
+    """Refuse a database this code cannot use as it is; changes nothing.
+
+    Raises FormatError when it holds no ckpt schema at all, SchemaOutdated when it is
+    at an older revision (``ckpt db upgrade`` fixes that) and SchemaTooNew when its
+    revision is unknown to this code (written by a newer ckptrepo).
+    """
+    path = _sqlite_file(engine)
+    # Connecting would create an empty file where the repository's database should be.
+    if path is not None and not path.exists():
+        raise FormatError(detail=f"no ckpt tables: database file {path} is missing")
+    current = current_revision(engine)
+    if current is None:
+        raise FormatError(detail=f"no ckpt tables in {_where(engine)} (no schema revision stamped)")
+    head = head_revision(scripts=scripts)
+    if current == head:
+        return
+    try:
+        known = _script_directory(scripts).get_revision(current) is not None
+    except CommandError:
+        known = False
+    if known:
+        raise SchemaOutdated(current=current, head=head)
+    raise SchemaTooNew(current=current, head=head)
+
+
+def initialize(engine: Engine, meta: dict[str, str], *, scripts: Path | None = None) -> None:
+    """Create the schema at head and store ``meta`` (``repo_id``, ``format_version``) in repo_meta.
+
+    Atomic: schema and metadata are committed together or not at all. If the database
+    already holds a repository (a ``repo_id`` in repo_meta), raises RepositoryExists and
+    changes nothing, whatever revision that repository is at.
+    """
+    if "repo_id" not in meta:
+        raise UsageError("repository metadata needs a repo_id")
+    with _migration_transaction(engine) as conn:
+        if inspect(conn).has_table(RepoMeta.__tablename__):
+            existing = conn.execute(select(RepoMeta.value).where(RepoMeta.key == "repo_id")).scalar()
+            if existing is not None:
+                raise RepositoryExists(path=_where(engine))
+        command.upgrade(_config(scripts, conn), "head")
+        conn.execute(insert(RepoMeta), [{"key": key, "value": value} for key, value in meta.items()])
+
+
+def _sqlite_file(engine: Engine) -> Path | None:
+    url = engine.url
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        return Path(str(url.database))
+    return None
+
+
+def _where(engine: Engine) -> str:
+    path = _sqlite_file(engine)
+    return str(path) if path is not None else engine.url.render_as_string(hide_password=True)

@@ -1,0 +1,63 @@
+"""torch.save files, read with ``weights_only=True``: loading never runs code from the file."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ckptrepo.errors import InvalidInput
+from ckptrepo.formats._files import atomic_output, summarize
+from ckptrepo.state import flatten, unflatten
+
+
+def _numpy_globals() -> list[Any]:
+    """What pickled numpy arrays and scalars of plain dtypes need: data constructors only."""
+    multiarray = importlib.import_module("numpy._core.multiarray" if np.__version__ >= "2" else "numpy.core.multiarray")
+    names = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
+    names += ["float16", "float32", "float64", "complex64", "complex128"]
+    return [multiarray._reconstruct, multiarray.scalar, np.ndarray, np.dtype] + [type(np.dtype(n)) for n in names]
+
+
+def _weights_only_reason(error: BaseException) -> str:
+    text = summarize(error)
+    for line in str(error).splitlines():
+        if "WeightsUnpickler error:" in line:
+            detail = line.split("WeightsUnpickler error:", 1)[1].split(" Please use", 1)[0].strip()
+            text = f"it holds objects that are not plain data ({detail})"
+    return f"{text}; torch.load(weights_only=True) refused it, pass allow_pickle=True only for trusted files"
+
+
+def read_torch(path: Path, *, allow_pickle: bool = False) -> Any:
+    """The object a ``torch.save`` file holds, on the CPU (memory-mapped for zip-format files).
+
+    Unpickling runs with ``weights_only=True`` (numpy arrays of plain dtypes allowed) unless
+    ``allow_pickle``. InvalidInput for an unreadable, truncated or refused file.
+    """
+    mmap = zipfile.is_zipfile(path)
+    allowed = getattr(torch.serialization, "safe_globals", None)
+    try:
+        with allowed(_numpy_globals()) if allowed else contextlib.nullcontext():
+            return torch.load(path, map_location="cpu", weights_only=not allow_pickle, mmap=mmap)
+    except pickle.UnpicklingError as e:
+        raise InvalidInput(path=str(path), reason=_weights_only_reason(e)) from e
+    except Exception as e:
+        raise InvalidInput(path=str(path), reason=summarize(e)) from e
+
+
+def write_torch(state: Any, path: Path, *, allow_pickle: bool = False) -> None:
+    """``torch.save`` the plain form of ``state`` (modules etc. as state dicts) to ``path`` atomically.
+
+    The state is validated first (UnsupportedState); the file is readable by ``read_torch``
+    without ``allow_pickle`` unless pickled values were allowed in.
+    """
+    flat = flatten(state, allow_pickle=allow_pickle)
+    plain = unflatten(flat.skeleton, flat.tensors, allow_pickle=True)
+    with atomic_output(path) as tmp:
+        torch.save(plain, tmp)

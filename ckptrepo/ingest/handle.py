@@ -1,0 +1,45 @@
+"""``CommitHandle``: what ``Repo.commit`` returns while the commit becomes durable."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import TYPE_CHECKING
+
+from ckptrepo.errors import UsageError
+
+if TYPE_CHECKING:
+    from ckptrepo.types import Commit
+
+
+class CommitHandle:
+    """A commit in flight.
+
+    ``staged`` is True once the state has been copied: the caller may mutate it again.
+    ``wait()`` blocks until the commit is durable and visible and returns it, or
+    re-raises the error that stopped it (the repository is then as it was before).
+    """
+
+    def __init__(self, future: Future[Commit], *, staged: bool = True) -> None:
+        self._future = future
+        self._staged = staged
+
+    @property
+    def staged(self) -> bool:
+        return self._staged
+
+    def done(self) -> bool:
+        """True once the commit is durable or has failed."""
+        return self._future.done()
+
+    def wait(self, timeout: float | None = None) -> Commit:
+        """The durable commit; re-raises a background failure; UsageError on timeout."""
+        try:
+            return self._future.result(timeout)
+        except FutureTimeout as exc:
+            raise UsageError(f"commit not durable within {timeout} s",
+                             hint="Call wait() again, or without a timeout.") from exc
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else ("staged" if self._staged else "staging")
+        return f"<CommitHandle {state}>"

@@ -1,0 +1,143 @@
+"""Revision expressions: parse and resolve to a full commit id.
+
+Grammar (git-like)::
+
+    rev    := base suffix*
+    base   := NAME "@step=" INT     the commit with that step on NAME's first-parent chain
+            | NAME                  a branch, a tag, a full commit id or a unique id prefix (>= 4 hex)
+    suffix := "~" [INT]             the INT-th first-parent ancestor (default 1)
+            | "^" [INT]             the INT-th parent (default 1; ^0 is the commit itself)
+
+Names are looked up in that order: branch, tag, full id, id prefix. Resolution only
+reads the database; parameters always travel as bound values, never as SQL text.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from sqlalchemy import and_, literal, select
+from sqlalchemy.orm import Session
+
+from ckptrepo.db.models import Commit, Edge, Ref
+from ckptrepo.errors import AmbiguousRevision, InvalidRefName, UnknownRevision
+from ckptrepo.ids import ID_HEX_LEN, is_hex, short
+
+MIN_PREFIX = 4
+_BASE_RE = re.compile(r"^(?P<name>[^~^@\s]+)(?:@step=(?P<step>-?\d+))?")
+_SUFFIX_RE = re.compile(r"([~^])(\d*)")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/-]*$")
+
+
+@dataclass(frozen=True)
+class RevSpec:
+    """A parsed revision: a base name (optionally at a step) and parent/ancestor hops."""
+
+    name: str
+    step: int | None
+    hops: tuple[tuple[str, int], ...]
+
+
+def parse(rev: str) -> RevSpec:
+    """Parse ``rev``; UnknownRevision when it is not of the grammar above."""
+    text = rev.strip()
+    match = _BASE_RE.match(text)
+    if not match:
+        raise UnknownRevision(rev=rev)
+    pos = match.end()
+    hops: list[tuple[str, int]] = []
+    while pos < len(text):
+        m = _SUFFIX_RE.match(text, pos)
+        if not m:
+            raise UnknownRevision(rev=rev)
+        hops.append((m.group(1), int(m.group(2)) if m.group(2) else 1))
+        pos = m.end()
+    step = match.group("step")
+    return RevSpec(match.group("name"), int(step) if step is not None else None, tuple(hops))
+
+
+def check_ref_name(name: str, kind: str) -> None:
+    """Refuse names that could not be told apart from revision expressions or paths."""
+    reason = None
+    if not _NAME_RE.match(name):
+        reason = "use letters, digits and . _ - / and start with a letter or digit"
+    elif ".." in name or name.endswith(("/", ".")) or "//" in name:
+        reason = "no '..', '//' or trailing '/' or '.'"
+    elif len(name) > 255:
+        reason = "longer than 255 characters"
+    elif is_hex(name) and len(name) >= MIN_PREFIX:
+        reason = "it looks like a commit id"
+    if reason:
+        raise InvalidRefName(kind=kind, name=name, reason=reason)
+
+
+def resolve(session: Session, rev: str) -> str:
+    """The full id of the commit ``rev`` names (see module docstring)."""
+    spec = parse(rev)
+    commit_id = _resolve_name(session, spec.name, rev)
+    if spec.step is not None:
+        commit_id = _at_step(session, commit_id, spec.step, rev)
+    for op, n in spec.hops:
+        if op == "~":
+            for _ in range(n):
+                commit_id = _parent(session, commit_id, 1, rev)
+        elif n:
+            commit_id = _parent(session, commit_id, n, rev)
+    return commit_id
+
+
+def _resolve_name(session: Session, name: str, rev: str) -> str:
+    for kind in ("branch", "tag"):
+        ref = session.get(Ref, (kind, name))
+        if ref is not None:
+            return ref.commit_id
+    lowered = name.lower()
+    if not is_hex(lowered) or len(lowered) < MIN_PREFIX or len(lowered) > ID_HEX_LEN:
+        raise UnknownRevision(rev=rev)
+    if len(lowered) == ID_HEX_LEN:
+        if session.get(Commit, lowered) is None:
+            raise UnknownRevision(rev=rev)
+        return lowered
+    # Bound parameter on an indexed primary key: a prefix scan, never SQL text.
+    upper = lowered + "g"  # 'g' sorts after every hex digit
+    rows = session.scalars(
+        select(Commit.id).where(Commit.id >= lowered, Commit.id < upper).order_by(Commit.id).limit(11)
+    ).all()
+    if not rows:
+        raise UnknownRevision(rev=rev)
+    if len(rows) > 1:
+        shown = ", ".join(short(r, 12) for r in rows[:10]) + (" ..." if len(rows) > 10 else "")
+        raise AmbiguousRevision(rev=rev, candidates=shown)
+    return rows[0]
+
+
+def _parent(session: Session, commit_id: str, n: int, rev: str) -> str:
+    parents = session.scalars(
+        select(Edge.parent_id).where(Edge.child_id == commit_id).order_by(Edge.position)
+    ).all()
+    if n > len(parents):
+        raise UnknownRevision(
+            rev=rev, hint=f"Commit {short(commit_id)} has {len(parents)} parent(s); `ckpt log` shows the history."
+        )
+    return parents[n - 1]
+
+
+def _at_step(session: Session, head: str, step: int, rev: str) -> str:
+    """Nearest commit with ``step`` on the first-parent chain from ``head`` (head included)."""
+    chain = select(literal(head).label("id"), literal(0).label("depth")).cte("chain", recursive=True)
+    chain = chain.union_all(
+        select(Edge.parent_id, chain.c.depth + 1).join(
+            chain, and_(Edge.child_id == chain.c.id, Edge.position == 0)
+        )
+    )
+    found = session.scalars(
+        select(Commit.id)
+        .join(chain, Commit.id == chain.c.id)
+        .where(Commit.step == step)
+        .order_by(chain.c.depth)
+        .limit(1)
+    ).first()
+    if found is None:
+        raise UnknownRevision(rev=rev, hint=f"No commit with step={step} on the first-parent chain of that revision.")
+    return found

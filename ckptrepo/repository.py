@@ -1,0 +1,551 @@
+"""The ``Repo`` facade: the one place that orders chunk writes before database commits.
+
+A repository is a ``.ckpt`` folder holding ``config.json``, by default the SQLite
+database ``db.sqlite`` and the local pack store ``store/``. Every public method opens
+its own short session; a ``Repo`` may be shared between threads. Commits from one
+process are serialised by a lock; commits from several processes serialise on the
+database's write lock and on the branch compare-and-swap.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import shutil
+import socket
+import threading
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from ckptrepo import state as st
+from ckptrepo import types as t
+from ckptrepo.chunks.store import ChunkReader, PackSink
+from ckptrepo.config import REPO_DIRNAME, RepoConfig, default_workers
+from ckptrepo.db import catalog, migrate
+from ckptrepo.db.engine import database_url, make_engine, session_factory, write_transaction
+from ckptrepo.db.models import Commit as CommitRow
+from ckptrepo.db.models import Ref
+from ckptrepo.errors import (
+    NotARepository,
+    RefConflict,
+    RefExists,
+    RepositoryExists,
+    UnknownRevision,
+    UnknownTensor,
+    UsageError,
+)
+from ckptrepo.ids import hash_json, short
+from ckptrepo.ingest.handle import CommitHandle
+from ckptrepo.ingest.pipeline import IngestOptions, IngestResult, ingest
+from ckptrepo.lineage import graph, revparse
+from ckptrepo.restore import read_tensors
+from ckptrepo.storage import Backend, open_backend
+
+DEFAULT_BRANCH = "main"
+
+
+def _repo_dir(path: str | Path) -> Path:
+    p = Path(path).expanduser().resolve()
+    return p if p.name == REPO_DIRNAME else p / REPO_DIRNAME
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Repo:
+    """A checkpoint repository. Use ``Repo.init`` / ``Repo.open`` / ``Repo.discover``.
+
+    ``close()`` (or leaving a ``with`` block) waits for pending commits and releases
+    the database engine, the store and the worker threads.
+    """
+
+    def __init__(self, repo_dir: Path, config: RepoConfig, *, check_schema: bool = True) -> None:
+        self.path = repo_dir
+        self.config = config
+        self._engine = make_engine(database_url(config.db_url, repo_dir))
+        if check_schema:
+            try:
+                migrate.check_schema(self._engine)
+            except BaseException:
+                self._engine.dispose()
+                raise
+        self._sessions: sessionmaker[Session] = session_factory(self._engine)
+        self._backend: Backend = open_backend(config.store_url, repo_dir / "store")
+        self._reader = ChunkReader(self._backend)
+        self._pool = ThreadPoolExecutor(max_workers=default_workers(), thread_name_prefix="ckpt")
+        self._commit_lock = threading.Lock()
+        self._closed = False
+
+    # -- opening ---------------------------------------------------------------------------
+
+    @classmethod
+    def init(
+        cls,
+        path: str | Path = ".",
+        *,
+        db_url: str | None = None,
+        store_url: str | None = None,
+        chunk_size: int | None = None,
+        compression: bool = True,
+    ) -> Repo:
+        """Create a repository in ``PATH/.ckpt`` (or at ``path`` if it is named ``.ckpt``).
+
+        Nothing is changed if one exists already (RepositoryExists). ``config.json`` is
+        written last, so a failed init leaves no folder that looks like a repository.
+        """
+        repo_dir = _repo_dir(path)
+        if (repo_dir / "config.json").exists():
+            raise RepositoryExists(path=str(repo_dir))
+        config = RepoConfig(db_url=db_url, store_url=store_url, compression=compression)
+        if chunk_size is not None:
+            config.chunk_size = chunk_size
+        config.validate()
+        created = not repo_dir.exists()
+        repo_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            engine = make_engine(database_url(db_url, repo_dir))
+            try:
+                migrate.initialize(engine, {"repo_id": config.repo_id, "format_version": str(config.format_version)})
+            finally:
+                engine.dispose()
+            open_backend(store_url, repo_dir / "store").close()
+            config.save(repo_dir)
+        except BaseException:
+            if created:
+                shutil.rmtree(repo_dir, ignore_errors=True)
+            raise
+        return cls(repo_dir, config)
+
+    @classmethod
+    def open(cls, path: str | Path = ".") -> Repo:
+        """Open the repository at ``path`` (the folder holding ``.ckpt``, or ``.ckpt`` itself)."""
+        p = Path(path).expanduser().resolve()
+        for candidate in (p, p / REPO_DIRNAME):
+            if (candidate / "config.json").is_file():
+                return cls(candidate, RepoConfig.load(candidate))
+        raise NotARepository(path=str(p))
+
+    @classmethod
+    def discover(cls, start: str | Path = ".") -> Repo:
+        """Open the nearest repository at or above ``start``, like git."""
+        p = Path(start).expanduser().resolve()
+        for folder in (p, *p.parents):
+            if folder.name != REPO_DIRNAME and (folder / REPO_DIRNAME / "config.json").is_file():
+                return cls(folder / REPO_DIRNAME, RepoConfig.load(folder / REPO_DIRNAME))
+        raise NotARepository(path=str(p))
+
+    def __enter__(self) -> Repo:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Wait for pending work and release resources; further calls fail."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.shutdown(wait=True)
+        self._backend.close()
+        self._engine.dispose()
+
+    def __repr__(self) -> str:
+        return f"Repo({str(self.path)!r})"
+
+    # -- committing ------------------------------------------------------------------------
+
+    def commit(
+        self,
+        state: Any,
+        *,
+        branch: str | None = None,
+        message: str | None = None,
+        step: int | None = None,
+        epoch: int | None = None,
+        metrics: Mapping[str, float] | None = None,
+        config: Any = None,
+        parents: list[str] | None = None,
+        transfer_from: Any = None,
+        allow_pickle: bool = False,
+        code_version: str | None = None,
+    ) -> CommitHandle:
+        """Store ``state`` as a new commit on ``branch`` (default ``main``).
+
+        The whole state is validated before any byte is written (UnsupportedState names
+        the offending key path). ``parents`` default to the branch head; two or more make
+        a merge. The branch moves by compare-and-swap: if another writer moved it
+        meanwhile, the commit is kept under its id and RefConflict is raised.
+        Returns a handle whose ``wait()`` gives the durable ``Commit``.
+        """
+        self._check_open()
+        branch = branch or DEFAULT_BRANCH
+        revparse.check_ref_name(branch, "branch")
+        metrics_f = _check_metrics(metrics)
+        step = _check_int("step", step)
+        epoch = _check_int("epoch", epoch)
+        flat = st.flatten(state, allow_pickle=allow_pickle)
+        _check_json("config", config)
+        with self._sessions() as s:
+            head = _branch_head(s, branch)
+            parent_ids = [revparse.resolve(s, p) for p in (parents or [])]
+            if not parents and head is not None:
+                parent_ids = [head]
+            if head is not None and head not in parent_ids:
+                raise UsageError(
+                    f"branch {branch!r} is at {short(head)}, which is not among the given parents",
+                    hint="Commit on another branch (-b NAME), or include the branch head as a parent.",
+                )
+            transfer = self._resolve_transfer(s, transfer_from)
+        tensors = {name: tt.detach().cpu() for name, tt in flat.tensors.items()}
+        future: Future[t.Commit] = Future()
+        started = _now()
+        with self._commit_lock:
+            commit = self._persist(
+                tensors, flat.skeleton, branch=branch, head=head, parent_ids=parent_ids, transfer=transfer,
+                message=message or "", step=step, epoch=epoch, metrics=metrics_f, config=config,
+                code_version=code_version, started=started,
+            )
+        future.set_result(commit)
+        return CommitHandle(future, staged=True)
+
+    def _resolve_transfer(self, s: Session, transfer_from: Any) -> tuple[str, dict[str, str] | None] | None:
+        if transfer_from is None:
+            return None
+        if isinstance(transfer_from, tuple):
+            rev, mapping = transfer_from
+            return revparse.resolve(s, str(rev)), {str(k): str(v) for k, v in dict(mapping).items()}
+        return revparse.resolve(s, str(transfer_from)), None
+
+    def _persist(
+        self,
+        tensors: dict[str, torch.Tensor],
+        skeleton: Any,
+        *,
+        branch: str,
+        head: str | None,
+        parent_ids: list[str],
+        transfer: tuple[str, dict[str, str] | None] | None,
+        message: str,
+        step: int | None,
+        epoch: int | None,
+        metrics: dict[str, float],
+        config: Any,
+        code_version: str | None,
+        started: datetime,
+    ) -> t.Commit:
+        """Phase 2: packs durable first, then one transaction makes the commit visible."""
+        opts = IngestOptions(
+            chunk_size=self.config.chunk_size, compression=self.config.compression, zstd_level=self.config.zstd_level
+        )
+
+        def known(ids: list[str]) -> set[str]:
+            with self._sessions() as s:
+                return catalog.existing_chunks(s, ids)
+
+        t0 = _now()
+        # Write-ordering step 1: ingest returns only after every new pack is durable in the store.
+        result = ingest(tensors, PackSink(self._backend, self.config.pack_target), known, self._pool, opts)
+        edges = [catalog.EdgeRow(pid, "parent" if i == 0 else "merge", i) for i, pid in enumerate(parent_ids)]
+        if transfer is not None and transfer[0] not in parent_ids:
+            edges.append(catalog.EdgeRow(transfer[0], "transfer", len(edges), transfer[1]))
+        entries = {r.name: r.tensor_id for r in result.tensors}
+        now = _now()
+        row = self._commit_row(result, skeleton, entries, edges, branch=branch, message=message, step=step,
+                               epoch=epoch, metrics=metrics, config=config, code_version=code_version,
+                               created_at=started)
+        row["persist_s"] = (now - t0).total_seconds()
+        conflict: str | None = None
+        # Write-ordering step 2: one transaction inserts the chunk index, tensors, the commit,
+        # its edges and moves the branch; nothing of this commit is visible before it commits.
+        with write_transaction(self._sessions) as s:
+            row["generation"] = 1 + max((_generation(s, p) for p in {e.parent_id for e in edges}), default=0)
+            catalog.record_commit(
+                s,
+                packs=[catalog.PackRow(p.pack_id, p.size, len(p.locations)) for p in result.packs],
+                chunks=[
+                    catalog.ChunkRow(loc.chunk_id, loc.pack_id, loc.offset, loc.length, loc.raw_length,
+                                     loc.encoding, loc.depth, loc.base_id)
+                    for p in result.packs for loc in p.locations
+                ],
+                tensors=[
+                    catalog.TensorRow(r.tensor_id, r.dtype, r.shape, r.nbytes, r.chunk_size, r.chunk_ids, r.stats)
+                    for r in result.tensors
+                ],
+                commit=row,
+                entries=entries,
+                edges=edges,
+                metrics=metrics,
+                now=now,
+            )
+            conflict = catalog.move_branch(s, branch, row["id"], head, now)
+        if conflict is not None:
+            raise RefConflict(branch=branch, actual=short(conflict) if conflict else "(deleted)",
+                              expected=short(head) if head else "(no branch)",
+                              hint=f"The commit is kept as {short(row['id'])}; "
+                                   f"`ckpt branch NAME {short(row['id'])}` gives it a branch.")
+        return self.get_commit(row["id"])
+
+    def _commit_row(
+        self, result: IngestResult, skeleton: Any, entries: dict[str, str], edges: list[catalog.EdgeRow], *,
+        branch: str, message: str, step: int | None, epoch: int | None, metrics: dict[str, float], config: Any,
+        code_version: str | None, created_at: datetime,
+    ) -> dict[str, Any]:
+        author = _author()
+        host = socket.gethostname()
+        identity = {
+            "entries": sorted(entries.items()), "skeleton": skeleton,
+            "edges": [[e.parent_id, e.kind, e.position, e.mapping] for e in edges],
+            "message": message, "step": step, "epoch": epoch, "metrics": sorted(metrics.items()),
+            "config": config, "created_at": created_at.isoformat(), "author": author, "host": host,
+        }
+        return {
+            "id": hash_json(identity), "message": message, "created_at": created_at, "author": author,
+            "host": host, "branch": branch, "step": step, "epoch": epoch, "config": config,
+            "code_version": code_version, "skeleton": skeleton, "n_tensors": len(entries),
+            "logical_bytes": result.logical_bytes, "new_bytes": result.new_bytes,
+            "stored_bytes": result.stored_bytes, "stall_s": 0.0, "wait_s": 0.0, "persist_s": 0.0,
+            "nonfinite": result.nonfinite,
+        }
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def resolve(self, rev: str) -> str:
+        """The full id of the commit ``rev`` names."""
+        self._check_open()
+        with self._sessions() as s:
+            return revparse.resolve(s, rev)
+
+    def get_commit(self, rev: str) -> t.Commit:
+        """The commit ``rev`` names, with parents, metrics and refs."""
+        self._check_open()
+        with self._sessions() as s:
+            row = s.get(CommitRow, revparse.resolve(s, rev))
+            assert row is not None
+            return _commits(s, [row])[0]
+
+    def log(self, rev: str | None = None, *, limit: int | None = None) -> list[t.Commit]:
+        """``rev`` and its ancestors (every commit when None), newest first."""
+        self._check_open()
+        with self._sessions() as s:
+            start = revparse.resolve(s, rev) if rev is not None else None
+            return _commits(s, graph.log_commits(s, start, limit))
+
+    def tensors(self, rev: str) -> list[t.TensorInfo]:
+        """Names, layout and ingest statistics of a commit's tensors (no tensor bytes read)."""
+        self._check_open()
+        with self._sessions() as s:
+            cid = revparse.resolve(s, rev)
+            return [_tensor_info(e.name, tr) for e, tr in catalog.tensor_layout(s, cid)]
+
+    def checkout(self, rev: str, *, into: Mapping[str, Any] | None = None, allow_pickle: bool = False) -> Any:
+        """The state committed at ``rev`` (tensors on the CPU, ties restored).
+
+        With ``into``, also load it into live objects: modules, optimizers and schedulers
+        via ``load_state_dict``, tensors in place. Every chunk's hash is verified.
+        """
+        self._check_open()
+        with self._sessions() as s:
+            cid = revparse.resolve(s, rev)
+            row = s.get(CommitRow, cid)
+            assert row is not None
+            skeleton = row.skeleton
+            layout = catalog.tensor_layout(s, cid)
+            chunks = catalog.chunk_locations(s, [tr.id for _, tr in layout])
+        tensors = read_tensors(self._reader, self._pool, [(e.name, tr, chunks[tr.id]) for e, tr in layout],
+                               commit_id=cid)
+        restored = st.unflatten(skeleton, tensors, allow_pickle=allow_pickle)
+        if into is not None:
+            st.load_into(into, restored)
+        return restored
+
+    def load_tensor(self, rev: str, name: str) -> torch.Tensor:
+        """One tensor of a commit, reading only that tensor's chunks."""
+        self._check_open()
+        with self._sessions() as s:
+            cid = revparse.resolve(s, rev)
+            layout = catalog.tensor_layout(s, cid, [name])
+            if not layout:
+                raise UnknownTensor(commit=short(cid), name=name)
+            chunks = catalog.chunk_locations(s, [layout[0][1].id])
+        row = layout[0][1]
+        return read_tensors(self._reader, self._pool, [(name, row, chunks[row.id])], commit_id=cid)[name]
+
+    # -- refs ------------------------------------------------------------------------------
+
+    def branch(self, name: str, at: str | None = None, *, force: bool = False) -> t.RefInfo:
+        """Create branch ``name`` at ``at`` (default: the head of main, else the newest commit).
+
+        An existing branch is only moved with ``force=True``.
+        """
+        return self._set_ref("branch", name, at, force=force)
+
+    def tag(self, name: str, at: str | None = None) -> t.RefInfo:
+        """Create tag ``name`` at ``at``; tags never move."""
+        return self._set_ref("tag", name, at, force=False)
+
+    def _set_ref(self, kind: str, name: str, at: str | None, *, force: bool) -> t.RefInfo:
+        self._check_open()
+        revparse.check_ref_name(name, kind)
+        with write_transaction(self._sessions) as s:
+            target = revparse.resolve(s, at) if at is not None else _default_target(s)
+            existing = s.get(Ref, (kind, name))
+            if existing is not None:
+                if not force:
+                    raise RefExists(kind=kind.capitalize(), name=name)
+                existing.commit_id = target
+                existing.updated_at = _now()
+            else:
+                s.add(Ref(kind=kind, name=name, commit_id=target, updated_at=_now()))
+        return t.RefInfo(name=name, kind=kind, commit_id=target)
+
+    def branches(self) -> list[t.RefInfo]:
+        """Every branch, by name."""
+        return self._refs("branch")
+
+    def tags(self) -> list[t.RefInfo]:
+        """Every tag, by name."""
+        return self._refs("tag")
+
+    def _refs(self, kind: str) -> list[t.RefInfo]:
+        self._check_open()
+        with self._sessions() as s:
+            rows = s.scalars(select(Ref).where(Ref.kind == kind).order_by(Ref.name))
+            return [t.RefInfo(name=r.name, kind=r.kind, commit_id=r.commit_id) for r in rows]
+
+    # -- whole repository ------------------------------------------------------------------
+
+    def stats(self) -> t.RepoStats:
+        """Counts and sizes of the whole repository (see ``RepoStats``)."""
+        self._check_open()
+        with self._sessions() as s:
+            return t.RepoStats(**catalog.totals(s))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise UsageError("this repository is closed", hint="Open it again with Repo.open(path).")
+
+
+def upgrade_database(path: str | Path) -> tuple[str | None, str]:
+    """Bring the repository's database schema to this code's head; returns (from, to)."""
+    p = Path(path).expanduser().resolve()
+    for candidate in (p, p / REPO_DIRNAME):
+        if (candidate / "config.json").is_file():
+            config = RepoConfig.load(candidate)
+            engine = make_engine(database_url(config.db_url, candidate))
+            try:
+                before = migrate.current_revision(engine)
+                migrate.upgrade(engine)
+                return before, migrate.head_revision()
+            finally:
+                engine.dispose()
+    raise NotARepository(path=str(p))
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _author() -> str:
+    try:
+        return os.environ.get("CKPT_AUTHOR") or getpass.getuser()
+    except (KeyError, OSError):
+        return ""
+
+
+def _branch_head(s: Session, branch: str) -> str | None:
+    ref = s.get(Ref, ("branch", branch))
+    return ref.commit_id if ref is not None else None
+
+
+def _default_target(s: Session) -> str:
+    head = _branch_head(s, DEFAULT_BRANCH)
+    if head is not None:
+        return head
+    newest = s.scalars(select(CommitRow.id).order_by(CommitRow.created_at.desc()).limit(1)).first()
+    if newest is None:
+        raise UnknownRevision(rev="HEAD", hint="The repository has no commits yet; commit first.")
+    return newest
+
+
+def _generation(s: Session, commit_id: str) -> int:
+    row = s.get(CommitRow, commit_id)
+    return row.generation if row is not None else 0
+
+
+def _check_metrics(metrics: Mapping[str, float] | None) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name, value in (metrics or {}).items():
+        if not isinstance(name, str) or not name or len(name) > 255:
+            raise UsageError(f"metric name {name!r} is not a non-empty string of at most 255 characters")
+        try:
+            out[name] = float(value)
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"metric {name!r} = {value!r} is not a number",
+                             hint="Metrics are scalars: pass float(x) or tensor.item().") from exc
+    return out
+
+
+def _check_int(what: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            as_int = int(value)
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"{what} {value!r} is not an integer") from exc
+        if as_int != value:
+            raise UsageError(f"{what} {value!r} is not an integer")
+        return as_int
+    return value
+
+
+def _check_json(what: str, value: Any) -> None:
+    import json
+
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"{what} is not JSON-serialisable ({exc})",
+                         hint="Pass plain dicts, lists, strings, numbers, booleans and None.") from exc
+
+
+def _tensor_info(name: str, row: Any) -> t.TensorInfo:
+    return t.TensorInfo(
+        name=name, tensor_id=row.id, dtype=row.dtype, shape=tuple(row.shape), nbytes=row.nbytes,
+        n_chunks=row.n_chunks,
+        stats=t.TensorStats(numel=row.numel, mean=row.mean, std=row.std, min=row.min, max=row.max,
+                            l2_norm=row.l2_norm, abs_max=row.abs_max, nan_count=row.nan_count,
+                            inf_count=row.inf_count),
+    )
+
+
+def _commits(s: Session, rows: list[CommitRow]) -> list[t.Commit]:
+    ids = [r.id for r in rows]
+    edges = catalog.edges_of(s, ids)
+    metrics = catalog.metrics_of(s, ids)
+    refs = catalog.refs_at(s, ids)
+    return [
+        t.Commit(
+            id=r.id, message=r.message, created_at=_aware(r.created_at), author=r.author, host=r.host,
+            branch=r.branch, step=r.step, epoch=r.epoch,
+            parents=tuple(t.Parent(e.parent_id, e.kind, e.mapping) for e in edges.get(r.id, [])),
+            metrics=metrics.get(r.id, {}), config=r.config, code_version=r.code_version, n_tensors=r.n_tensors,
+            logical_bytes=r.logical_bytes, new_bytes=r.new_bytes, stored_bytes=r.stored_bytes,
+            stall_s=r.stall_s, wait_s=r.wait_s, persist_s=r.persist_s, nonfinite=r.nonfinite,
+            refs=tuple(refs.get(r.id, [])),
+        )
+        for r in rows
+    ]
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)

@@ -1,0 +1,399 @@
+"""Nested training state <-> named tensors plus a JSON skeleton; the only module that knows torch's layout.
+
+``flatten`` turns what a training loop commits into ``Flattened``: a strict-JSON *skeleton*
+(structure and non-tensor values) and the tensors it refers to by *entry name* (the key path
+joined by ``join_path``, e.g. ``model/layer.0.weight``). ``unflatten`` inverts it;
+``load_into`` pushes a restored state into live modules, optimizers and tensors.
+
+Skeleton: each value is one node (short tags: optimizer states hold many small values).
+``null``/``true``/``false``, a string, an integer (any size) or a finite float: that value (ints
+and floats differ by JSON number syntax, ``1`` vs ``1.0``). ``[v, ...]`` a list; ``{"u": [v, ...]}``
+a tuple; ``{"d": [k1, v1, k2, v2, ...]}`` a dict in order, keys (null/bool/int/float/string)
+keeping their type, with an optional ``"m"`` holding torch's ``state_dict()._metadata``
+(restored as an ``OrderedDict`` carrying it). Entries: ``{"t": name}`` a tensor,
+``{"P": [name, requires_grad]}`` an ``nn.Parameter``, ``{"n": name}`` a numpy array,
+``{"p": name}`` a pickled value (uint8 entry). Values: ``{"f": "nan"|"inf"|"-inf"}`` a float,
+``{"dt": "float32"}`` a torch.dtype, ``{"sz": [ints]}`` a torch.Size, ``{"dv": "cuda:0"}`` a
+torch.device, ``{"ns": [numpy dtype name, v]}`` a numpy scalar. Other nodes: FormatError.
+
+Modules, optimizers and schedulers are stored as their ``state_dict()`` (restored as that dict);
+tensors as their contiguous values (two different views of one storage come back separate).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import pickle
+import re
+import warnings
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ckptrepo.errors import FormatError, IntegrityError, UnsupportedState, UsageError
+
+_DTYPE_CANDIDATES = (
+    "float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
+    "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2", "int8", "int16", "int32", "int64", "uint8",
+    "uint16", "uint32", "uint64", "bool", "complex32", "complex64", "complex128",
+    "bits8", "bits16", "bits1x8", "bits2x4", "bits4x2",
+)  # fmt: skip
+_NUMPY_ARRAY_DTYPES = frozenset(n for n in _DTYPE_CANDIDATES if n in np.sctypeDict and np.dtype(n).name == n)
+_NUMPY_DTYPES = _NUMPY_ARRAY_DTYPES - {"complex64", "complex128"}
+_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
+_TORCH_DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
+
+
+def _byte_viewable(dtype: torch.dtype) -> bool:
+    """Whether this torch can view ``dtype`` as bytes and back, copy it and make it contiguous."""
+    raw = torch.arange(4 * dtype.itemsize, dtype=torch.uint8) % 2
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            grid = raw.view(dtype).reshape(2, 2)
+            copies = (grid.t().contiguous().t().contiguous(), torch.empty_like(grid).copy_(grid))
+            return all(torch.equal(c.view(torch.uint8).reshape(-1), raw) for c in copies)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+
+
+SUPPORTED_DTYPES: dict[str, torch.dtype] = {
+    name: _TORCH_DTYPES[name] for name in _DTYPE_CANDIDATES
+    if name in _TORCH_DTYPES and _byte_viewable(_TORCH_DTYPES[name])
+}  # fmt: skip
+_NAME_OF: dict[torch.dtype, str] = {dtype: name for name, dtype in SUPPORTED_DTYPES.items()}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The stored name of ``dtype`` (``"float32"``); KeyError when it is not in SUPPORTED_DTYPES."""
+    if dtype not in _NAME_OF:
+        raise KeyError(f"dtype {dtype} is not supported; supported: {', '.join(SUPPORTED_DTYPES)}")
+    return _NAME_OF[dtype]
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """The dtype stored as ``name``; FormatError when this ckptrepo does not know it."""
+    if not isinstance(name, str) or name not in SUPPORTED_DTYPES:
+        raise FormatError(detail=f"unknown tensor dtype {name!r}")
+    return SUPPORTED_DTYPES[name]
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The C-order bytes of ``t``'s values as a flat ``'B'`` memoryview that keeps ``t`` alive.
+
+    A contiguous CPU tensor is not copied (the view aliases it: later in-place changes show);
+    other tensors (non-contiguous, conjugate/negative views, other devices) are copied once.
+    """
+    t = t.detach().cpu().resolve_conj().resolve_neg()
+    return t.contiguous().reshape(-1).view(torch.uint8).numpy().data
+
+
+def tensor_from_bytes(
+    buf: bytes | bytearray | memoryview | torch.Tensor, dtype: str, shape: Sequence[int]
+) -> torch.Tensor:
+    """A tensor of ``dtype`` and ``shape`` over ``buf``, the values' C-order bytes.
+
+    Writable buffers and uint8 tensors are aliased (copied only if misaligned); read-only ones
+    (``bytes``) are copied once so the result is writable. IntegrityError when the length does
+    not match or a bool byte is not 0/1; FormatError for an unknown dtype name.
+    """
+    dt = dtype_from_name(dtype)
+    dims = [int(d) for d in shape]
+    nbytes = math.prod(dims) * dt.itemsize
+    if isinstance(buf, torch.Tensor):
+        if buf.dtype != torch.uint8:
+            raise UsageError(f"tensor_from_bytes takes a uint8 tensor, not {buf.dtype}")
+        raw = buf.detach().reshape(-1)
+    else:
+        view = memoryview(buf)
+        view = view.cast("B") if view.c_contiguous else memoryview(view.tobytes())
+        writable = bytearray(view) if view.readonly else view
+        raw = torch.frombuffer(writable, dtype=torch.uint8) if view.nbytes else torch.zeros(0).byte()
+    if raw.numel() != nbytes or min(dims, default=0) < 0:
+        raise IntegrityError(detail=f"{raw.numel()} bytes for a {dtype} tensor of shape {dims}")
+    if not raw.is_contiguous() or raw.storage_offset() % dt.itemsize or raw.data_ptr() % dt.itemsize:
+        raw = raw.clone()
+    if dt == torch.bool and nbytes and bool((raw > 1).any()):
+        raise IntegrityError(detail="a bool tensor holds bytes other than 0 and 1")
+    return raw.view(dt).reshape(dims)
+
+
+def join_path(parts: Sequence[str | int]) -> str:
+    """Entry name of a key path: parts joined by ``/``; inside a part ``%`` -> ``%25``, ``/`` -> ``%2F``.
+
+    Injective over non-empty part lists; ``[]`` and ``[""]`` both give ``""``.
+    """
+    return "/".join(str(p).replace("%", "%25").replace("/", "%2F") for p in parts)
+
+
+def split_path(name: str) -> list[str]:
+    """The parts of an entry name (inverse of ``join_path``; int parts come back as str)."""
+    return [re.sub("%(25|2F)", lambda m: "%" if m.group(1) == "25" else "/", p) for p in name.split("/")]
+
+
+@dataclass
+class Flattened:
+    """A state taken apart: ``skeleton`` (strict JSON, see the module docstring), ``tensors``
+    (entry name -> the caller's tensor, not copied, in traversal order, each tie once) and
+    ``kinds`` (entry name -> ``"tensor"``, ``"ndarray"`` or ``"pickle"``)."""
+
+    skeleton: Any
+    tensors: dict[str, torch.Tensor]
+    kinds: dict[str, str]
+
+
+def _key_part(key: Any) -> str:
+    return key if type(key) is str else repr(key) if type(key) is float else str(key)
+
+
+def _is_key(key: Any) -> bool:
+    return key is None or type(key) in (bool, int, str) or (type(key) is float and math.isfinite(key))
+
+
+def _where(path: Sequence[str]) -> str:
+    return join_path(path) if path else "the top level"
+
+
+def _describe(value: Any) -> str:
+    cls = type(value)
+    if cls.__module__ != "builtins":
+        return f"an object of type {cls.__module__}.{cls.__qualname__}"
+    return f"a function ({value.__qualname__})" if cls.__name__ == "function" else f"a {cls.__name__}"
+
+
+def _tensor_refusal(t: torch.Tensor) -> str | None:
+    if type(t) not in _TENSOR_TYPES:
+        return f"a tensor subclass {type(t).__qualname__}"
+    if t.is_quantized:
+        return "a quantized tensor; store t.dequantize(), or t.int_repr() and its scales"
+    if t.is_nested or t.layout != torch.strided:
+        return f"a {'nested' if t.is_nested else t.layout} tensor; only dense tensors are stored"
+    if t.is_meta:
+        return "a meta tensor, which has no data"
+    if t.dtype not in _NAME_OF:
+        return f"a tensor of dtype {t.dtype}; supported: {', '.join(SUPPORTED_DTYPES)}"
+    return None
+
+
+class _Flattener:
+    def __init__(self, allow_pickle: bool) -> None:
+        self.allow_pickle = allow_pickle
+        self.tensors: dict[str, torch.Tensor] = {}
+        self.kinds: dict[str, str] = {}
+        self.seen: dict[tuple[Any, ...], str] = {}
+        self.keep: list[Any] = []  # arrays whose id() is a tie key stay alive while flattening
+        self.active: set[int] = set()
+
+    def entry(self, key: tuple[Any, ...], path: list[str], t: torch.Tensor, kind: str) -> str:
+        if key not in self.seen:
+            name = self.seen[key] = join_path(path)
+            self.tensors[name], self.kinds[name] = t, kind
+        return self.seen[key]
+
+    def node(self, value: Any, path: list[str]) -> Any:
+        cls = type(value)
+        if value is None or cls in (bool, int, str) or (cls is float and math.isfinite(value)):
+            return value
+        if cls is float:
+            return {"f": "nan" if math.isnan(value) else "inf" if value > 0 else "-inf"}
+        if isinstance(value, torch.Tensor):
+            return self.tensor(value, path)
+        if isinstance(value, np.ndarray | np.generic):
+            return self.numpy(value, path)
+        if cls in (dict, OrderedDict, defaultdict, list, tuple):
+            if id(value) in self.active:
+                raise UnsupportedState(path=_where(path), reason="a container that contains itself")
+            self.active.add(id(value))
+            try:
+                if isinstance(value, dict):
+                    return self.mapping(value, path)
+                items = [self.node(item, [*path, str(i)]) for i, item in enumerate(value)]
+                return items if cls is list else {"u": items}
+            finally:
+                self.active.discard(id(value))
+        if isinstance(value, torch.Size):
+            return {"sz": list(value)}
+        if isinstance(value, torch.dtype | torch.device):
+            return {"dt" if isinstance(value, torch.dtype) else "dv": str(value).removeprefix("torch.")}
+        if callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None)):
+            return self.node(value.state_dict(), path)
+        return self.pickled(value, path, _describe(value))
+
+    def mapping(self, value: dict[Any, Any], path: list[str]) -> Any:
+        items: list[Any] = []
+        parts: dict[str, Any] = {}
+        for key, item in value.items():
+            part = _key_part(key)
+            if not _is_key(key):
+                reason = f"dict key {key!r}: keys must be str, int, bool, None or a finite float"
+                raise UnsupportedState(path=_where(path), reason=reason)
+            if part in parts:
+                reason = f"keys {parts[part]!r} and {key!r} would share the entry name part {part!r}"
+                raise UnsupportedState(path=_where(path), reason=reason)
+            parts[part] = key
+            items += [key, self.node(item, [*path, part])]
+        meta = getattr(value, "_metadata", None)  # module versions in a state_dict(); kept when plain JSON
+        with contextlib.suppress(TypeError, ValueError):
+            if isinstance(meta, dict) and json.loads(json.dumps(meta)) == meta:
+                return {"d": items, "m": meta}
+        return {"d": items}
+
+    def tensor(self, t: torch.Tensor, path: list[str]) -> Any:
+        if (reason := _tensor_refusal(t)) is not None:
+            raise UnsupportedState(path=_where(path), reason=reason)
+        view = (t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t.is_conj(), t.is_neg())
+        name = self.entry((t.device, t.untyped_storage()._cdata, *view), path, t, "tensor")
+        return {"P": [name, t.requires_grad]} if isinstance(t, torch.nn.Parameter) else {"t": name}
+
+    def numpy(self, a: np.ndarray[Any, Any] | np.generic[Any], path: list[str]) -> Any:
+        if isinstance(a, np.generic):
+            if a.dtype.isnative and a.dtype.name in _NUMPY_DTYPES:
+                return {"ns": [a.dtype.name, self.node(a.item(), path)]}
+            return self.pickled(a, path, f"a numpy scalar of dtype {a.dtype}")
+        if type(a) is not np.ndarray or not a.dtype.isnative or a.dtype.name not in _NUMPY_ARRAY_DTYPES:
+            return self.pickled(a, path, f"a {type(a).__name__} of dtype {a.dtype}, which torch cannot hold")
+        self.keep.append(a)
+        arr = a if a.flags.c_contiguous and a.flags.writeable and a.flags.aligned else np.array(a, order="C")
+        return {"n": self.entry(("n", id(a)), path, torch.from_numpy(arr), "ndarray")}
+
+    def pickled(self, value: Any, path: list[str], reason: str) -> Any:
+        if not self.allow_pickle:
+            raise UnsupportedState(path=_where(path), reason=reason)
+        try:
+            data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:
+            raise UnsupportedState(path=_where(path), reason=f"{reason} that cannot be pickled ({e})") from e
+        name = join_path(path)
+        self.tensors[name], self.kinds[name] = torch.frombuffer(bytearray(data), dtype=torch.uint8), "pickle"
+        return {"p": name}
+
+
+def flatten(state: Any, *, allow_pickle: bool = False) -> Flattened:
+    """Take ``state`` apart into a skeleton and named tensors, validating all of it first.
+
+    Raises UnsupportedState (naming the key path) for anything the module docstring does not
+    list, unless ``allow_pickle`` is set, in which case such values are pickled into uint8
+    entries of kind ``"pickle"``. Tensors are referenced, not copied; the caller snapshots them.
+    """
+    flat = _Flattener(allow_pickle)
+    return Flattened(flat.node(state, []), flat.tensors, flat.kinds)
+
+
+_VALUE_TAGS: dict[str, Callable[[Any], Any]] = {
+    "f": {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}.__getitem__,
+    "dt": _TORCH_DTYPES.__getitem__,
+    "sz": lambda arg: torch.Size([int(x) for x in arg]),
+    "dv": torch.device,
+}
+_ENTRY_TAGS: dict[str, Callable[[torch.Tensor, Any], Any]] = {
+    "t": lambda t, _: t,
+    "P": lambda t, grad: torch.nn.Parameter(t, requires_grad=bool(grad)),
+    "n": lambda t, _: t.numpy(),
+}
+
+
+def unflatten(skeleton: Any, tensors: Mapping[str, torch.Tensor], *, allow_pickle: bool = False) -> Any:
+    """Rebuild the state ``flatten`` described, over ``tensors`` (entry name -> restored tensor).
+
+    Tensors are used as given (not copied); one entry referenced twice comes back as the same
+    object. Pickled values raise UsageError unless ``allow_pickle``; FormatError for a
+    skeleton this version cannot read, IntegrityError for an entry missing from ``tensors``.
+    """
+    made: dict[tuple[str, str, Any], Any] = {}
+
+    def entry(name: str) -> torch.Tensor:
+        if name not in tensors:
+            raise IntegrityError(detail=f"the state refers to entry {name!r}, which was not restored")
+        return tensors[name]
+
+    def node(n: Any) -> Any:
+        if n is None or type(n) in (bool, int, float, str):
+            return n
+        if type(n) is list:
+            return [node(x) for x in n]
+        tag, arg = next(iter(n.items())) if type(n) is dict and n else (None, n)
+        try:
+            if tag == "d":
+                keys, vals = arg[0::2], arg[1::2]
+                if len(keys) != len(vals) or not all(map(_is_key, keys)):
+                    raise ValueError("bad dict items")
+                out: dict[Any, Any] = OrderedDict() if "m" in n else {}
+                out.update(zip(keys, map(node, vals), strict=True))
+                if "m" in n:
+                    out._metadata = n["m"]  # type: ignore[attr-defined]
+                return out
+            if tag == "u":
+                return tuple(map(node, arg))
+            if tag == "ns" and arg[0] in _NUMPY_DTYPES:
+                return np.dtype(arg[0]).type(node(arg[1]))
+            if tag in _VALUE_TAGS:
+                return _VALUE_TAGS[tag](arg)
+            if tag in _ENTRY_TAGS:
+                name, extra = arg if type(arg) is list else (arg, None)
+                if (tag, name, extra) not in made:
+                    made[tag, name, extra] = _ENTRY_TAGS[tag](entry(name), extra)
+                return made[tag, name, extra]
+            if tag == "p" and allow_pickle:
+                return pickle.loads(tensor_bytes(entry(arg)))
+            if tag == "p":
+                hint = "pass allow_pickle=True, for repositories you trust only: unpickling can run code"
+                raise UsageError(f"the value at {arg!r} was stored pickled; {hint}")
+        except (ValueError, TypeError, KeyError, AttributeError, RuntimeError) as e:
+            raise FormatError(detail=f"malformed state skeleton node {str(n)[:80]!r}: {e}") from e
+        raise FormatError(detail=f"unknown state skeleton node {str(n)[:80]!r} (from a newer ckptrepo?)")
+
+    return node(skeleton)
+
+
+def is_flat_tensor_dict(state: Any) -> bool:
+    """True for a dict of str -> tensor and nothing else (what a safetensors file holds)."""
+    return isinstance(state, dict) and all(
+        type(k) is str and isinstance(v, torch.Tensor) for k, v in state.items()
+    )
+
+
+def load_into(targets: Mapping[Any, Any], restored: Mapping[Any, Any]) -> None:
+    """Load ``restored[key]`` into ``targets[key]`` in place, for every key of ``targets``.
+
+    Objects with ``load_state_dict`` get it called; tensors and numpy arrays are copied into
+    (same shape and dtype required); dicts recurse. UsageError for a key the commit lacks
+    (listing those it has), a mismatch, or a target of another kind (naming the key path);
+    targets before the failing one have been loaded by then.
+    """
+    _load_into(targets, restored, [])
+
+
+def _load_into(targets: Mapping[Any, Any], restored: Mapping[Any, Any], prefix: list[str]) -> None:
+    for key, target in targets.items():
+        path = [*prefix, _key_part(key)]
+        if key not in restored:
+            have = ", ".join(map(repr, restored)) or "nothing"
+            raise UsageError(f"the commit has no {join_path(path)!r} to load; at that level it has: {have}")
+        value = restored[key]
+        try:
+            if isinstance(target, torch.Tensor | np.ndarray):
+                _copy_into(target, value)
+            elif isinstance(target, Mapping) and isinstance(value, Mapping):
+                _load_into(target, value, path)
+            elif callable(getattr(target, "load_state_dict", None)) and isinstance(value, Mapping):
+                target.load_state_dict(value)
+            else:
+                raise TypeError(f"{_describe(value)} cannot be loaded into {_describe(target)}")
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:
+            raise UsageError(f"cannot load {join_path(path)!r}: {e}") from e
+
+
+def _copy_into(target: torch.Tensor | np.ndarray[Any, Any], value: Any) -> None:
+    src = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+    dst = torch.from_numpy(target) if isinstance(target, np.ndarray) else target
+    if not isinstance(src, torch.Tensor) or src.shape != dst.shape or src.dtype != dst.dtype:
+        got = f"{src.dtype} {list(src.shape)}" if isinstance(src, torch.Tensor) else _describe(value)
+        raise ValueError(f"the commit has {got}, the target is {dst.dtype} {list(dst.shape)}")
+    with torch.no_grad():
+        dst.copy_(src)

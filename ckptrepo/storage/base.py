@@ -1,0 +1,126 @@
+"""The one interface every pack store implements, and the key rules they share.
+
+A store holds immutable objects under '/'-separated relative keys such as
+``packs/ab/ab12...ef.pack``. Writes are atomic and durable when they return (write
+ordering step 1 in DESIGN.md): a key is either absent or complete, never partial, and
+once ``put_*`` returns a crash cannot take it back. Reads of a missing key raise
+StorageError naming the key; malformed keys raise UsageError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from ckptrepo.errors import StorageError, UsageError
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A pack store. Implementations are thread-safe: any method may be called from any thread."""
+
+    url: str
+
+    def put_file(self, key: str, local_path: Path) -> None:
+        """Durably store the file at ``local_path`` under ``key``, atomically.
+
+        ``key`` is absent or complete, never partial. The file is consumed (moved or
+        deleted). ``local_path`` should be inside ``self.staging_dir()``.
+        """
+        ...
+
+    def put_bytes(self, key: str, data: bytes | memoryview) -> None:
+        """Durably and atomically store ``data`` under ``key`` (same guarantees as ``put_file``)."""
+        ...
+
+    def get(self, key: str) -> bytes:
+        """The whole object."""
+        ...
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        """Exactly ``length`` bytes from ``offset``; StorageError if the object is shorter."""
+        ...
+
+    def read_into(self, key: str, offset: int, out: memoryview) -> None:
+        """Fill ``out`` exactly with the object's bytes from ``offset``; StorageError if it is shorter."""
+        ...
+
+    def size(self, key: str) -> int:
+        """The object's length in bytes."""
+        ...
+
+    def mtime(self, key: str) -> float:
+        """When the object was stored, in seconds since the epoch (gc grace periods use it)."""
+        ...
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` names a complete object."""
+        ...
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        """Keys starting with ``prefix`` (a plain string prefix, not only a folder), sorted."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Remove the object; a missing key is not an error."""
+        ...
+
+    def staging_dir(self) -> Path:
+        """A local directory (created if needed) for files being written before ``put_file``."""
+        ...
+
+    def close(self) -> None:
+        """Release cached resources (open files, connections)."""
+        ...
+
+
+def check_key(key: str) -> str:
+    """Return ``key`` if it is a valid object key, else raise UsageError.
+
+    Keys are '/'-separated, relative, without empty segments, without segments starting
+    with '.' (that covers '.' and '..', and reserves dot-names for a backend's own
+    temporary files), and without backslashes or NUL characters.
+    """
+    if not isinstance(key, str) or not key:
+        raise UsageError(f"invalid storage key {key!r}: keys are non-empty strings")
+    if key.startswith("/"):
+        raise UsageError(f"invalid storage key {key!r}: keys are relative (no leading '/')")
+    if "\\" in key or "\x00" in key:
+        raise UsageError(f"invalid storage key {key!r}: backslashes and NUL are not allowed")
+    for part in key.split("/"):
+        if not part:
+            raise UsageError(f"invalid storage key {key!r}: empty path segment")
+        if part.startswith("."):
+            raise UsageError(f"invalid storage key {key!r}: segments must not start with '.'")
+    return key
+
+
+def check_prefix(prefix: str) -> str:
+    """Return ``prefix`` if it can start a valid key, else raise UsageError.
+
+    Its folder part (up to the last '/') must be a valid key; its last part a valid start
+    of a segment.
+    """
+    folder, _, last = prefix.rpartition("/")
+    if folder:
+        check_key(folder)
+    if prefix.startswith("/") or "\\" in last or "\x00" in last:
+        raise UsageError(f"invalid storage key prefix {prefix!r}")
+    return prefix
+
+
+def check_range(offset: int, length: int) -> None:
+    """Raise UsageError for a negative offset or length."""
+    if offset < 0 or length < 0:
+        raise UsageError(f"invalid byte range: offset {offset}, length {length}")
+
+
+def missing(key: str, url: str) -> StorageError:
+    """The error for reading a key that is not stored."""
+    return StorageError(detail=f"no object {key!r} in {url}")
+
+
+def short_read(key: str, offset: int, length: int, size: int) -> StorageError:
+    """The error for a range that runs past the end of an object."""
+    return StorageError(detail=f"object {key!r} has {size} bytes, cannot read {length} bytes at offset {offset}")

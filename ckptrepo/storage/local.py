@@ -1,0 +1,283 @@
+"""Pack store on a local (or mounted) filesystem.
+
+Layout: each key is a file under ``root`` at the key's path; files being written live in
+``root/.staging`` (the same filesystem, so the final rename is atomic). Reads go through a
+small cache of open descriptors and ``os.pread``/``os.preadv``, safe to share between
+reader threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import tempfile
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from ckptrepo.errors import StorageError
+from ckptrepo.storage.base import check_key, check_prefix, check_range, missing, short_read
+
+STAGING_NAME = ".staging"
+_FD_CACHE_SIZE = 64
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_HAVE_PREADV = hasattr(os, "preadv")
+
+
+def _fsync_path(path: Path) -> None:
+    """fsync a file's data, or a directory's entries, by path."""
+    fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _ensure_dir(path: Path) -> None:
+    """Create ``path`` and any missing parents, durably.
+
+    Each new directory's entry is fsynced in its parent: a file renamed into a directory
+    whose own entry is lost in a crash would be lost with it.
+    """
+    if path.is_dir():
+        return
+    missing_dirs: list[Path] = []
+    probe = path
+    while not probe.is_dir():
+        missing_dirs.append(probe)
+        probe = probe.parent
+    for new_dir in reversed(missing_dirs):
+        with contextlib.suppress(FileExistsError):
+            new_dir.mkdir()
+        _fsync_path(new_dir.parent)
+
+
+@dataclass
+class _Fd:
+    fd: int
+    users: int = 0
+    stale: bool = False
+
+
+class _FdCache:
+    """LRU of read-only descriptors; a descriptor is closed only once no reader uses it."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._lock = threading.Lock()
+        self._open: OrderedDict[str, _Fd] = OrderedDict()
+
+    def _retire(self, entry: _Fd) -> None:
+        entry.stale = True
+        if entry.users == 0:
+            os.close(entry.fd)
+
+    @contextlib.contextmanager
+    def use(self, key: str, path: Path) -> Iterator[int]:
+        with self._lock:
+            entry = self._open.get(key)
+            if entry is not None:
+                self._open.move_to_end(key)
+                entry.users += 1
+        if entry is None:
+            fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+            with self._lock:
+                entry = self._open.get(key)
+                if entry is None:
+                    entry = self._open[key] = _Fd(fd)
+                    while len(self._open) > self._capacity:
+                        self._retire(self._open.popitem(last=False)[1])
+                else:
+                    os.close(fd)
+                entry.users += 1
+        try:
+            yield entry.fd
+        finally:
+            with self._lock:
+                entry.users -= 1
+                if entry.stale and entry.users == 0:
+                    os.close(entry.fd)
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            entry = self._open.pop(key, None)
+            if entry is not None:
+                self._retire(entry)
+
+    def clear(self) -> None:
+        with self._lock:
+            while self._open:
+                self._retire(self._open.popitem()[1])
+
+
+def _pread_into(fd: int, out: memoryview, offset: int) -> int:
+    """Read into ``out`` from ``offset`` until full or end of file; return bytes read."""
+    done = 0
+    total = len(out)
+    while done < total:
+        if _HAVE_PREADV:
+            got = os.preadv(fd, [out[done:]], offset + done)
+        else:  # pragma: no cover - platforms without preadv
+            chunk = os.pread(fd, total - done, offset + done)
+            got = len(chunk)
+            out[done : done + got] = chunk
+        if got == 0:
+            break
+        done += got
+    return done
+
+
+class LocalBackend:
+    """Objects as files under ``root``; see the module docstring for the layout.
+
+    ``put_file``/``put_bytes`` return only once the object's bytes and its directory entry
+    are on stable storage. ``close`` releases cached descriptors; the backend stays usable.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root).absolute()
+        self.url = self.root.as_uri()
+        self._fds = _FdCache(_FD_CACHE_SIZE)
+
+    def _path(self, key: str) -> Path:
+        return self.root / check_key(key)
+
+    def staging_dir(self) -> Path:
+        staging = self.root / STAGING_NAME
+        try:
+            _ensure_dir(staging)
+        except OSError as exc:
+            raise StorageError(detail=f"cannot create {staging} ({exc})") from exc
+        return staging
+
+    def put_file(self, key: str, local_path: Path) -> None:
+        dest = self._path(key)
+        source = Path(local_path)
+        try:
+            # Write ordering step 1: the bytes must be on disk before the rename can make
+            # the name visible, or a crash could leave a complete-looking name over a hole.
+            _fsync_path(source)
+            _ensure_dir(dest.parent)
+            try:
+                os.replace(source, dest)
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+                source = self._restage(source)
+                os.replace(source, dest)
+            # The rename itself is durable only once its directory is; after this a database
+            # row may name the key.
+            _fsync_path(dest.parent)
+        except OSError as exc:
+            raise StorageError(detail=f"cannot store {key!r} in {self.url} ({exc})") from exc
+        self._fds.forget(key)
+
+    def _restage(self, source: Path) -> Path:
+        """Copy a file from another filesystem into staging (fsynced) and remove the original."""
+        fd, name = tempfile.mkstemp(prefix="restage-", dir=self.staging_dir())
+        with os.fdopen(fd, "wb") as dst, open(source, "rb") as src:
+            shutil.copyfileobj(src, dst, 1 << 20)
+            dst.flush()
+            # Same reason as in put_file: durable bytes before a visible name.
+            os.fsync(dst.fileno())
+        source.unlink()
+        return Path(name)
+
+    def put_bytes(self, key: str, data: bytes | memoryview) -> None:
+        check_key(key)
+        fd, name = tempfile.mkstemp(prefix="put-", suffix=".tmp", dir=self.staging_dir())
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+        except OSError as exc:
+            Path(name).unlink(missing_ok=True)
+            raise StorageError(detail=f"cannot write {key!r} to staging ({exc})") from exc
+        try:
+            self.put_file(key, Path(name))
+        finally:
+            Path(name).unlink(missing_ok=True)
+
+    @contextlib.contextmanager
+    def _reading(self, key: str) -> Iterator[int]:
+        """A cached descriptor for ``key``, with OS errors turned into StorageError."""
+        path = self._path(key)
+        try:
+            with self._fds.use(key, path) as fd:
+                yield fd
+        except FileNotFoundError as exc:
+            raise missing(key, self.url) from exc
+        except OSError as exc:
+            raise StorageError(detail=f"cannot read {key!r} from {self.url} ({exc})") from exc
+
+    def get(self, key: str) -> bytes:
+        with self._reading(key) as fd:
+            return self._pread(key, fd, 0, os.fstat(fd).st_size)
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        check_range(offset, length)
+        with self._reading(key) as fd:
+            return self._pread(key, fd, offset, length)
+
+    def _pread(self, key: str, fd: int, offset: int, length: int) -> bytes:
+        data = os.pread(fd, length, offset)
+        if len(data) < length:
+            buf = bytearray(length)
+            buf[: len(data)] = data
+            got = len(data) + _pread_into(fd, memoryview(buf)[len(data) :], offset + len(data))
+            if got != length:
+                raise short_read(key, offset, length, os.fstat(fd).st_size)
+            data = bytes(buf)
+        return data
+
+    def read_into(self, key: str, offset: int, out: memoryview) -> None:
+        check_range(offset, 0)
+        view = out if out.format == "B" and out.ndim == 1 else out.cast("B")
+        with self._reading(key) as fd:
+            if _pread_into(fd, view, offset) != len(view):
+                raise short_read(key, offset, len(view), os.fstat(fd).st_size)
+
+    def _stat(self, key: str) -> os.stat_result:
+        try:
+            return os.stat(self._path(key))
+        except FileNotFoundError as exc:
+            raise missing(key, self.url) from exc
+        except OSError as exc:
+            raise StorageError(detail=f"cannot stat {key!r} in {self.url} ({exc})") from exc
+
+    def size(self, key: str) -> int:
+        return self._stat(key).st_size
+
+    def mtime(self, key: str) -> float:
+        return self._stat(key).st_mtime
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        folder = check_prefix(prefix).rpartition("/")[0]
+        start = self.root / folder if folder else self.root
+        keys: list[str] = []
+        for dirpath, dirnames, filenames in os.walk(start):
+            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+            rel = Path(dirpath).relative_to(self.root).as_posix()
+            base = "" if rel == "." else rel + "/"
+            keys.extend(
+                base + name for name in filenames if not name.startswith(".") and (base + name).startswith(prefix)
+            )
+        return iter(sorted(keys))
+
+    def delete(self, key: str) -> None:
+        self._fds.forget(key)
+        # No directory fsync: a deletion lost in a crash only brings back an unreferenced
+        # object, which the next gc removes again.
+        try:
+            self._path(key).unlink(missing_ok=True)
+        except OSError as exc:
+            raise StorageError(detail=f"cannot delete {key!r} from {self.url} ({exc})") from exc
+
+    def close(self) -> None:
+        self._fds.clear()

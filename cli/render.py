@@ -1,0 +1,201 @@
+"""Output for people (rich) and for scripts (one JSON document on stdout).
+
+Human output goes to ``out`` (stdout); progress, notices and errors go to ``err``
+(stderr), so ``--json`` keeps stdout to exactly one document. Every string that
+comes from a repository or a user is rendered as plain ``Text``, never as markup.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ckptrepo.ids import short
+from ckptrepo.types import Commit, RefInfo, RepoStats, TensorInfo
+
+# file=None: rich writes to whatever sys.stdout / sys.stderr is at print time.
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def emit_json(document: Any) -> None:
+    """Write ``document`` as the single JSON document on stdout."""
+    typer.echo(json.dumps(document, indent=2, default=str))
+
+
+@contextmanager
+def phases(*, enabled: bool) -> Iterator[Callable[[str], None]]:
+    """A spinner on stderr naming the current phase of a long command (nothing when not enabled
+    or when stderr is not a terminal); yields the function that names the next phase."""
+    if not enabled:
+        yield lambda _description: None
+        return
+    with err.status("") as status:
+        yield lambda description: status.update(description)
+
+
+def size(n: int | float) -> str:
+    """Bytes in binary units: ``512 B``, ``1.5 KiB``, ``12.3 MiB``."""
+    if abs(n) < 1024:
+        return f"{int(n)} B"
+    value = float(n)
+    for unit in _UNITS:
+        value /= 1024
+        if abs(value) < 1024 or unit == _UNITS[-1]:
+            break
+    return f"{value:.3g} {unit}" if value < 100 else f"{value:.0f} {unit}"
+
+
+def seconds(s: float) -> str:
+    """A duration: ``850 µs``, ``12.3 ms``, ``1.24 s``."""
+    if s < 1e-3:
+        return f"{s * 1e6:.0f} µs"
+    if s < 1:
+        return f"{s * 1e3:.3g} ms"
+    return f"{s:.3g} s"
+
+
+def ratio(x: float) -> str:
+    return f"{x:.2f}x"
+
+
+def metrics(values: Mapping[str, float]) -> str:
+    return "  ".join(f"{name}={value:.4g}" for name, value in sorted(values.items()))
+
+
+def refs(names: Iterable[str]) -> str:
+    return ", ".join(names)
+
+
+def optional(value: object) -> str:
+    return "" if value is None else str(value)
+
+
+def commit_summary(commit: Commit) -> Text:
+    """One line after ``ckpt commit``: what was made and what it cost."""
+    text = Text("committed ")
+    text.append(commit.short_id, style="bold yellow")
+    if commit.branch:
+        text.append(f" on {commit.branch}")
+    if commit.step is not None:
+        text.append(f" at step {commit.step}")
+    text.append(
+        f": {commit.n_tensors} tensors, {size(commit.logical_bytes)} logical, {size(commit.new_bytes)} new, "
+        f"{size(commit.stored_bytes)} stored"
+    )
+    return text
+
+
+def log_table(commits: Sequence[Commit]) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("commit", style="yellow", no_wrap=True)
+    table.add_column("refs", style="cyan")
+    table.add_column("step", justify="right")
+    table.add_column("metrics")
+    table.add_column("message")
+    for commit in commits:
+        table.add_row(
+            commit.short_id,
+            Text(refs(commit.refs)),
+            optional(commit.step),
+            Text(metrics(commit.metrics)),
+            Text(commit.message),
+        )
+    return table
+
+
+def commit_fields(commit: Commit) -> Table:
+    """``ckpt show``: a commit's identity, lineage, context and ingest figures as a two-column grid."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+    rows: list[tuple[str, str | Text]] = [
+        ("commit", Text(commit.id, style="yellow")),
+        ("refs", Text(refs(commit.refs), style="cyan")),
+        ("branch", optional(commit.branch)),
+        ("date", commit.created_at.isoformat(sep=" ", timespec="seconds")),
+        ("author", Text(f"{commit.author}@{commit.host}" if commit.host else commit.author)),
+        ("step", optional(commit.step)),
+        ("epoch", optional(commit.epoch)),
+        ("message", Text(commit.message)),
+        ("code", Text(optional(commit.code_version))),
+    ]
+    for parent in commit.parents:
+        mapped = f" ({len(parent.mapping)} tensors mapped)" if parent.mapping else ""
+        rows.append((parent.kind, Text(f"{parent.id}{mapped}")))
+    if commit.metrics:
+        rows.append(("metrics", Text(metrics(commit.metrics))))
+    if commit.config is not None:
+        rows.append(("config", Text(json.dumps(commit.config, default=str))))
+    rows += [
+        ("tensors", str(commit.n_tensors)),
+        (
+            "bytes",
+            f"{size(commit.logical_bytes)} logical, {size(commit.new_bytes)} new, {size(commit.stored_bytes)} stored",
+        ),
+        (
+            "time",
+            f"stall {seconds(commit.stall_s)} (waiting {seconds(commit.wait_s)}), persist {seconds(commit.persist_s)}",
+        ),
+    ]
+    if commit.nonfinite:
+        rows.append(("nonfinite", Text(f"{commit.nonfinite} NaN/Inf values", style="red")))
+    for label, value in rows:
+        if value != "" and not (isinstance(value, Text) and not value.plain):
+            grid.add_row(label, value)
+    return grid
+
+
+def tensor_table(tensors: Sequence[TensorInfo]) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("tensor")
+    table.add_column("dtype", style="magenta")
+    table.add_column("shape")
+    table.add_column("size", justify="right")
+    for tensor in tensors:
+        shape = "[" + ", ".join(str(d) for d in tensor.shape) + "]"
+        table.add_row(Text(tensor.name), tensor.dtype, shape, size(tensor.nbytes))
+    return table
+
+
+def ref_table(refs_: Sequence[RefInfo], commits: Mapping[str, Commit]) -> Table:
+    """Branches or tags with the step and message of the commit each names."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("name", style="cyan")
+    table.add_column("commit", style="yellow", no_wrap=True)
+    table.add_column("step", justify="right")
+    table.add_column("message")
+    for ref in refs_:
+        commit = commits.get(ref.commit_id)
+        table.add_row(
+            Text(ref.name),
+            short(ref.commit_id),
+            optional(commit.step) if commit else "",
+            Text(commit.message) if commit else Text(""),
+        )
+    return table
+
+
+def stats_table(stats: RepoStats) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column(justify="right")
+    grid.add_column(style="dim")
+    grid.add_row("commits", str(stats.commits), f"{stats.branches} branches, {stats.tags} tags")
+    grid.add_row("tensors", str(stats.tensors), "distinct")
+    grid.add_row("chunks", str(stats.chunks), f"in {stats.packs} packs")
+    grid.add_row("logical", size(stats.logical_bytes), "every commit's state, summed")
+    grid.add_row("unique", size(stats.unique_bytes), f"dedup {ratio(stats.dedup_ratio)}")
+    grid.add_row("stored", size(stats.stored_bytes), f"compression {ratio(stats.compression_ratio)}")
+    grid.add_row("packs", size(stats.pack_bytes), "on disk, including indexes")
+    return grid

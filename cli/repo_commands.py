@@ -1,0 +1,94 @@
+"""Commands about the repository as a whole: ``init``, ``stats``, ``db upgrade``, ``demo``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import make_url
+
+from ckptrepo import Repo, upgrade_database
+from ckptrepo.config import RepoConfig
+
+from . import render
+from .options import (
+    ChunkSizeOpt,
+    CompressionOpt,
+    DbUrlOpt,
+    DemoDirOpt,
+    DemoStepsOpt,
+    InitPathArg,
+    JsonOpt,
+    StoreUrlOpt,
+)
+from .session import current
+
+
+def init(
+    path: InitPathArg = None,
+    db: DbUrlOpt = None,
+    store: StoreUrlOpt = None,
+    chunk_size: ChunkSizeOpt = None,
+    compression: CompressionOpt = True,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create a repository in PATH/.ckpt (its database, chunk store and settings)."""
+    target = path if path is not None else current().repo or Path(".")
+    with Repo.init(target, db_url=db, store_url=store, chunk_size=chunk_size, compression=compression) as repo:
+        repo_dir, config = repo.path, repo.config
+    if as_json:
+        render.emit_json({"path": str(repo_dir.parent), "repo_dir": str(repo_dir), **_public(config)})
+        return
+    database = "SQLite in .ckpt" if config.db_url is None else _hide_password(config.db_url)
+    store_desc = "local packs in .ckpt/store" if config.store_url is None else config.store_url
+    render.out.print(f"Initialized empty ckpt repository in {repo_dir}", markup=False)
+    render.out.print(
+        f"chunk size {render.size(config.chunk_size)}, compression {'on' if config.compression else 'off'}, "
+        f"database: {database}, store: {store_desc}",
+        markup=False,
+        style="dim",
+    )
+
+
+def stats(as_json: JsonOpt = False) -> None:
+    """Show the repository's size: commits, logical, unique and stored bytes, dedup and compression."""
+    with current().open() as repo:
+        result = repo.stats()
+    if as_json:
+        render.emit_json(result.to_json())
+    else:
+        render.out.print(render.stats_table(result))
+
+
+def db_upgrade(as_json: JsonOpt = False) -> None:
+    """Upgrade the repository database's schema to this ckptrepo's version (works on an outdated one)."""
+    location = current().location()
+    before, after = upgrade_database(location)
+    if as_json:
+        render.emit_json({"from_revision": before, "to_revision": after, "upgraded": before != after})
+    elif before == after:
+        render.out.print(f"database schema already at {after}", markup=False)
+    else:
+        render.out.print(f"database schema upgraded from {before or 'nothing'} to {after}", markup=False)
+
+
+def demo(directory: DemoDirOpt = None, steps: DemoStepsOpt = 400) -> None:
+    """Train a tiny model on the CPU, committing as it goes, branch it and restore it (about a minute)."""
+    from ckptrepo.demo import main as run_demo  # the training code loads only when asked for
+
+    run_demo(directory, steps=steps, console=render.out)
+
+
+def _public(config: RepoConfig) -> dict[str, Any]:
+    data = asdict(config)
+    if config.db_url is not None:
+        data["db_url"] = _hide_password(config.db_url)
+    return data
+
+
+def _hide_password(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not an SQLAlchemy URL: show it as given rather than fail after a successful init
+        return url

@@ -1,0 +1,86 @@
+"""Shared fixtures.
+
+Databases: every test that takes ``db_url`` (or ``engine``) runs once on SQLite and once
+on PostgreSQL. The PostgreSQL variant runs when ``CKPT_TEST_POSTGRES_URL`` names a
+server database (CI sets it, e.g. ``postgresql://postgres@127.0.0.1:5432/test``) and is
+skipped otherwise; each test gets a fresh schema there, dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+
+from ckptrepo.db import migrate
+from ckptrepo.db.engine import database_url, make_engine
+
+POSTGRES_ENV = "CKPT_TEST_POSTGRES_URL"
+
+
+def postgres_base_url() -> str | None:
+    """The server database named by ``CKPT_TEST_POSTGRES_URL``, or None when unset."""
+    return os.environ.get(POSTGRES_ENV) or None
+
+
+@contextmanager
+def pg_schema_url(base_url: str) -> Iterator[str]:
+    """A fresh, empty schema ``t_<hex>`` in the database at ``base_url``, dropped (CASCADE) on exit.
+
+    Yields a ``postgresql+psycopg`` URL whose connections use that schema as their
+    ``search_path``, so every table (``alembic_version`` included) lands in it. Dispose
+    every engine made from the URL before the block ends, or the drop waits on its locks
+    (it gives up after 10 s rather than hang the test run).
+    """
+    url = make_url(database_url(base_url, Path.cwd()))
+    schema = f"t_{uuid.uuid4().hex}"
+    admin = create_engine(url, poolclass=NullPool)
+    try:
+        with admin.begin() as conn:
+            conn.exec_driver_sql(f'CREATE SCHEMA "{schema}"')
+        try:
+            yield url.update_query_dict({"options": f"-csearch_path={schema}"}).render_as_string(
+                hide_password=False
+            )
+        finally:
+            with admin.begin() as conn:
+                conn.exec_driver_sql("SET LOCAL lock_timeout = '10s'")
+                conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    finally:
+        admin.dispose()
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("sqlite", id="sqlite"),
+        pytest.param("postgres", id="postgres", marks=pytest.mark.postgres),
+    ]
+)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """URL of an empty database: a SQLite file in ``tmp_path`` (not created yet), or a fresh PG schema."""
+    if request.param == "sqlite":
+        yield database_url(None, tmp_path)
+        return
+    base = postgres_base_url()
+    if base is None:
+        pytest.skip(f"{POSTGRES_ENV} is not set")
+    with pg_schema_url(base) as url:
+        yield url
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    """An Engine on ``db_url`` with the schema upgraded to head; disposed after the test."""
+    eng = make_engine(db_url)
+    try:
+        migrate.upgrade(eng)
+        yield eng
+    finally:
+        eng.dispose()

@@ -1,0 +1,292 @@
+"""Schema, migrations and transaction behaviour of ckptrepo.db, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+import sqlalchemy.exc
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Engine, func, inspect, select
+
+from ckptrepo.db import migrate
+from ckptrepo.db.engine import (
+    database_url,
+    insert_ignore,
+    make_engine,
+    session_factory,
+    write_transaction,
+)
+from ckptrepo.db.models import Base, Chunk, Pack, RepoMeta
+from ckptrepo.errors import FormatError, RepositoryExists, SchemaOutdated, SchemaTooNew, UsageError
+
+NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+
+# A later schema as a future ckptrepo would ship it. Rebuilding ``packs`` (recreate on
+# SQLite), which ``chunks`` references, exercises the foreign-key handling of migrations.
+REVISION_0002 = """
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0002"
+down_revision = "0001"
+branch_labels = None
+depends_on = None
+
+
+def _recreate():
+    return "always" if op.get_bind().dialect.name == "sqlite" else "auto"
+
+
+def upgrade():
+    with op.batch_alter_table("packs", recreate=_recreate()) as batch:
+        batch.add_column(sa.Column("note", sa.Text(), nullable=True))
+
+
+def downgrade():
+    with op.batch_alter_table("packs", recreate=_recreate()) as batch:
+        batch.drop_column("note")
+"""
+
+
+@pytest.fixture
+def newer_scripts(tmp_path: Path) -> Path:
+    """A copy of the packaged migrations plus a test-only revision 0002."""
+    scripts = tmp_path / "migrations"
+    shutil.copytree(migrate.script_location(), scripts, ignore=shutil.ignore_patterns("__pycache__"))
+    (scripts / "versions" / "0002_test_only.py").write_text(REVISION_0002, encoding="utf-8")
+    return scripts
+
+
+def _pack(pack_id: str, size: int = 1) -> dict[str, object]:
+    return {"id": pack_id, "size": size, "n_chunks": 0, "created_at": NOW}
+
+
+def _count(engine: Engine, model: type[Base]) -> int:
+    with session_factory(engine)() as s:
+        return s.scalar(select(func.count()).select_from(model)) or 0
+
+
+def test_database_url() -> None:
+    assert database_url(None, Path("/r/.ckpt")) == "sqlite:////r/.ckpt/db.sqlite"
+    assert database_url(None, Path("rel")).startswith(f"sqlite:///{Path.cwd()}/rel/")
+    assert database_url("postgres://u@h/db", Path()) == "postgresql+psycopg://u@h/db"
+    assert database_url("postgresql://u:p@h:5/db?x=1", Path()) == "postgresql+psycopg://u:p@h:5/db?x=1"
+    for same in ("sqlite:////a/b.sqlite", "postgresql+psycopg://h/db"):
+        assert database_url(same, Path()) == same
+    for bad in ("mysql://h/db", "postgresql+psycopg2://h/db", "/just/a/path"):
+        with pytest.raises(UsageError) as info:
+            database_url(bad, Path())
+        assert "postgresql://" in info.value.hint
+
+
+def test_migrations_match_models(engine: Engine) -> None:
+    assert migrate.current_revision(engine) == migrate.head_revision() == "0001"
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
+    assert diff == []
+    migrate.check_schema(engine)
+
+
+def test_downgrade_to_base_and_upgrade_again(engine: Engine) -> None:
+    migrate.downgrade(engine, "base")
+    assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
+    assert migrate.current_revision(engine) is None
+    with pytest.raises(FormatError, match="no ckpt tables"):
+        migrate.check_schema(engine)
+    migrate.upgrade(engine)
+    migrate.check_schema(engine)
+    assert set(inspect(engine).get_table_names()) >= set(Base.metadata.tables)
+
+
+def test_check_schema_refuses_empty_database(db_url: str) -> None:
+    eng = make_engine(db_url)
+    try:
+        with pytest.raises(FormatError, match="no ckpt tables"):
+            migrate.check_schema(eng)  # SQLite: the file does not exist, and is not created
+        with eng.connect():
+            pass
+        with pytest.raises(FormatError, match="no ckpt tables"):
+            migrate.check_schema(eng)
+    finally:
+        eng.dispose()
+
+
+def test_older_and_newer_schemas(engine: Engine, newer_scripts: Path) -> None:
+    with write_transaction(session_factory(engine)) as s:
+        s.add(Pack(**_pack("p" * 64)))
+        s.flush()
+        s.add(Chunk(id="c" * 64, pack_id="p" * 64, offset=0, length=1, raw_length=1, encoding=0))
+    # This database is at 0001; code that ships 0002 must ask for an upgrade.
+    with pytest.raises(SchemaOutdated) as outdated:
+        migrate.check_schema(engine, scripts=newer_scripts)
+    assert outdated.value.fields == {"current": "0001", "head": "0002"}
+    assert "ckpt db upgrade" in outdated.value.hint
+
+    migrate.upgrade(engine, scripts=newer_scripts)
+    migrate.check_schema(engine, scripts=newer_scripts)
+    assert "note" in {c["name"] for c in inspect(engine).get_columns("packs")}
+    assert _count(engine, Chunk) == 1  # the rebuilt table kept its rows and references
+    # ... and the code that only knows 0001 must refuse it.
+    with pytest.raises(SchemaTooNew) as too_new:
+        migrate.check_schema(engine)
+    assert too_new.value.fields == {"current": "0002", "head": "0001"}
+
+    migrate.downgrade(engine, "0001", scripts=newer_scripts)
+    migrate.check_schema(engine)
+    _assert_foreign_keys_enforced(engine)
+
+
+def test_failed_migration_changes_nothing(engine: Engine, newer_scripts: Path) -> None:
+    broken = (newer_scripts / "versions" / "0002_test_only.py").read_text(encoding="utf-8")
+    broken = broken.replace("nullable=True))", 'nullable=True))\n    raise RuntimeError("boom")', 1)
+    (newer_scripts / "versions" / "0002_test_only.py").write_text(broken, encoding="utf-8")
+    with pytest.raises(RuntimeError, match="boom"):
+        migrate.upgrade(engine, scripts=newer_scripts)
+    assert migrate.current_revision(engine) == "0001"
+    assert "note" not in {c["name"] for c in inspect(engine).get_columns("packs")}
+    migrate.check_schema(engine)
+
+
+def test_initialize_once(db_url: str, newer_scripts: Path) -> None:
+    eng = make_engine(db_url)
+    try:
+        migrate.initialize(eng, {"repo_id": "r1", "format_version": "1"})
+        migrate.check_schema(eng)
+        with pytest.raises(RepositoryExists):
+            migrate.initialize(eng, {"repo_id": "r2", "format_version": "1"}, scripts=newer_scripts)
+        assert migrate.current_revision(eng) == "0001"  # a second init upgraded nothing
+        with session_factory(eng)() as s:
+            assert dict(s.execute(select(RepoMeta.key, RepoMeta.value)).all()) == {
+                "repo_id": "r1",
+                "format_version": "1",
+            }
+    finally:
+        eng.dispose()
+
+
+def _assert_foreign_keys_enforced(engine: Engine) -> None:
+    with pytest.raises(sqlalchemy.exc.IntegrityError), write_transaction(session_factory(engine)) as s:
+        s.add(Chunk(id="d" * 64, pack_id="0" * 64, offset=0, length=1, raw_length=1, encoding=0))
+
+
+def test_foreign_keys_enforced(engine: Engine) -> None:
+    _assert_foreign_keys_enforced(engine)
+    with pytest.raises(sqlalchemy.exc.IntegrityError), write_transaction(session_factory(engine)) as s:
+        row = {"id": "d" * 64, "pack_id": "0" * 64, "offset": 0, "length": 1, "raw_length": 1}
+        s.execute(insert_ignore(Chunk), [{**row, "encoding": 0, "depth": 0, "base_id": None}])
+    assert _count(engine, Chunk) == 0
+
+
+def test_sqlite_pragmas(tmp_path: Path) -> None:
+    eng = make_engine(database_url(None, tmp_path))
+    try:
+        with eng.connect() as conn:
+            pragmas = {
+                p: conn.exec_driver_sql(f"PRAGMA {p}").scalar() for p in ("journal_mode", "synchronous")
+            }
+            assert pragmas == {"journal_mode": "wal", "synchronous": 2}  # 2 = FULL
+            assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+    finally:
+        eng.dispose()
+
+
+def test_insert_ignore_keeps_existing_rows(engine: Engine) -> None:
+    sf = session_factory(engine)
+    with write_transaction(sf) as s:
+        s.execute(insert_ignore(Pack), [_pack("a" * 64, 1), _pack("b" * 64, 1)])
+    with write_transaction(sf) as s:
+        s.execute(insert_ignore(Pack), [_pack("b" * 64, 2), _pack("c" * 64, 2)])
+        s.execute(insert_ignore(Pack.__table__).values(_pack("a" * 64, 3)))  # Core, single row
+    with sf() as s:
+        sizes = dict(s.execute(select(Pack.id, Pack.size)).all())
+        assert sizes == {"a" * 64: 1, "b" * 64: 1, "c" * 64: 2}
+        assert s.get_one(Pack, "a" * 64).created_at == NOW  # read back aware, in UTC
+
+
+def test_write_transaction_rolls_back_on_error(engine: Engine) -> None:
+    with pytest.raises(KeyError), write_transaction(session_factory(engine)) as s:
+        s.add(Pack(**_pack("e" * 64)))
+        s.flush()
+        raise KeyError("abort")
+    assert _count(engine, Pack) == 0
+
+
+def test_concurrent_writers_insert_same_rows(engine: Engine) -> None:
+    """Two writers racing to insert overlapping content-addressed rows (in key order) both succeed."""
+    sf = session_factory(engine)
+    rows = [_pack(f"{i:064x}") for i in range(50)]
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def writer(order: list[dict[str, object]]) -> None:
+        try:
+            barrier.wait()
+            with write_transaction(sf) as s:
+                for row in order:
+                    s.execute(insert_ignore(Pack), [row])
+        except BaseException as exc:
+            errors.append(exc)
+
+    # Overlapping sets, each in key order (the insert_ignore contract; see its docstring).
+    threads = [threading.Thread(target=writer, args=(o,)) for o in (rows[:40], rows[10:])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    assert _count(engine, Pack) == 50
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys, time
+    from ckptrepo.db.engine import make_engine, session_factory, write_transaction
+    from ckptrepo.db.models import RepoMeta
+
+    sf = session_factory(make_engine(sys.argv[1]))
+    for _ in range(int(sys.argv[2])):
+        with write_transaction(sf) as s:
+            row = s.get_one(RepoMeta, "counter")
+            time.sleep(0.002)  # widen the read-modify-write window
+            row.value = str(int(row.value) + 1)
+    """
+)
+
+
+def test_sqlite_write_transactions_serialize_across_processes(tmp_path: Path) -> None:
+    url = database_url(None, tmp_path)
+    eng = make_engine(url)
+    try:
+        migrate.upgrade(eng)
+        with write_transaction(session_factory(eng)) as s:
+            s.add(RepoMeta(key="counter", value="0"))
+        procs = [
+            subprocess.Popen([sys.executable, "-c", WRITER, url, "25"], stderr=subprocess.PIPE, text=True)
+            for _ in range(3)
+        ]
+        outcomes = [(p.communicate(timeout=120)[1], p.returncode) for p in procs]
+        assert [err for err, code in outcomes if code != 0] == []
+        with session_factory(eng)() as s:
+            assert s.get_one(RepoMeta, "counter").value == "75"  # no lost update, no "locked"
+    finally:
+        eng.dispose()
+
+
+def test_datetimes_are_stored_in_utc(engine: Engine) -> None:
+    sf = session_factory(engine)
+    with write_transaction(sf) as s:
+        s.add(Pack(**{**_pack("f" * 64), "created_at": NOW.astimezone(timezone(timedelta(hours=2)))}))
+    with sf() as s:
+        got = s.get_one(Pack, "f" * 64).created_at
+        assert got == NOW and got.utcoffset() == timedelta(0)
+        assert s.scalar(select(func.count()).where(Pack.created_at < NOW + timedelta(seconds=1))) == 1
+    with pytest.raises(sqlalchemy.exc.StatementError, match="naive datetime"), write_transaction(sf) as s:
+        s.add(Pack(**{**_pack("0" * 64), "created_at": datetime(2026, 1, 1)}))
