@@ -161,10 +161,10 @@ def main(
     ``lr-high`` forks at the middle commit and trains up to ``steps`` too. Returns the
     folder holding the repository's ``.ckpt``, which is kept for exploring with ``ckpt``.
     """
-    if steps < 2:
-        raise ValueError("the demo needs at least 2 steps")
-    console = console or Console()
     every = every or max(1, steps // 8)
+    if steps < 2 or not 1 <= every <= steps:
+        raise ValueError(f"the demo needs steps >= 2 and 1 <= every <= steps, got steps={steps}, every={every}")
+    console = console or Console()
     root = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="ckpt-demo-"))
     with Repo.init(root) as repo:
         console.print(f"[bold]ckpt demo[/] in {repo.path}", highlight=False)
@@ -181,7 +181,7 @@ def main(
         fork = repo.branch(BRANCH, at=f"main@step={fork_step}")
         console.print(f"branch   {BRANCH} at main@step={fork_step} ({short(fork.commit_id)})")
 
-        resumed = Run(LR_HIGH, steps)
+        resumed = Run(LR, steps)
         repo.checkout(BRANCH, into=resumed.state())
         restored = dict(resumed.model.state_dict())
         same = _same_tensors(at_fork, restored)
@@ -192,7 +192,7 @@ def main(
             highlight=False,
         )
         if not same:
-            raise AssertionError("checkout(into=...) did not restore the committed model")
+            raise RuntimeError("checkout(into=...) did not restore the committed model")
 
         resumed.set_lr(LR_HIGH)
         branch_steps = range(fork_step + 1, steps + 1)

@@ -206,6 +206,7 @@ class Repo:
                     hint="Commit on another branch (-b NAME), or include the branch head as a parent.",
                 )
             transfer = self._resolve_transfer(s, transfer_from)
+            likely = catalog.chunk_ids_of(s, parent_ids[:1] + ([transfer[0]] if transfer else []))
         tensors = {name: tt.detach().cpu() for name, tt in flat.tensors.items()}
         future: Future[t.Commit] = Future()
         started = _now()
@@ -213,7 +214,7 @@ class Repo:
             commit = self._persist(
                 tensors, flat.skeleton, branch=branch, head=head, parent_ids=parent_ids, transfer=transfer,
                 message=message or "", step=step, epoch=epoch, metrics=metrics_f, config=config,
-                code_version=code_version, started=started,
+                code_version=code_version, started=started, likely_known=likely,
             )
         future.set_result(commit)
         return CommitHandle(future, staged=True)
@@ -242,6 +243,7 @@ class Repo:
         config: Any,
         code_version: str | None,
         started: datetime,
+        likely_known: frozenset[str],
     ) -> t.Commit:
         """Phase 2: packs durable first, then one transaction makes the commit visible."""
         opts = IngestOptions(
@@ -254,7 +256,8 @@ class Repo:
 
         t0 = _now()
         # Write-ordering step 1: ingest returns only after every new pack is durable in the store.
-        result = ingest(tensors, PackSink(self._backend, self.config.pack_target), known, self._pool, opts)
+        result = ingest(tensors, PackSink(self._backend, self.config.pack_target), known, self._pool, opts,
+                        likely_known)
         edges = [catalog.EdgeRow(pid, "parent" if i == 0 else "merge", i) for i, pid in enumerate(parent_ids)]
         if transfer is not None and transfer[0] not in parent_ids:
             edges.append(catalog.EdgeRow(transfer[0], "transfer", len(edges), transfer[1]))

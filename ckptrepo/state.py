@@ -90,8 +90,10 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     A contiguous CPU tensor is not copied (the view aliases it: later in-place changes show);
     other tensors (non-contiguous, conjugate/negative views, other devices) are copied once.
     """
-    t = t.detach().cpu().resolve_conj().resolve_neg()
-    return t.contiguous().reshape(-1).view(torch.uint8).numpy().data
+    flat = t.detach().cpu().resolve_conj().resolve_neg().contiguous().reshape(-1)
+    if flat.numel() <= 1:  # contiguity ignores the stride of a size-0/1 dim; the byte view does not
+        flat = flat.as_strided([flat.numel()], [1])
+    return flat.view(torch.uint8).numpy().data
 
 
 def tensor_from_bytes(
@@ -353,9 +355,7 @@ def unflatten(skeleton: Any, tensors: Mapping[str, torch.Tensor], *, allow_pickl
 
 def is_flat_tensor_dict(state: Any) -> bool:
     """True for a dict of str -> tensor and nothing else (what a safetensors file holds)."""
-    return isinstance(state, dict) and all(
-        type(k) is str and isinstance(v, torch.Tensor) for k, v in state.items()
-    )
+    return isinstance(state, dict) and all(type(k) is str and isinstance(v, torch.Tensor) for k, v in state.items())
 
 
 def load_into(targets: Mapping[Any, Any], restored: Mapping[Any, Any]) -> None:

@@ -16,7 +16,8 @@ def log(rev: OptionalRevArg = None, max_count: LimitOpt = None, as_json: JsonOpt
     elif not commits:
         render.err.print("no commits yet")
     else:
-        render.out.print(render.log_table(commits))
+        for commit in commits:
+            render.out.print(render.log_line(commit), soft_wrap=True)
 
 
 def show(rev: RevArg, as_json: JsonOpt = False) -> None:

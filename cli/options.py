@@ -245,6 +245,6 @@ DemoStepsOpt = Annotated[
         "--steps",
         min=2,
         metavar="N",
-        help="Training steps on main (the branch trains as many again from its midpoint, minus the fork).",
+        help="Training steps on main, committing every N/8; the branch forks at the middle commit, trains to step N.",
     ),
 ]

@@ -96,63 +96,58 @@ def commit_summary(commit: Commit) -> Text:
     return text
 
 
-def log_table(commits: Sequence[Commit]) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
-    table.add_column("commit", style="yellow", no_wrap=True)
-    table.add_column("refs", style="cyan")
-    table.add_column("step", justify="right")
-    table.add_column("metrics")
-    table.add_column("message")
-    for commit in commits:
-        table.add_row(
-            commit.short_id,
-            Text(refs(commit.refs)),
-            optional(commit.step),
-            Text(metrics(commit.metrics)),
-            Text(commit.message),
-        )
-    return table
+def log_line(commit: Commit) -> Text:
+    """One line per commit, git style: ``id (refs) step N  metrics  message`` (empty parts left out)."""
+    line = Text().append(commit.short_id, style="yellow")
+    if commit.refs:
+        line.append(" (").append(refs(commit.refs), style="cyan").append(")")
+    if commit.step is not None:
+        line.append(f" step {commit.step}", style="bold")
+    if commit.metrics:
+        line.append("  " + metrics(commit.metrics), style="green")
+    if commit.message:
+        line.append("  " + commit.message)
+    return line
 
 
 def commit_fields(commit: Commit) -> Table:
     """``ckpt show``: a commit's identity, lineage, context and ingest figures as a two-column grid."""
-    grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold", no_wrap=True)
-    grid.add_column()
-    rows: list[tuple[str, str | Text]] = [
-        ("commit", Text(commit.id, style="yellow")),
-        ("refs", Text(refs(commit.refs), style="cyan")),
-        ("branch", optional(commit.branch)),
-        ("date", commit.created_at.isoformat(sep=" ", timespec="seconds")),
-        ("author", Text(f"{commit.author}@{commit.host}" if commit.host else commit.author)),
-        ("step", optional(commit.step)),
-        ("epoch", optional(commit.epoch)),
-        ("message", Text(commit.message)),
-        ("code", Text(optional(commit.code_version))),
+    rows: list[tuple[str, str, str]] = [  # label, value, style; rows with an empty value are left out
+        ("commit", commit.id, "yellow"),
+        ("refs", refs(commit.refs), "cyan"),
+        ("branch", optional(commit.branch), ""),
+        ("date", commit.created_at.isoformat(sep=" ", timespec="seconds"), ""),
+        ("author", f"{commit.author}@{commit.host}" if commit.host else commit.author, ""),
+        ("step", optional(commit.step), ""),
+        ("epoch", optional(commit.epoch), ""),
+        ("message", commit.message, ""),
+        ("code", optional(commit.code_version), ""),
     ]
     for parent in commit.parents:
         mapped = f" ({len(parent.mapping)} tensors mapped)" if parent.mapping else ""
-        rows.append((parent.kind, Text(f"{parent.id}{mapped}")))
-    if commit.metrics:
-        rows.append(("metrics", Text(metrics(commit.metrics))))
-    if commit.config is not None:
-        rows.append(("config", Text(json.dumps(commit.config, default=str))))
+        rows.append((parent.kind, parent.id + mapped, ""))
     rows += [
-        ("tensors", str(commit.n_tensors)),
+        ("metrics", metrics(commit.metrics), ""),
+        ("config", "" if commit.config is None else json.dumps(commit.config, default=str), ""),
+        ("tensors", str(commit.n_tensors), ""),
         (
             "bytes",
             f"{size(commit.logical_bytes)} logical, {size(commit.new_bytes)} new, {size(commit.stored_bytes)} stored",
+            "",
         ),
         (
             "time",
             f"stall {seconds(commit.stall_s)} (waiting {seconds(commit.wait_s)}), persist {seconds(commit.persist_s)}",
+            "",
         ),
+        ("nonfinite", f"{commit.nonfinite} NaN/Inf values" if commit.nonfinite else "", "red"),
     ]
-    if commit.nonfinite:
-        rows.append(("nonfinite", Text(f"{commit.nonfinite} NaN/Inf values", style="red")))
-    for label, value in rows:
-        if value != "" and not (isinstance(value, Text) and not value.plain):
-            grid.add_row(label, value)
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+    for label, value, style in rows:
+        if value:
+            grid.add_row(label, Text(value, style=style))
     return grid
 
 

@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from ckptrepo import Repo, upgrade_database
 from ckptrepo.config import RepoConfig
+from ckptrepo.demo import main as run_demo
 
 from . import render
 from .options import (
@@ -74,9 +76,7 @@ def db_upgrade(as_json: JsonOpt = False) -> None:
 
 
 def demo(directory: DemoDirOpt = None, steps: DemoStepsOpt = 400) -> None:
-    """Train a tiny model on the CPU, committing as it goes, branch it and restore it (about a minute)."""
-    from ckptrepo.demo import main as run_demo  # the training code loads only when asked for
-
+    """Train a small model on the CPU with commits, branch it, restore it, show log and stats (under a minute)."""
     run_demo(directory, steps=steps, console=render.out)
 
 
@@ -90,5 +90,5 @@ def _public(config: RepoConfig) -> dict[str, Any]:
 def _hide_password(url: str) -> str:
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not an SQLAlchemy URL: show it as given rather than fail after a successful init
+    except ArgumentError:  # not an SQLAlchemy URL: show it as given
         return url

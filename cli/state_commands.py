@@ -80,17 +80,11 @@ def checkout(rev: RevArg, output: OutputOpt = None, as_json: JsonOpt = False) ->
         commit_id = repo.resolve(rev)
         state = repo.checkout(commit_id)
     write_state(state, output)
+    written = output.stat().st_size
     if as_json:
-        render.emit_json(
-            {
-                "id": commit_id,
-                "short_id": short(commit_id),
-                "path": str(output),
-                "bytes": output.stat().st_size,
-            }
-        )
+        render.emit_json({"id": commit_id, "short_id": short(commit_id), "path": str(output), "bytes": written})
     else:
-        render.out.print(f"wrote {short(commit_id)} to {output} ({render.size(output.stat().st_size)})", markup=False)
+        render.out.print(f"wrote {short(commit_id)} to {output} ({render.size(written)})", markup=False)
 
 
 def _input_bytes(path: Path) -> int:

@@ -15,9 +15,11 @@ Format (version 1, little-endian, pinned by tests)::
     trailer  index offset u64, entry count u32, BLAKE3 of the index (32 raw bytes),
              b"CKPTIDX1"                                                52 bytes
 
-The pack id is the BLAKE3 hex of the whole file. The index makes the database's chunk
-table rebuildable from packs alone; its hash lets a reader trust it without hashing the
-payloads (each chunk is verified on its own by its id).
+The pack id is the BLAKE3 hex of the header, index and trailer. The index names every
+chunk by the hash of its content together with its offset, length and encoding, so this
+identifies the pack without a second hashing pass over the payloads (each payload is
+verified on its own when read, by its chunk id). The index makes the database's chunk
+table rebuildable from packs alone; its hash lets a reader trust it.
 """
 
 from __future__ import annotations
@@ -72,8 +74,8 @@ def _write_all(fd: int, view: memoryview) -> None:
 class PackWriter:
     """Streams encoded chunks into a new pack file in ``staging_dir``.
 
-    Owned by one thread. The file is hashed as it is written, so ``finish`` knows the pack
-    id without reading it back. Until ``finish`` the file is a temporary no reader knows
+    Owned by one thread. ``finish`` derives the pack id from the header and index without
+    reading the payloads back. Until ``finish`` the file is a temporary no reader knows
     about; ``abort`` (or a failed ``finish``) removes it.
     """
 
@@ -81,7 +83,6 @@ class PackWriter:
         fd, name = tempfile.mkstemp(prefix="pack-", suffix=".tmp", dir=staging_dir)
         self._fd: int | None = fd
         self.path = Path(name)
-        self._hasher = blake3.blake3()
         self._entries: list[PackEntry] = []
         self._size = 0
         try:
@@ -97,7 +98,6 @@ class PackWriter:
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
         _write_all(self._fd, view)
-        self._hasher.update(view)
         self._size += len(view)
 
     @property
@@ -145,8 +145,10 @@ class PackWriter:
         try:
             index = b"".join(_pack_entry(e) for e in self._entries)
             index_offset = self._size
+            trailer = TRAILER.pack(index_offset, len(self._entries), blake3.blake3(index).digest(), INDEX_MAGIC)
             self._append(index)
-            self._append(TRAILER.pack(index_offset, len(self._entries), blake3.blake3(index).digest(), INDEX_MAGIC))
+            self._append(trailer)
+            pack_id = blake3.blake3(HEADER.pack(MAGIC, VERSION) + index + trailer).hexdigest()
             # Write ordering step 1 starts here: the pack is durable before put_file names it.
             os.fsync(fd)
             self._fd = None
@@ -154,7 +156,7 @@ class PackWriter:
         except BaseException:
             self.abort()
             raise
-        return self._hasher.hexdigest(), self.path, list(self._entries)
+        return pack_id, self.path, list(self._entries)
 
     def abort(self) -> None:
         """Close and delete the temporary file; safe to call more than once."""

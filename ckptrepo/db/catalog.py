@@ -69,6 +69,18 @@ def existing_chunks(session: Session, ids: Sequence[str]) -> set[str]:
     return found
 
 
+def chunk_ids_of(session: Session, commit_ids: Sequence[str]) -> frozenset[str]:
+    """Every chunk id used by the given commits' tensors."""
+    if not commit_ids:
+        return frozenset()
+    q = (
+        select(TensorChunk.chunk_id)
+        .join(Entry, Entry.tensor_id == TensorChunk.tensor_id)
+        .where(Entry.commit_id.in_(list(commit_ids)))
+    )
+    return frozenset(session.scalars(q))
+
+
 def record_commit(
     session: Session,
     *,

@@ -19,7 +19,7 @@ from ckptrepo.state import flatten, unflatten
 
 def _numpy_globals() -> list[Any]:
     """What pickled numpy arrays and scalars of plain dtypes need: data constructors only."""
-    multiarray = importlib.import_module("numpy._core.multiarray" if np.__version__ >= "2" else "numpy.core.multiarray")
+    multiarray = importlib.import_module("numpy._core.multiarray" if hasattr(np, "_core") else "numpy.core.multiarray")
     names = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
     names += ["float16", "float32", "float64", "complex64", "complex128"]
     return [multiarray._reconstruct, multiarray.scalar, np.ndarray, np.dtype] + [type(np.dtype(n)) for n in names]
@@ -29,9 +29,9 @@ def _weights_only_reason(error: BaseException) -> str:
     text = summarize(error)
     for line in str(error).splitlines():
         if "WeightsUnpickler error:" in line:
-            detail = line.split("WeightsUnpickler error:", 1)[1].split(" Please use", 1)[0].strip()
+            detail = line.split("WeightsUnpickler error:", 1)[1].split(" Please use", 1)[0].strip(" .")
             text = f"it holds objects that are not plain data ({detail})"
-    return f"{text}; torch.load(weights_only=True) refused it, pass allow_pickle=True only for trusted files"
+    return f"{text}; torch.load(weights_only=True) refused it (allow_pickle=True loads it: trusted files only)"
 
 
 def read_torch(path: Path, *, allow_pickle: bool = False) -> Any:
@@ -48,7 +48,18 @@ def read_torch(path: Path, *, allow_pickle: bool = False) -> Any:
     except pickle.UnpicklingError as e:
         raise InvalidInput(path=str(path), reason=_weights_only_reason(e)) from e
     except Exception as e:
-        raise InvalidInput(path=str(path), reason=summarize(e)) from e
+        raise InvalidInput(path=str(path), reason=_damage(path, mmap) or summarize(e)) from e
+
+
+def _damage(path: Path, is_zip: bool) -> str | None:
+    """What is wrong with a file torch.load failed on, when its first bytes tell."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not head:
+        return "the file is empty"
+    if head == b"PK\x03\x04" and not is_zip:
+        return "it is a truncated or damaged torch.save (zip) file: its central directory is missing"
+    return None
 
 
 def write_torch(state: Any, path: Path, *, allow_pickle: bool = False) -> None:

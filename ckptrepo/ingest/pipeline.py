@@ -6,15 +6,16 @@ the store already has). The caller (``repository``) inserts the rows in one
 transaction *after* ``ingest`` returns, which is what makes packs durable before any
 row names them (write ordering, DESIGN.md).
 
-Threads: hashing, statistics and encoding run on the given executor (BLAKE3, zstd,
-numpy and torch release the GIL); appending to packs happens on the calling thread,
-in order, with at most ``window`` encoded chunks held in memory at once.
+Threads: one job per chunk hashes it, summarises it for the statistics and encodes it
+while it is hot in cache, on the given executor (BLAKE3, zstd, numpy and torch release
+the GIL); appending to packs happens on the calling thread, in order, with at most five
+``window``s of encoded chunks held in memory at once.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +27,7 @@ from ckptrepo.chunks.chunker import chunk_spans
 from ckptrepo.chunks.codecs import Encoding, encode
 from ckptrepo.chunks.store import PackSink, SealedPack
 from ckptrepo.ids import hash_bytes, hash_json
-from ckptrepo.ingest.stats import tensor_stats
+from ckptrepo.ingest.stats import Moments, combine, moments
 
 KnownFn = Callable[[list[str]], set[str]]
 
@@ -74,91 +75,123 @@ def ingest(
     known: KnownFn,
     pool: Executor,
     opts: IngestOptions,
+    likely_known: frozenset[str] = frozenset(),
 ) -> IngestResult:
     """Store every tensor's chunks that the store lacks; return their records and packs.
 
     ``tensors`` must be CPU tensors that nobody mutates until this returns (the caller's
-    snapshot). On any error nothing has been inserted anywhere; packs already put in the
-    backend stay unreferenced (``gc`` reclaims them) and the sink is aborted.
+    snapshot). ``likely_known`` (usually the parent commit's chunk ids) skips encoding
+    of chunks that will deduplicate; ``known`` is asked about every other chunk before
+    it is written. On any error nothing has been inserted anywhere; packs already put
+    in the backend stay unreferenced (``gc`` reclaims them) and the sink is aborted.
     """
     try:
-        return _ingest(tensors, sink, known, pool, opts)
+        return _Ingest(sink, known, pool, opts, likely_known).run(tensors)
     except BaseException:
         sink.abort()
         raise
 
 
-def _ingest(
-    tensors: dict[str, torch.Tensor], sink: PackSink, known: KnownFn, pool: Executor, opts: IngestOptions
-) -> IngestResult:
-    views: dict[str, memoryview] = {}
-    hash_jobs: dict[str, list[Future[str]]] = {}
-    stat_jobs: dict[str, Future[dict[str, Any]]] = {}
-    spans_of: dict[str, list[tuple[int, int]]] = {}
-    for name, t in tensors.items():
-        view = st.tensor_bytes(t)
-        views[name] = view
-        spans = chunk_spans(len(view), t.element_size(), opts.chunk_size)
-        spans_of[name] = spans
-        hash_jobs[name] = [pool.submit(hash_bytes, view[off : off + ln]) for off, ln in spans]
-        stat_jobs[name] = pool.submit(tensor_stats, t.reshape(-1) if t.dim() else t)
+@dataclass
+class _Done:
+    """A processed chunk: its id, statistics and (unless likely known) its encoding."""
 
-    records: list[TensorRecord] = []
-    for name, t in tensors.items():
-        chunk_ids = [f.result() for f in hash_jobs[name]]
-        dtype = st.dtype_name(t.dtype)
-        shape = list(t.shape)
-        records.append(
-            TensorRecord(
-                name=name,
-                tensor_id=hash_json([dtype, shape, opts.chunk_size, chunk_ids]),
-                dtype=dtype,
-                shape=shape,
-                nbytes=len(views[name]),
-                chunk_size=opts.chunk_size,
-                chunk_ids=chunk_ids,
-                stats=stat_jobs[name].result(),
+    tensor: int
+    seq: int
+    chunk_id: str
+    moments: Moments
+    encoding: int
+    payload: Any  # None when the chunk was likely known and not encoded
+    raw_length: int
+
+
+class _Ingest:
+    """One ingest: one job per chunk (hash, statistics, encode) on the pool, in a bounded
+    window; results are consumed in order on the calling thread, checked against the
+    store in batches and appended to packs."""
+
+    def __init__(self, sink: PackSink, known: KnownFn, pool: Executor, opts: IngestOptions,
+                 likely_known: frozenset[str]) -> None:
+        self.sink, self.known, self.pool, self.opts, self.likely = sink, known, pool, opts, likely_known
+        self.batch: list[_Done] = []
+        self.queued: set[str] = set()
+
+    def run(self, tensors: dict[str, torch.Tensor]) -> IngestResult:
+        names = list(tensors)
+        ids: list[list[str]] = []
+        parts: list[list[Moments]] = []
+        views: list[memoryview] = []
+        jobs: list[tuple[int, int, memoryview, torch.dtype]] = []
+        for i, name in enumerate(names):
+            t = tensors[name]
+            view = st.tensor_bytes(t)
+            views.append(view)
+            spans = chunk_spans(len(view), t.element_size(), self.opts.chunk_size)
+            ids.append([""] * len(spans))
+            parts.append([Moments()] * len(spans))
+            jobs.extend((i, seq, view[off : off + ln], t.dtype) for seq, (off, ln) in enumerate(spans))
+        result = IngestResult(tensors=[], packs=[], new_chunk_ids=self.queued)
+        pending: deque[Future[_Done]] = deque()
+        for job in jobs:
+            pending.append(self.pool.submit(self._process, *job))
+            if len(pending) >= self.opts.window:
+                self._consume(pending.popleft().result(), ids, parts, result)
+        while pending:
+            self._consume(pending.popleft().result(), ids, parts, result)
+        self._flush(result)
+        for i, name in enumerate(names):
+            t = tensors[name]
+            dtype = st.dtype_name(t.dtype)
+            shape = list(t.shape)
+            stats = combine(parts[i], t.numel())
+            result.tensors.append(
+                TensorRecord(
+                    name=name,
+                    tensor_id=hash_json([dtype, shape, self.opts.chunk_size, ids[i]]),
+                    dtype=dtype,
+                    shape=shape,
+                    nbytes=len(views[i]),
+                    chunk_size=self.opts.chunk_size,
+                    chunk_ids=ids[i],
+                    stats=stats,
+                )
             )
-        )
+            result.logical_bytes += len(views[i])
+            result.nonfinite += stats["nan_count"] + stats["inf_count"]
+        result.packs = self.sink.seal()
+        return result
 
-    all_ids = list(dict.fromkeys(cid for r in records for cid in r.chunk_ids))
-    have = known(all_ids)
-    todo: list[tuple[str, memoryview, int]] = []
-    queued: set[str] = set()
-    for rec in records:
-        itemsize = tensors[rec.name].element_size()
-        for cid, (off, ln) in zip(rec.chunk_ids, spans_of[rec.name], strict=True):
-            if cid in have or cid in queued:
+    def _process(self, tensor: int, seq: int, raw: memoryview, dtype: torch.dtype) -> _Done:
+        cid = hash_bytes(raw)
+        mom = moments(torch.frombuffer(raw, dtype=torch.uint8).view(dtype)) if len(raw) else Moments()
+        if cid in self.likely:
+            return _Done(tensor, seq, cid, mom, Encoding.RAW, None, len(raw))
+        if not self.opts.compression:
+            return _Done(tensor, seq, cid, mom, Encoding.RAW, raw, len(raw))
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        encoding, payload = encode(raw, itemsize, level=self.opts.zstd_level)
+        return _Done(tensor, seq, cid, mom, int(encoding), payload, len(raw))
+
+    def _consume(self, done: _Done, ids: list[list[str]], parts: list[list[Moments]], result: IngestResult) -> None:
+        ids[done.tensor][done.seq] = done.chunk_id
+        parts[done.tensor][done.seq] = done.moments
+        if done.payload is None or done.chunk_id in self.queued:
+            return
+        self.queued.add(done.chunk_id)
+        self.batch.append(done)
+        if len(self.batch) >= 4 * self.opts.window:
+            self._flush(result)
+
+    def _flush(self, result: IngestResult) -> None:
+        """Write the batch's chunks that the store does not have yet, in order."""
+        batch, self.batch = self.batch, []
+        if not batch:
+            return
+        have = self.known([d.chunk_id for d in batch])
+        for d in batch:
+            if d.chunk_id in have:
+                self.queued.discard(d.chunk_id)
                 continue
-            queued.add(cid)
-            todo.append((cid, views[rec.name][off : off + ln], itemsize))
-
-    result = IngestResult(tensors=records, packs=[], new_chunk_ids=queued)
-    result.logical_bytes = sum(r.nbytes for r in records)
-    result.nonfinite = sum(r.stats["nan_count"] + r.stats["inf_count"] for r in records)
-    for cid, encoding, payload, raw_len in _encode_in_order(todo, pool, opts):
-        sink.add(cid, encoding, payload, raw_len)
-        result.new_bytes += raw_len
-        result.stored_bytes += len(payload)
-    result.packs = sink.seal()
-    return result
-
-
-def _encode_one(cid: str, raw: memoryview, itemsize: int, opts: IngestOptions) -> tuple[str, int, Any, int]:
-    if not opts.compression:
-        return cid, Encoding.RAW, raw, len(raw)
-    encoding, payload = encode(raw, itemsize, level=opts.zstd_level)
-    return cid, int(encoding), payload, len(raw)
-
-
-def _encode_in_order(
-    todo: Iterable[tuple[str, memoryview, int]], pool: Executor, opts: IngestOptions
-) -> Iterable[tuple[str, int, Any, int]]:
-    """Encode on the pool, yield in submission order, never more than ``window`` ahead."""
-    pending: deque[Future[tuple[str, int, Any, int]]] = deque()
-    for cid, raw, itemsize in todo:
-        pending.append(pool.submit(_encode_one, cid, raw, itemsize, opts))
-        if len(pending) >= opts.window:
-            yield pending.popleft().result()
-    while pending:
-        yield pending.popleft().result()
+            self.sink.add(d.chunk_id, d.encoding, d.payload, d.raw_length)
+            result.new_bytes += d.raw_length
+            result.stored_bytes += len(d.payload)

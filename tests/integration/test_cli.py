@@ -299,6 +299,28 @@ def test_version_and_help(run: Run) -> None:
         assert "Usage" in result.stdout
 
 
+def test_init_with_database_url(run: Run, tmp_path: Path, db_url: str, checkpoints: list[Path]) -> None:
+    doc = _json(run("init", str(tmp_path / "shared"), "--db", db_url, "--json"))
+    assert doc["db_url"] is not None
+    committed = _json(run("commit", str(checkpoints[0]), "--json", repo=tmp_path / "shared"))
+    assert [c["id"] for c in _json(run("log", "--json", repo=tmp_path / "shared"))] == [committed["id"]]
+
+
+def test_outdated_schema_is_reported_and_db_upgrade_still_runs(
+    run: Run, work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ckptrepo.db import migrate
+
+    def outdated(*args: Any, **kwargs: Any) -> None:
+        raise errors.SchemaOutdated(current="0000", head="0001")
+
+    monkeypatch.setattr(migrate, "check_schema", outdated)
+    result = run("log")
+    _assert_one_line_error(result, errors.SchemaOutdated.exit_code)
+    assert "ckpt db upgrade" in result.stderr
+    assert _json(run("db", "upgrade", "--json"))["to_revision"]
+
+
 def test_db_upgrade_on_current_schema_is_a_no_op(run: Run, work: Path) -> None:
     doc = _json(run("db", "upgrade", "--json"))
     assert doc["from_revision"] == doc["to_revision"] and doc["upgraded"] is False

@@ -85,7 +85,8 @@ def test_packs_are_named_by_their_hash_and_rebuild_the_index(backend: Backend) -
     assert len(sealed) == 2
     for pack in sealed:
         data = backend.get(pack_key(pack.pack_id))
-        assert blake3.blake3(data).hexdigest() == pack.pack_id
+        index_offset = int.from_bytes(data[-52:-44], "little")
+        assert blake3.blake3(data[:10] + data[index_offset:]).hexdigest() == pack.pack_id
         assert pack.size == len(data)
         rebuilt = [
             ChunkLocation(e.chunk_id, pack.pack_id, e.offset, e.length, e.raw_length, e.encoding, e.depth, e.base_id)
