@@ -8,7 +8,7 @@ the way). Callers get tensors that share no memory with any cache.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
 
 import torch
 
@@ -26,6 +26,19 @@ def location(chunk: Chunk) -> ChunkLocation:
     )
 
 
+def _workers(pool: Executor) -> int:
+    return int(getattr(pool, "_max_workers", 2))
+
+
+def _read_run(reader: ChunkReader, run: list[tuple[str, ChunkLocation, memoryview]], commit_id: str) -> None:
+    for name, loc, out in run:
+        try:
+            reader.read_into(loc, out)
+        except IntegrityError as exc:
+            detail = exc.fields.get("detail", exc.message)
+            raise IntegrityError(detail=f"tensor {name!r} of commit {commit_id[:10]}: {detail}") from exc
+
+
 def read_tensors(
     reader: ChunkReader,
     pool: Executor,
@@ -39,25 +52,23 @@ def read_tensors(
     its hash check, or the chunks do not add up to the tensor's size.
     """
     buffers: dict[str, torch.Tensor] = {}
-    jobs: list[tuple[str, Future[None]]] = []
+    work: list[tuple[str, ChunkLocation, memoryview]] = []
     for name, row, chunks in items:
         if sum(c.raw_length for c in chunks) != row.nbytes or len(chunks) != row.n_chunks:
             raise IntegrityError(detail=f"tensor {name!r} of commit {commit_id[:10]} has missing chunks")
         buf = torch.empty(row.nbytes, dtype=torch.uint8)
         buffers[name] = buf
-        view = buf.numpy().data if row.nbytes else memoryview(b"")
+        view = buf.numpy().data if row.nbytes else memoryview(bytearray())
         offset = 0
         for chunk in chunks:
-            out = view[offset : offset + chunk.raw_length]
-            jobs.append((name, pool.submit(reader.read_into, location(chunk), out)))
+            work.append((name, location(chunk), view[offset : offset + chunk.raw_length]))
             offset += chunk.raw_length
-    for name, job in jobs:
-        try:
-            job.result()
-        except IntegrityError as exc:
-            raise IntegrityError(
-                detail=f"tensor {name!r} of commit {commit_id[:10]}: {exc.fields.get('detail', exc.message)}"
-            ) from exc
+    # A few jobs per worker, each a run of chunks: per-chunk futures would cost the GIL more
+    # than the decoding they schedule.
+    per_job = max(1, -(-len(work) // (4 * _workers(pool))))
+    jobs = [pool.submit(_read_run, reader, work[i : i + per_job], commit_id) for i in range(0, len(work), per_job)]
+    for job in jobs:
+        job.result()
     return {
         name: st.tensor_from_bytes(buffers[name], row.dtype, list(row.shape)) for name, row, _ in items
     }
