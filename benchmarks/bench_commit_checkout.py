@@ -20,9 +20,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import drop_caches, fsync_path, raw_write, report, timed  # noqa: E402
+from _common import drop_caches, fsync_path, raw_write, report, timed
 
-import ckptrepo  # noqa: E402
+import ckptrepo
 
 
 def make_state(gib: float) -> dict[str, torch.Tensor]:

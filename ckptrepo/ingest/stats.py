@@ -58,10 +58,11 @@ def moments(x: torch.Tensor) -> Moments:
     if n == 0:
         return Moments(nan=nan, inf=inf)
     mean = total / n
-    lo, hi = torch.aminmax(x)
+    extremes = torch.aminmax(x)
     sumsq = float(torch.linalg.vector_norm(x)) ** 2
     m2 = float(torch.linalg.vector_norm(x - mean)) ** 2
-    return Moments(n=n, mean=mean, m2=m2, sumsq=sumsq, lo=float(lo), hi=float(hi), nan=nan, inf=inf)
+    return Moments(n=n, mean=mean, m2=m2, sumsq=sumsq, lo=float(extremes.min), hi=float(extremes.max), nan=nan,
+                   inf=inf)
 
 
 def _drop_nonfinite(x: torch.Tensor) -> tuple[int, int, torch.Tensor]:
