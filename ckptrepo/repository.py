@@ -13,9 +13,10 @@ import getpass
 import os
 import shutil
 import socket
-import threading
+import time
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
@@ -25,15 +26,17 @@ import torch
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from ckptrepo import faults
 from ckptrepo import state as st
 from ckptrepo import types as t
 from ckptrepo.chunks.store import ChunkReader, PackSink
-from ckptrepo.config import REPO_DIRNAME, RepoConfig, default_workers
+from ckptrepo.config import REPO_DIRNAME, RepoConfig, default_workers, env_int
 from ckptrepo.db import catalog, migrate
 from ckptrepo.db.engine import database_url, make_engine, session_factory, write_transaction
 from ckptrepo.db.models import Commit as CommitRow
 from ckptrepo.db.models import Ref
 from ckptrepo.errors import (
+    CommitFailed,
     NotARepository,
     RefConflict,
     RefExists,
@@ -43,13 +46,36 @@ from ckptrepo.errors import (
     UsageError,
 )
 from ckptrepo.ids import hash_json, short
+from ckptrepo.ingest.committer import Committer
 from ckptrepo.ingest.handle import CommitHandle
 from ckptrepo.ingest.pipeline import IngestOptions, IngestResult, ingest
+from ckptrepo.ingest.staging import StagingPool
 from ckptrepo.lineage import graph, revparse
 from ckptrepo.restore import read_tensors
 from ckptrepo.storage import Backend, open_backend
 
 DEFAULT_BRANCH = "main"
+
+
+@dataclass
+class _Request:
+    """A staged commit handed from phase 1 to phase 2 (revisions still unresolved)."""
+
+    tensors: dict[str, torch.Tensor]
+    skeleton: Any
+    branch: str
+    parents: list[str] | None
+    transfer: tuple[str, dict[str, str] | None] | None
+    message: str
+    step: int | None
+    epoch: int | None
+    metrics: dict[str, float]
+    config: Any
+    code_version: str | None
+    created_at: datetime
+    stall_s: float
+    wait_s: float
+    staged_at: float
 
 
 def _repo_dir(path: str | Path) -> Path:
@@ -68,7 +94,15 @@ class Repo:
     the database engine, the store and the worker threads.
     """
 
-    def __init__(self, repo_dir: Path, config: RepoConfig, *, check_schema: bool = True) -> None:
+    def __init__(
+        self,
+        repo_dir: Path,
+        config: RepoConfig,
+        *,
+        check_schema: bool = True,
+        max_inflight: int | None = None,
+        staging_budget: int | None = None,
+    ) -> None:
         self.path = repo_dir
         self.config = config
         self._engine = make_engine(database_url(config.db_url, repo_dir))
@@ -82,7 +116,11 @@ class Repo:
         self._backend: Backend = open_backend(config.store_url, repo_dir / "store")
         self._reader = ChunkReader(self._backend)
         self._pool = ThreadPoolExecutor(max_workers=default_workers(), thread_name_prefix="ckpt")
-        self._commit_lock = threading.Lock()
+        self._staging = StagingPool(
+            max_inflight if max_inflight is not None else env_int("MAX_INFLIGHT", 1),
+            staging_budget if staging_budget is not None else (env_int("STAGING_BUDGET", 0) or None),
+        )
+        self._committer = Committer()
         self._closed = False
 
     # -- opening ---------------------------------------------------------------------------
@@ -96,6 +134,9 @@ class Repo:
         store_url: str | None = None,
         chunk_size: int | None = None,
         compression: bool = True,
+        pack_target: int | None = None,
+        max_inflight: int | None = None,
+        staging_budget: int | None = None,
     ) -> Repo:
         """Create a repository in ``PATH/.ckpt`` (or at ``path`` if it is named ``.ckpt``).
 
@@ -108,6 +149,8 @@ class Repo:
         config = RepoConfig(db_url=db_url, store_url=store_url, compression=compression)
         if chunk_size is not None:
             config.chunk_size = chunk_size
+        if pack_target is not None:
+            config.pack_target = pack_target
         config.validate()
         created = not repo_dir.exists()
         repo_dir.mkdir(parents=True, exist_ok=True)
@@ -123,25 +166,28 @@ class Repo:
             if created:
                 shutil.rmtree(repo_dir, ignore_errors=True)
             raise
-        return cls(repo_dir, config)
+        return cls(repo_dir, config, max_inflight=max_inflight, staging_budget=staging_budget)
 
     @classmethod
-    def open(cls, path: str | Path = ".") -> Repo:
-        """Open the repository at ``path`` (the folder holding ``.ckpt``, or ``.ckpt`` itself)."""
-        p = Path(path).expanduser().resolve()
-        for candidate in (p, p / REPO_DIRNAME):
-            if (candidate / "config.json").is_file():
-                return cls(candidate, RepoConfig.load(candidate))
-        raise NotARepository(path=str(p))
+    def open(
+        cls, path: str | Path = ".", *, max_inflight: int | None = None, staging_budget: int | None = None
+    ) -> Repo:
+        """Open the repository at ``path`` (the folder holding ``.ckpt``, or ``.ckpt`` itself).
+
+        ``max_inflight`` (default 1, env ``CKPT_MAX_INFLIGHT``) bounds commits staged but not
+        yet durable; ``staging_budget`` (bytes, default unbounded, env ``CKPT_STAGING_BUDGET``)
+        bounds their staged bytes. ``commit()`` waits when either is used up.
+        """
+        repo_dir = find_repo(path, search_parents=False)
+        return cls(repo_dir, RepoConfig.load(repo_dir), max_inflight=max_inflight, staging_budget=staging_budget)
 
     @classmethod
-    def discover(cls, start: str | Path = ".") -> Repo:
+    def discover(
+        cls, start: str | Path = ".", *, max_inflight: int | None = None, staging_budget: int | None = None
+    ) -> Repo:
         """Open the nearest repository at or above ``start``, like git."""
-        p = Path(start).expanduser().resolve()
-        for folder in (p, *p.parents):
-            if folder.name != REPO_DIRNAME and (folder / REPO_DIRNAME / "config.json").is_file():
-                return cls(folder / REPO_DIRNAME, RepoConfig.load(folder / REPO_DIRNAME))
-        raise NotARepository(path=str(p))
+        repo_dir = find_repo(start, search_parents=True)
+        return cls(repo_dir, RepoConfig.load(repo_dir), max_inflight=max_inflight, staging_budget=staging_budget)
 
     def __enter__(self) -> Repo:
         return self
@@ -151,10 +197,13 @@ class Repo:
         self.close()
 
     def close(self) -> None:
-        """Wait for pending work and release resources; further calls fail."""
+        """Wait for pending commits (their failures stay on their handles) and release
+        resources; further calls fail."""
         if self._closed:
             return
         self._closed = True
+        self._committer.close()
+        self._staging.clear()
         self._pool.shutdown(wait=True)
         self._backend.close()
         self._engine.dispose()
@@ -178,74 +227,73 @@ class Repo:
         transfer_from: Any = None,
         allow_pickle: bool = False,
         code_version: str | None = None,
+        blocking: bool = False,
     ) -> CommitHandle:
-        """Store ``state`` as a new commit on ``branch`` (default ``main``).
+        """Store ``state`` as a new commit on ``branch`` (default ``main``); two-phase.
 
-        The whole state is validated before any byte is written (UnsupportedState names
-        the offending key path). ``parents`` default to the branch head; two or more make
-        a merge. The branch moves by compare-and-swap: if another writer moved it
-        meanwhile, the commit is kept under its id and RefConflict is raised.
-        Returns a handle whose ``wait()`` gives the durable ``Commit``.
+        Phase 1, on the caller's thread: validate the whole state (UnsupportedState names
+        the offending key path; nothing is written) and copy every tensor into a reused
+        staging slot, waiting for a free slot when ``max_inflight`` commits are in flight.
+        When this returns the caller may mutate the state again. Phase 2, in the
+        background, in call order: resolve parents (default: the branch head as of then;
+        two or more make a merge), hash, deduplicate, encode, write durable packs, then one
+        transaction makes the commit visible and moves the branch by compare-and-swap
+        (RefConflict if another writer moved it; the commit is kept under its id).
+
+        ``handle.wait()`` returns the durable commit or re-raises its failure; a failed
+        background commit also makes the next ``commit()`` raise CommitFailed once.
+        ``blocking=True`` returns only when the commit is durable.
         """
+        entered = time.perf_counter()
         self._check_open()
+        failure = self._committer.take_failure()
+        if failure is not None:
+            raise CommitFailed(detail=str(failure) or type(failure).__name__) from failure
         branch = branch or DEFAULT_BRANCH
         revparse.check_ref_name(branch, "branch")
         metrics_f = _check_metrics(metrics)
         step = _check_int("step", step)
         epoch = _check_int("epoch", epoch)
-        flat = st.flatten(state, allow_pickle=allow_pickle)
         _check_json("config", config)
+        transfer = _transfer_spec(transfer_from)
+        with self._sessions() as s:  # unknown revisions fail here, before anything is staged
+            for rev in [*(parents or []), *([transfer[0]] if transfer else [])]:
+                revparse.resolve(s, rev)
+        flat = st.flatten(state, allow_pickle=allow_pickle)
+        slot, waited = self._staging.acquire(self._staging.staged_bytes(flat.tensors))
+        try:
+            staged = slot.stage(flat.tensors)
+        except BaseException:
+            self._staging.release(slot)
+            raise
+        staged_at = time.perf_counter()
+        request = _Request(
+            tensors=staged, skeleton=flat.skeleton, branch=branch, parents=list(parents) if parents else None,
+            transfer=transfer, message=message or "", step=step, epoch=epoch, metrics=metrics_f, config=config,
+            code_version=code_version, created_at=_now(), stall_s=staged_at - entered, wait_s=waited,
+            staged_at=staged_at,
+        )
+        future = self._committer.submit(lambda: self._persist(request), finally_=lambda: self._staging.release(slot))
+        handle = CommitHandle(future, staged=True)
+        if blocking:
+            handle.wait()
+        return handle
+
+    def _persist(self, req: _Request) -> t.Commit:
+        """Phase 2 (background thread): packs durable first, then one transaction makes the
+        commit visible. On any failure nothing of this commit is visible."""
         with self._sessions() as s:
-            head = _branch_head(s, branch)
-            parent_ids = [revparse.resolve(s, p) for p in (parents or [])]
-            if not parents and head is not None:
+            head = _branch_head(s, req.branch)
+            parent_ids = [revparse.resolve(s, p) for p in req.parents] if req.parents else []
+            if req.parents is None and head is not None:
                 parent_ids = [head]
             if head is not None and head not in parent_ids:
                 raise UsageError(
-                    f"branch {branch!r} is at {short(head)}, which is not among the given parents",
-                    hint="Commit on another branch (-b NAME), or include the branch head as a parent.",
+                    f"branch {req.branch!r} is at {short(head)}, which is not among the given parents",
+                    hint="Commit on another branch, or include the branch head as a parent.",
                 )
-            transfer = self._resolve_transfer(s, transfer_from)
+            transfer = (revparse.resolve(s, req.transfer[0]), req.transfer[1]) if req.transfer else None
             likely = catalog.chunk_ids_of(s, parent_ids[:1] + ([transfer[0]] if transfer else []))
-        tensors = {name: tt.detach().cpu() for name, tt in flat.tensors.items()}
-        future: Future[t.Commit] = Future()
-        started = _now()
-        with self._commit_lock:
-            commit = self._persist(
-                tensors, flat.skeleton, branch=branch, head=head, parent_ids=parent_ids, transfer=transfer,
-                message=message or "", step=step, epoch=epoch, metrics=metrics_f, config=config,
-                code_version=code_version, started=started, likely_known=likely,
-            )
-        future.set_result(commit)
-        return CommitHandle(future, staged=True)
-
-    def _resolve_transfer(self, s: Session, transfer_from: Any) -> tuple[str, dict[str, str] | None] | None:
-        if transfer_from is None:
-            return None
-        if isinstance(transfer_from, tuple):
-            rev, mapping = transfer_from
-            return revparse.resolve(s, str(rev)), {str(k): str(v) for k, v in dict(mapping).items()}
-        return revparse.resolve(s, str(transfer_from)), None
-
-    def _persist(
-        self,
-        tensors: dict[str, torch.Tensor],
-        skeleton: Any,
-        *,
-        branch: str,
-        head: str | None,
-        parent_ids: list[str],
-        transfer: tuple[str, dict[str, str] | None] | None,
-        message: str,
-        step: int | None,
-        epoch: int | None,
-        metrics: dict[str, float],
-        config: Any,
-        code_version: str | None,
-        started: datetime,
-        likely_known: frozenset[str],
-    ) -> t.Commit:
-        """Phase 2: packs durable first, then one transaction makes the commit visible."""
         opts = IngestOptions(
             chunk_size=self.config.chunk_size, compression=self.config.compression, zstd_level=self.config.zstd_level
         )
@@ -254,19 +302,16 @@ class Repo:
             with self._sessions() as s:
                 return catalog.existing_chunks(s, ids)
 
-        t0 = _now()
         # Write-ordering step 1: ingest returns only after every new pack is durable in the store.
-        result = ingest(tensors, PackSink(self._backend, self.config.pack_target), known, self._pool, opts,
-                        likely_known)
+        sink = PackSink(self._backend, self.config.pack_target)
+        result = ingest(req.tensors, sink, known, self._pool, opts, likely)
         edges = [catalog.EdgeRow(pid, "parent" if i == 0 else "merge", i) for i, pid in enumerate(parent_ids)]
         if transfer is not None and transfer[0] not in parent_ids:
             edges.append(catalog.EdgeRow(transfer[0], "transfer", len(edges), transfer[1]))
         entries = {r.name: r.tensor_id for r in result.tensors}
+        row = self._commit_row(result, entries, edges, req)
+        row["persist_s"] = time.perf_counter() - req.staged_at
         now = _now()
-        row = self._commit_row(result, skeleton, entries, edges, branch=branch, message=message, step=step,
-                               epoch=epoch, metrics=metrics, config=config, code_version=code_version,
-                               created_at=started)
-        row["persist_s"] = (now - t0).total_seconds()
         conflict: str | None = None
         # Write-ordering step 2: one transaction inserts the chunk index, tensors, the commit,
         # its edges and moves the branch; nothing of this commit is visible before it commits.
@@ -287,36 +332,36 @@ class Repo:
                 commit=row,
                 entries=entries,
                 edges=edges,
-                metrics=metrics,
+                metrics=req.metrics,
                 now=now,
             )
-            conflict = catalog.move_branch(s, branch, row["id"], head, now)
+            conflict = catalog.move_branch(s, req.branch, row["id"], head, now)
+            faults.point("db.before_commit")
+        faults.point("db.after_commit")
         if conflict is not None:
-            raise RefConflict(branch=branch, actual=short(conflict) if conflict else "(deleted)",
+            raise RefConflict(branch=req.branch, actual=short(conflict) if conflict else "(deleted)",
                               expected=short(head) if head else "(no branch)",
                               hint=f"The commit is kept as {short(row['id'])}; "
                                    f"`ckpt branch NAME {short(row['id'])}` gives it a branch.")
         return self.get_commit(row["id"])
 
     def _commit_row(
-        self, result: IngestResult, skeleton: Any, entries: dict[str, str], edges: list[catalog.EdgeRow], *,
-        branch: str, message: str, step: int | None, epoch: int | None, metrics: dict[str, float], config: Any,
-        code_version: str | None, created_at: datetime,
+        self, result: IngestResult, entries: dict[str, str], edges: list[catalog.EdgeRow], req: _Request
     ) -> dict[str, Any]:
         author = _author()
         host = socket.gethostname()
         identity = {
-            "entries": sorted(entries.items()), "skeleton": skeleton,
+            "entries": sorted(entries.items()), "skeleton": req.skeleton,
             "edges": [[e.parent_id, e.kind, e.position, e.mapping] for e in edges],
-            "message": message, "step": step, "epoch": epoch, "metrics": sorted(metrics.items()),
-            "config": config, "created_at": created_at.isoformat(), "author": author, "host": host,
+            "message": req.message, "step": req.step, "epoch": req.epoch, "metrics": sorted(req.metrics.items()),
+            "config": req.config, "created_at": req.created_at.isoformat(), "author": author, "host": host,
         }
         return {
-            "id": hash_json(identity), "message": message, "created_at": created_at, "author": author,
-            "host": host, "branch": branch, "step": step, "epoch": epoch, "config": config,
-            "code_version": code_version, "skeleton": skeleton, "n_tensors": len(entries),
+            "id": hash_json(identity), "message": req.message, "created_at": req.created_at, "author": author,
+            "host": host, "branch": req.branch, "step": req.step, "epoch": req.epoch, "config": req.config,
+            "code_version": req.code_version, "skeleton": req.skeleton, "n_tensors": len(entries),
             "logical_bytes": result.logical_bytes, "new_bytes": result.new_bytes,
-            "stored_bytes": result.stored_bytes, "stall_s": 0.0, "wait_s": 0.0, "persist_s": 0.0,
+            "stored_bytes": result.stored_bytes, "stall_s": req.stall_s, "wait_s": req.wait_s, "persist_s": 0.0,
             "nonfinite": result.nonfinite,
         }
 
@@ -438,23 +483,44 @@ class Repo:
             raise UsageError("this repository is closed", hint="Open it again with Repo.open(path).")
 
 
-def upgrade_database(path: str | Path) -> tuple[str | None, str]:
-    """Bring the repository's database schema to this code's head; returns (from, to)."""
+def find_repo(path: str | Path = ".", *, search_parents: bool = False) -> Path:
+    """The ``.ckpt`` folder at ``path`` (``path`` itself or ``path/.ckpt``), or with
+    ``search_parents`` the nearest one at or above it; NotARepository otherwise.
+    Opens nothing, so it works on a repository whose schema needs an upgrade."""
     p = Path(path).expanduser().resolve()
-    for candidate in (p, p / REPO_DIRNAME):
-        if (candidate / "config.json").is_file():
-            config = RepoConfig.load(candidate)
-            engine = make_engine(database_url(config.db_url, candidate))
-            try:
-                before = migrate.current_revision(engine)
-                migrate.upgrade(engine)
-                return before, migrate.head_revision()
-            finally:
-                engine.dispose()
+    if (p / "config.json").is_file() and p.name == REPO_DIRNAME:
+        return p
+    for folder in (p, *p.parents) if search_parents else (p,):
+        if (folder / REPO_DIRNAME / "config.json").is_file():
+            return folder / REPO_DIRNAME
+    if not search_parents and (p / "config.json").is_file():
+        return p
     raise NotARepository(path=str(p))
 
 
+def upgrade_database(path: str | Path) -> tuple[str | None, str]:
+    """Bring the repository's database schema to this code's head; returns (from, to)."""
+    repo_dir = find_repo(path)
+    config = RepoConfig.load(repo_dir)
+    engine = make_engine(database_url(config.db_url, repo_dir))
+    try:
+        before = migrate.current_revision(engine)
+        migrate.upgrade(engine)
+        return before, migrate.head_revision()
+    finally:
+        engine.dispose()
+
+
 # -- helpers ---------------------------------------------------------------------------------
+
+
+def _transfer_spec(transfer_from: Any) -> tuple[str, dict[str, str] | None] | None:
+    if transfer_from is None:
+        return None
+    if isinstance(transfer_from, tuple):
+        rev, mapping = transfer_from
+        return str(rev), {str(k): str(v) for k, v in dict(mapping).items()}
+    return str(transfer_from), None
 
 
 def _author() -> str:

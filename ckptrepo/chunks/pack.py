@@ -32,6 +32,7 @@ from pathlib import Path
 
 import blake3
 
+from ckptrepo import faults
 from ckptrepo.errors import IntegrityError, UsageError
 from ckptrepo.ids import ID_HEX_LEN, is_hex
 from ckptrepo.storage.base import Backend
@@ -131,6 +132,7 @@ class PackWriter:
         entry = PackEntry(chunk_id, self._size, memoryview(payload).nbytes, raw_length, encoding, depth, base_id)
         self._append(payload)
         self._entries.append(entry)
+        faults.point("pack.write")
         return entry
 
     def finish(self) -> tuple[str, Path, list[PackEntry]]:

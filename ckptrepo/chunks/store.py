@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+from ckptrepo import faults
 from ckptrepo.chunks.codecs import Encoding, decode
 from ckptrepo.chunks.pack import PackEntry, PackWriter
 from ckptrepo.errors import IntegrityError, UsageError
@@ -116,7 +117,9 @@ class PackSink:
         try:
             # Step 1 of the write ordering: durable and named in the store before any row
             # can point at it.
+            faults.point("pack.before_put")
             self._backend.put_file(pack_key(pack_id), path)
+            faults.point("pack.after_put")
         except BaseException:
             writer.abort()
             raise

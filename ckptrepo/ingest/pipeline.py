@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ckptrepo import faults
 from ckptrepo import state as st
 from ckptrepo.chunks.chunker import chunk_spans
 from ckptrepo.chunks.codecs import Encoding, encode
@@ -162,6 +163,7 @@ class _Ingest:
         return result
 
     def _process(self, tensor: int, seq: int, raw: memoryview, dtype: torch.dtype) -> _Done:
+        faults.point("ingest.chunk")
         cid = hash_bytes(raw)
         mom = moments(torch.frombuffer(raw, dtype=torch.uint8).view(dtype)) if len(raw) else Moments()
         if cid in self.likely:

@@ -1,0 +1,90 @@
+"""Fault injection at named points of the write path, for crash and error tests.
+
+Production code calls ``point("pack.before_put")`` at each step whose failure matters;
+it costs one dict lookup when no fault is armed. Faults are armed either in-process
+with ``inject`` (tests of error paths) or for a whole process through the environment
+variable ``CKPT_FAULTS`` (crash tests that run a real child process), as a
+comma-separated list of ``NAME=ACTION[@N]``: ACTION is ``kill`` (SIGKILL this process
+on the spot) or ``raise`` (raise ``InjectedFault``); ``@N`` fires on the N-th time the
+point is reached (default 1), counted per process.
+
+Points: ``stage.copy`` (phase 1, per tensor), ``ingest.chunk`` (per chunk job),
+``pack.write`` (per chunk appended to a pack file), ``pack.before_put`` /
+``pack.after_put`` (around making a pack durable in the store), ``db.before_commit`` /
+``db.after_commit`` (around the transaction that makes a commit visible).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+ENV = "CKPT_FAULTS"
+POINTS = (
+    "stage.copy",
+    "ingest.chunk",
+    "pack.write",
+    "pack.before_put",
+    "pack.after_put",
+    "db.before_commit",
+    "db.after_commit",
+)
+
+
+class InjectedFault(RuntimeError):
+    """Raised at an armed fault point (tests only)."""
+
+
+_lock = threading.Lock()
+_armed: dict[str, tuple[str, int]] = {}
+_hits: dict[str, int] = {}
+
+
+def _parse(spec: str) -> dict[str, tuple[str, int]]:
+    armed: dict[str, tuple[str, int]] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, action = item.partition("=")
+        action, _, nth = action.partition("@")
+        if name not in POINTS or action not in ("kill", "raise"):
+            raise ValueError(f"{ENV}: bad fault {item!r}; points: {', '.join(POINTS)}; actions: kill, raise")
+        armed[name] = (action, int(nth or 1))
+    return armed
+
+
+if os.environ.get(ENV):
+    _armed.update(_parse(os.environ[ENV]))
+
+
+def point(name: str) -> None:
+    """Fire the fault armed at ``name``, if any (see module docstring)."""
+    if not _armed or name not in _armed:
+        return
+    with _lock:
+        if name not in _armed:
+            return
+        _hits[name] = _hits.get(name, 0) + 1
+        action, nth = _armed[name]
+        if _hits[name] != nth:
+            return
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise InjectedFault(f"injected fault at {name}")
+
+
+@contextmanager
+def inject(name: str, action: str = "raise", nth: int = 1) -> Iterator[None]:
+    """Arm ``name`` for the duration of the block (in this process)."""
+    if name not in POINTS:
+        raise ValueError(f"unknown fault point {name!r}")
+    with _lock:
+        _armed[name] = (action, nth)
+        _hits[name] = 0
+    try:
+        yield
+    finally:
+        with _lock:
+            _armed.pop(name, None)
+            _hits.pop(name, None)

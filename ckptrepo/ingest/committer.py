@@ -1,0 +1,95 @@
+"""Phase 2 runner: one background thread per repository makes staged commits durable,
+in the order they were staged.
+
+The thread is owned by the ``Committer``; ``submit`` hands it a job and returns the
+future the ``CommitHandle`` waits on. A failed job is remembered so that the next
+``commit()`` raises it instead of silently continuing (``take_failure``). Pending jobs
+are flushed by ``drain``/``close``, and at interpreter exit before ``concurrent.futures``
+refuses new work (the jobs themselves use a worker pool).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+log = logging.getLogger("ckptrepo")
+
+_live: weakref.WeakSet[Committer] = weakref.WeakSet()
+
+
+def _flush_all_at_exit() -> None:
+    for committer in list(_live):
+        committer.drain()
+
+
+try:
+    # Runs before concurrent.futures' own exit hook (hooks run in reverse order of
+    # registration), so pending commits can still use the worker pool at exit.
+    threading._register_atexit(_flush_all_at_exit)  # type: ignore[attr-defined]
+except (AttributeError, RuntimeError):  # pragma: no cover - other Pythons
+    import atexit
+
+    atexit.register(_flush_all_at_exit)
+
+
+class Committer:
+    """Runs commit jobs one at a time on a background thread, first in, first out."""
+
+    def __init__(self, name: str = "ckpt-commit") -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self._pending: set[Future[Any]] = set()
+        self._lock = threading.Lock()
+        self._failure: BaseException | None = None
+        _live.add(self)
+
+    def submit(self, job: Callable[[], T], *, finally_: Callable[[], None] | None = None) -> Future[T]:
+        """Queue ``job``; ``finally_`` runs after it on the background thread, whatever happens."""
+
+        def run() -> T:
+            try:
+                return job()
+            except BaseException as exc:
+                with self._lock:
+                    self._failure = exc
+                raise
+            finally:
+                if finally_ is not None:
+                    finally_()
+
+        future = self._executor.submit(run)
+        with self._lock:
+            self._pending.add(future)
+        future.add_done_callback(self._forget)
+        return future
+
+    def _forget(self, future: Future[Any]) -> None:
+        with self._lock:
+            self._pending.discard(future)
+
+    def take_failure(self) -> BaseException | None:
+        """The last background failure not yet reported through ``commit()``, once."""
+        with self._lock:
+            failure, self._failure = self._failure, None
+        return failure
+
+    def drain(self) -> None:
+        """Block until every queued job has finished (successfully or not)."""
+        with self._lock:
+            pending = list(self._pending)
+        for future in pending:
+            try:
+                future.result()
+            except BaseException as exc:  # reported through the handle and the next commit()
+                log.warning("a background commit failed: %s", exc)
+
+    def close(self) -> None:
+        """Drain, then stop the background thread."""
+        self.drain()
+        self._executor.shutdown(wait=True)
+        _live.discard(self)

@@ -1,0 +1,130 @@
+"""Two-phase commit: phase 1 copies and returns, phase 2 makes the commit durable in order."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import ckptrepo
+from ckptrepo import errors, faults
+from ckptrepo.ingest import pipeline
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Any:
+    with ckptrepo.Repo.init(tmp_path, chunk_size=64 * 1024) as r:
+        yield r
+
+
+def _slow_ingest(monkeypatch: pytest.MonkeyPatch, seconds: float) -> threading.Event:
+    """Make phase 2 take at least ``seconds``; the event is set when a phase 2 starts."""
+    started = threading.Event()
+    real = pipeline.ingest
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        started.set()
+        time.sleep(seconds)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr("ckptrepo.repository.ingest", slow)
+    return started
+
+
+def test_state_may_change_once_commit_returns(repo: ckptrepo.Repo, monkeypatch: pytest.MonkeyPatch) -> None:
+    _slow_ingest(monkeypatch, 0.3)
+    w = torch.randn(200_000)
+    original = w.clone()
+    handle = repo.commit({"w": w}, step=1)
+    assert handle.staged and not handle.done()
+    w.add_(1.0)  # training goes on while phase 2 runs
+    commit = handle.wait()
+    assert handle.done()
+    assert torch.equal(repo.load_tensor(commit.id, "w"), original)
+    assert commit.stall_s > 0 and commit.persist_s >= 0.3 and commit.wait_s >= 0
+
+
+def test_commits_persist_in_call_order_with_parents(repo: ckptrepo.Repo) -> None:
+    handles = [repo.commit({"x": torch.full((1000,), float(i))}, step=i) for i in range(5)]
+    commits = [h.wait() for h in handles]
+    for prev, cur in zip(commits, commits[1:], strict=False):
+        assert cur.parent_ids == [prev.id]
+    assert repo.resolve("main") == commits[-1].id
+    assert [c.step for c in repo.log("main")] == [4, 3, 2, 1, 0]
+
+
+def test_next_commit_waits_for_a_slot_and_records_it(repo: ckptrepo.Repo, monkeypatch: pytest.MonkeyPatch) -> None:
+    _slow_ingest(monkeypatch, 0.4)
+    first = repo.commit({"w": torch.randn(1000)})
+    second = repo.commit({"w": torch.randn(1000)})  # max_inflight=1: waits for the first
+    assert first.done()
+    assert second.wait().wait_s >= 0.2
+    assert second.wait().stall_s >= second.wait().wait_s
+
+
+def test_two_inflight_slots_overlap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    started = _slow_ingest(monkeypatch, 0.4)
+    with ckptrepo.Repo.init(tmp_path, max_inflight=2) as repo:
+        first = repo.commit({"w": torch.randn(1000)})
+        started.wait(5)
+        second = repo.commit({"w": torch.randn(1000)})
+        assert not first.done()  # the second staged without waiting for the first
+        assert second.wait().wait_s < 0.2
+        assert second.wait().parent_ids == [first.wait().id]
+
+
+def test_background_failure_surfaces_on_wait_and_next_commit(repo: ckptrepo.Repo) -> None:
+    good = repo.commit({"w": torch.randn(1000)}).wait()
+    before = (repo.stats().commits, repo.resolve("main"))
+    with faults.inject("pack.before_put"):
+        handle = repo.commit({"w": torch.randn(100_000)})
+        with pytest.raises(faults.InjectedFault):
+            handle.wait()
+    with pytest.raises(errors.CommitFailed) as exc:
+        repo.commit({"w": torch.randn(10)})
+    assert "injected fault" in str(exc.value)
+    assert (repo.stats().commits, repo.resolve("main")) == before
+    after = repo.commit({"w": torch.randn(1000)}).wait()  # reported once, then commits go on
+    assert after.parent_ids == [good.id]
+
+
+def test_blocking_commit_and_budget(tmp_path: Path) -> None:
+    with ckptrepo.Repo.init(tmp_path, staging_budget=1 << 20) as repo:
+        handle = repo.commit({"w": torch.randn(1000)}, blocking=True)
+        assert handle.done()
+        with pytest.raises(errors.UsageError, match="budget"):
+            repo.commit({"w": torch.randn(1 << 20)})
+        assert repo.stats().commits == 1
+
+
+def test_close_flushes_pending_commits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _slow_ingest(monkeypatch, 0.3)
+    repo = ckptrepo.Repo.init(tmp_path)
+    handle = repo.commit({"w": torch.ones(10)}, message="pending")
+    repo.close()
+    assert handle.done()
+    with ckptrepo.Repo.open(tmp_path) as again:
+        assert again.get_commit("main").message == "pending"
+
+
+def test_interpreter_exit_flushes_pending_commits(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import torch, ckptrepo
+        repo = ckptrepo.Repo.init({str(tmp_path)!r})
+        for i in range(3):
+            repo.commit({{"w": torch.full((300_000,), float(i))}}, step=i)
+        # no wait(), no close(): exit must still make every staged commit durable
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    with ckptrepo.Repo.open(tmp_path) as repo:
+        assert [c.step for c in repo.log("main")] == [2, 1, 0]
+        assert torch.equal(repo.load_tensor("main", "w"), torch.full((300_000,), 2.0))
