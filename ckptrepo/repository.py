@@ -49,7 +49,7 @@ from ckptrepo.ids import hash_json, short
 from ckptrepo.ingest.committer import Committer
 from ckptrepo.ingest.handle import CommitHandle
 from ckptrepo.ingest.pipeline import IngestOptions, IngestResult, ingest
-from ckptrepo.ingest.staging import StagingPool
+from ckptrepo.ingest.staging import Slot, StagingPool
 from ckptrepo.lineage import graph, revparse
 from ckptrepo.restore import read_tensors
 from ckptrepo.storage import Backend, open_backend
@@ -242,7 +242,8 @@ class Repo:
 
         ``handle.wait()`` returns the durable commit or re-raises its failure; a failed
         background commit also makes the next ``commit()`` raise CommitFailed once.
-        ``blocking=True`` returns only when the commit is durable.
+        ``blocking=True`` returns only when the commit is durable, and skips the snapshot
+        copy of CPU tensors (the caller cannot mutate them while it waits).
         """
         entered = time.perf_counter()
         self._check_open()
@@ -260,12 +261,18 @@ class Repo:
             for rev in [*(parents or []), *([transfer[0]] if transfer else [])]:
                 revparse.resolve(s, rev)
         flat = st.flatten(state, allow_pickle=allow_pickle)
-        slot, waited = self._staging.acquire(self._staging.staged_bytes(flat.tensors))
-        try:
-            staged = slot.stage(flat.tensors)
-        except BaseException:
-            self._staging.release(slot)
-            raise
+        slot: Slot | None = None
+        waited = 0.0
+        if blocking and not any(x.is_cuda for x in flat.tensors.values()):
+            # The caller is blocked until durable and cannot mutate its tensors: no snapshot copy.
+            staged = {name: x.detach() for name, x in flat.tensors.items()}
+        else:
+            slot, waited = self._staging.acquire(self._staging.staged_bytes(flat.tensors))
+            try:
+                staged = slot.stage(flat.tensors)
+            except BaseException:
+                self._staging.release(slot)
+                raise
         staged_at = time.perf_counter()
         request = _Request(
             tensors=staged, skeleton=flat.skeleton, branch=branch, parents=list(parents) if parents else None,
@@ -273,7 +280,8 @@ class Repo:
             code_version=code_version, created_at=_now(), stall_s=staged_at - entered, wait_s=waited,
             staged_at=staged_at,
         )
-        future = self._committer.submit(lambda: self._persist(request), finally_=lambda: self._staging.release(slot))
+        release = (lambda: self._staging.release(slot)) if slot is not None else None
+        future = self._committer.submit(lambda: self._persist(request), finally_=release)
         handle = CommitHandle(future, staged=True)
         if blocking:
             handle.wait()
@@ -481,6 +489,12 @@ class Repo:
     def _check_open(self) -> None:
         if self._closed:
             raise UsageError("this repository is closed", hint="Open it again with Repo.open(path).")
+
+    def verify(self, *, full: bool = False) -> t.VerifyReport:
+        """Check database and packs against each other, read-only (see ``ckptrepo.verify``)."""
+        from ckptrepo.verify import verify
+
+        return verify(self, full=full)
 
 
 def find_repo(path: str | Path = ".", *, search_parents: bool = False) -> Path:

@@ -6,8 +6,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
-from ckptrepo import Repo, errors
-from ckptrepo.config import CONFIG_NAME, REPO_DIRNAME
+from ckptrepo import Repo
+from ckptrepo.repository import find_repo
 
 
 @dataclass
@@ -28,11 +28,7 @@ class Session:
         for a schema that ``open()`` refuses)."""
         if self.repo is not None:
             return self.repo
-        start = Path.cwd().resolve()
-        for folder in (start, *start.parents):
-            if (folder / REPO_DIRNAME / CONFIG_NAME).is_file():
-                return folder
-        raise errors.NotARepository(path=str(start))
+        return find_repo(Path.cwd(), search_parents=True)
 
 
 _current: ContextVar[Session | None] = ContextVar("ckpt_session", default=None)

@@ -45,7 +45,7 @@ def commit(
     with current().open() as repo, render.phases(enabled=_input_bytes(path) >= PROGRESS_MIN_BYTES) as phase:
         phase(f"reading {path.name}")
         state = read_state(path)
-        phase("copying tensors")
+        phase("hashing, compressing and writing")
         handle = repo.commit(
             state,
             branch=branch,
@@ -54,8 +54,8 @@ def commit(
             epoch=epoch,
             metrics={m.name: m.value for m in metric} if metric else None,
             parents=parent or None,
+            blocking=True,
         )
-        phase("hashing, compressing and writing")
         result = handle.wait()
     if as_json:
         render.emit_json(result.to_json())
