@@ -61,3 +61,23 @@ def report(title: str, rows: list[tuple[str, float, str]], extra: dict[str, Any]
     for name, value, note in rows:
         print(f"  {name:<{width}}  {value:10.3f}  {note}")
     print("JSON " + json.dumps({"title": title, "rows": {r[0]: r[1] for r in rows}, **(extra or {})}))
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory (its entries), as a durable save of new files in it must."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def median(values: list[float]) -> float:
+    """Median of the measurements (NaN when there are none)."""
+    return statistics.median(values) if values else float("nan")
+
+
+def goal_note(ratio: float, limit: float, *, at_most: bool = True) -> str:
+    """``goal <= 1.3  met`` / ``... MISSED``: the goal next to a ratio, and whether it holds."""
+    ok = ratio <= limit if at_most else ratio >= limit
+    return f"goal {'<=' if at_most else '>='} {limit:g}  {'met' if ok else 'MISSED'}"

@@ -9,17 +9,19 @@
 from ckptrepo import errors
 from ckptrepo.ingest.handle import CommitHandle
 from ckptrepo.repository import Repo, upgrade_database
-from ckptrepo.types import Commit, Parent, RefInfo, RepoStats, TensorInfo, TensorStats
+from ckptrepo.types import Commit, Parent, Problem, RefInfo, RepoStats, TensorInfo, TensorStats, VerifyReport
 
 __all__ = [
     "Commit",
     "CommitHandle",
     "Parent",
+    "Problem",
     "RefInfo",
     "Repo",
     "RepoStats",
     "TensorInfo",
     "TensorStats",
+    "VerifyReport",
     "errors",
     "upgrade_database",
 ]

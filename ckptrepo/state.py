@@ -84,13 +84,26 @@ def dtype_from_name(name: str) -> torch.dtype:
     return SUPPORTED_DTYPES[name]
 
 
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bit_view(t: torch.Tensor) -> torch.Tensor:
+    """``t`` viewed, strides unchanged, as the integer dtype of its element size (complex
+    tensors as they are), so byte-moving kernels that some dtypes lack (strided copy,
+    ``contiguous`` of float4/bits types) work for every dtype."""
+    as_int = _SAME_SIZE_INT.get(t.element_size())
+    if as_int is None or t.dtype.is_complex or t.dtype == as_int:
+        return t
+    return t.view(as_int)
+
+
 def tensor_bytes(t: torch.Tensor) -> memoryview:
     """The C-order bytes of ``t``'s values as a flat ``'B'`` memoryview that keeps ``t`` alive.
 
     A contiguous CPU tensor is not copied (the view aliases it: later in-place changes show);
     other tensors (non-contiguous, conjugate/negative views, other devices) are copied once.
     """
-    flat = t.detach().cpu().resolve_conj().resolve_neg().contiguous().reshape(-1)
+    flat = bit_view(t.detach().cpu().resolve_conj().resolve_neg()).contiguous().reshape(-1)
     if flat.numel() <= 1:  # contiguity ignores the stride of a size-0/1 dim; the byte view does not
         flat = flat.as_strided([flat.numel()], [1])
     return flat.view(torch.uint8).numpy().data

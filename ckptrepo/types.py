@@ -141,3 +141,115 @@ class RepoStats:
         data["dedup_ratio"] = self.dedup_ratio
         data["compression_ratio"] = self.compression_ratio
         return data
+
+
+# -- verify ------------------------------------------------------------------------------------
+
+#: Problem kinds that make a repository not ``ok``: something a commit needs is missing,
+#: corrupt or inconsistent.
+VERIFY_ERRORS = (
+    "missing_pack", "damaged_pack", "bad_chunk", "corrupt_chunk", "broken_ref", "incomplete_commit",
+)
+#: Problem kinds that are reclaimable leftovers of interrupted writes (``gc`` removes them).
+VERIFY_WARNINGS = ("unreferenced_pack", "temporary_file")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding of ``Repo.verify``.
+
+    ``kind`` is one of ``VERIFY_ERRORS`` or ``VERIFY_WARNINGS``; ``subject`` names what is
+    wrong (a pack id, chunk id, ref name, commit id, store key or local file path) and
+    ``detail`` says how, in one line. ``commits`` (full ids) and ``tensors`` (names) are
+    those that can no longer be restored because of it; ``size``/``age_s`` describe
+    leftover objects and files.
+    """
+
+    kind: str
+    subject: str
+    detail: str
+    pack_id: str | None = None
+    chunk_id: str | None = None
+    commits: tuple[str, ...] = ()
+    tensors: tuple[str, ...] = ()
+    size: int | None = None
+    age_s: float | None = None
+
+    @property
+    def severity(self) -> str:
+        """``error`` or ``warning``."""
+        return "warning" if self.kind in VERIFY_WARNINGS else "error"
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["severity"] = self.severity
+        data["commits"] = list(self.commits)
+        data["tensors"] = list(self.tensors)
+        return data
+
+
+@dataclass(frozen=True)
+class VerifyCounts:
+    """What ``Repo.verify`` looked at."""
+
+    packs: int = 0  # pack rows checked against the store (existence, size, index, name)
+    pack_bytes: int = 0
+    chunks: int = 0  # chunk rows checked against their pack's index
+    tensors: int = 0  # tensor rows whose chunk list was checked
+    commits: int = 0  # commits whose entries, tensors and parents were checked
+    refs: int = 0
+    store_objects: int = 0  # objects listed in the store
+    chunks_read: int = 0  # full: chunks read, decoded and hash-verified
+    bytes_read: int = 0  # full: stored bytes read for that
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """The result of ``Repo.verify``: problems by kind, and what was checked.
+
+    ``ok`` is True when there is no error (``VERIFY_ERRORS``); warnings (unreferenced
+    packs, temporary files) are leftovers of interrupted writes that ``gc`` reclaims.
+    ``corrupt_chunks`` is only filled by a full verify (which reads every chunk).
+    """
+
+    full: bool
+    checked: VerifyCounts
+    missing_packs: tuple[Problem, ...] = ()
+    damaged_packs: tuple[Problem, ...] = ()
+    bad_chunks: tuple[Problem, ...] = ()
+    corrupt_chunks: tuple[Problem, ...] = ()
+    broken_refs: tuple[Problem, ...] = ()
+    incomplete_commits: tuple[Problem, ...] = ()
+    unreferenced_packs: tuple[Problem, ...] = ()
+    temporary_files: tuple[Problem, ...] = ()
+
+    @property
+    def errors(self) -> tuple[Problem, ...]:
+        return (*self.missing_packs, *self.damaged_packs, *self.bad_chunks, *self.corrupt_chunks,
+                *self.broken_refs, *self.incomplete_commits)
+
+    @property
+    def warnings(self) -> tuple[Problem, ...]:
+        return (*self.unreferenced_packs, *self.temporary_files)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    @property
+    def damaged_commits(self) -> tuple[str, ...]:
+        """Every commit some error makes unrestorable, sorted."""
+        return tuple(sorted({c for p in self.errors for c in p.commits}))
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-serialisable dict: ``ok``, ``full``, ``checked``, ``errors``, ``warnings``
+        (lists of problems, each with its ``kind``) and ``damaged_commits``."""
+        return {
+            "ok": self.ok,
+            "full": self.full,
+            "checked": asdict(self.checked),
+            "errors": [p.to_json() for p in self.errors],
+            "warnings": [p.to_json() for p in self.warnings],
+            "damaged_commits": list(self.damaged_commits),
+        }

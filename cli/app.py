@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from . import failures, history_commands, ref_commands, repo_commands, state_commands
+from . import failures, history_commands, ref_commands, repo_commands, state_commands, verify_commands
 from .options import DebugOpt, RepoOpt
 from .session import Session, begin, current
 
@@ -74,6 +74,7 @@ app.command(rich_help_panel=COMMITS)(history_commands.show)
 app.command(rich_help_panel=REFS)(ref_commands.branch)
 app.command(rich_help_panel=REFS)(ref_commands.tag)
 app.command(rich_help_panel=REPOSITORY)(repo_commands.stats)
+app.command(rich_help_panel=REPOSITORY)(verify_commands.verify)
 app.add_typer(db_app, name="db", rich_help_panel=REPOSITORY)
 db_app.command("upgrade")(repo_commands.db_upgrade)
 app.command(rich_help_panel=REPOSITORY)(repo_commands.demo)

@@ -248,3 +248,10 @@ DemoStepsOpt = Annotated[
         help="Training steps on main, committing every N/8; the branch forks at the middle commit, trains to step N.",
     ),
 ]
+
+# verify -------------------------------------------------------------------------
+
+FullOpt = Annotated[
+    bool,
+    typer.Option("--full", help="Also read every chunk, decode it and check its hash (reads the whole store)."),
+]

@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ckptrepo.ids import short
-from ckptrepo.types import Commit, RefInfo, RepoStats, TensorInfo
+from ckptrepo.types import Commit, Problem, RefInfo, RepoStats, TensorInfo, VerifyReport
 
 # file=None: rich writes to whatever sys.stdout / sys.stderr is at print time.
 out = Console(highlight=False)
@@ -194,3 +194,47 @@ def stats_table(stats: RepoStats) -> Table:
     grid.add_row("stored", size(stats.stored_bytes), f"compression {ratio(stats.compression_ratio)}")
     grid.add_row("packs", size(stats.pack_bytes), "on disk, including indexes")
     return grid
+
+
+def verify_summary(report: VerifyReport) -> Table:
+    """``ckpt verify``: what was checked."""
+    c = report.checked
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column(justify="right")
+    grid.add_column(style="dim")
+    grid.add_row("packs", str(c.packs), f"{size(c.pack_bytes)}: present, size, index and name checked")
+    grid.add_row("chunks", str(c.chunks), "located in their pack's index")
+    if report.full:
+        grid.add_row("chunks read", str(c.chunks_read), f"{size(c.bytes_read)} decoded and hash-verified")
+    grid.add_row("tensors", str(c.tensors), "chunk lists complete")
+    grid.add_row("commits", str(c.commits), f"{c.refs} refs; entries, tensors and parents present")
+    grid.add_row("store objects", str(c.store_objects), "each named by a pack row, else listed as unreferenced")
+    grid.add_row("time", seconds(c.seconds), "")
+    return grid
+
+
+def verify_verdict(report: VerifyReport) -> Text:
+    """``ckpt verify``'s last line: ok, or how many errors, plus reclaimable warnings."""
+    n_err, n_warn = len(report.errors), len(report.warnings)
+    verdict = Text("ok", style="bold green") if report.ok else Text(f"{n_err} errors", style="bold red")
+    if n_warn:
+        verdict.append(f", {n_warn} warnings (leftovers gc reclaims)", style="yellow")
+    return verdict
+
+
+def problem_table(problems: Sequence[Problem]) -> Table:
+    """One row per verify problem: severity, kind, what is wrong, and the commits it breaks."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("severity")
+    table.add_column("kind")
+    table.add_column("problem", overflow="fold")
+    table.add_column("breaks", style="yellow")
+    for p in problems:
+        style = "red" if p.severity == "error" else "yellow"
+        extra = f" ({size(p.size)}, {seconds(p.age_s or 0.0)} old)" if p.size is not None else ""
+        shown = ", ".join(short(c) for c in p.commits[:3])
+        if len(p.commits) > 3:
+            shown += f" +{len(p.commits) - 3} more"
+        table.add_row(Text(p.severity, style=style), p.kind, Text(p.detail + extra), shown)
+    return table

@@ -20,6 +20,7 @@ import torch
 
 from ckptrepo import faults
 from ckptrepo.errors import UsageError
+from ckptrepo.state import bit_view
 
 _ALIGN = 64
 
@@ -65,7 +66,8 @@ class Slot:
                 out[name] = torch.empty(src.shape, dtype=src.dtype)
                 continue
             dst = arena[start : start + nbytes].view(src.dtype).view(src.shape)
-            dst.copy_(src.detach(), non_blocking=src.is_cuda)
+            # Copy as same-size integers: every dtype gets the plain (strided) memcpy kernel.
+            bit_view(dst).copy_(bit_view(src.detach()), non_blocking=src.is_cuda)
             out[name] = dst
         if any_cuda:
             # Non-blocking device-to-host copies: the staged bytes are only valid (and the

@@ -4,7 +4,7 @@ Statistics are gathered chunk by chunk while each chunk is hot in cache (``momen
 then merged per tensor (``combine``) with Chan's parallel update, so mean and std are
 exact to floating-point rounding however many chunks a tensor has. Floats narrower than
 float32 (fp16, bf16, fp8) and integers are widened per chunk; NaN and ±Inf are counted
-and left out of the other statistics.
+and left out of the other statistics. Dtypes torch cannot widen (float4, bits*) get none.
 """
 
 from __future__ import annotations
@@ -16,7 +16,21 @@ from typing import Any
 
 import torch
 
+from ckptrepo.state import SUPPORTED_DTYPES
+
 _NATIVE = {torch.float32, torch.float64}
+
+
+def _widens(dtype: torch.dtype) -> bool:
+    try:
+        torch.zeros(4, dtype=dtype).to(torch.complex64 if dtype.is_complex else torch.float64)
+        return True
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+# Dtypes torch can convert to a wide type (float4 and the bits* types cannot): only these get statistics.
+_MEASURABLE = frozenset(d for d in SUPPORTED_DTYPES.values() if _widens(d))
 
 
 @dataclass(frozen=True)
@@ -37,7 +51,7 @@ class Moments:
 def moments(x: torch.Tensor) -> Moments:
     """Summary of the elements of ``x`` (any supported dtype, CPU, any shape)."""
     x = x.reshape(-1)
-    if x.numel() == 0:
+    if x.numel() == 0 or x.dtype not in _MEASURABLE:
         return Moments(real=not x.dtype.is_complex)
     if x.dtype.is_complex:
         mag = (x.to(torch.complex64) if x.dtype == torch.complex32 else x).abs()

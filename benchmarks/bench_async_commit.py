@@ -1,0 +1,355 @@
+"""Blocking time (stall) and time to durable of a two-phase ckptrepo commit, against peers in one run.
+
+The state is training-loop-like: a nested dict of fp32 tensors laid out like a model plus
+AdamW moments (``{"model": {...}, "optim": {"exp_avg": {...}, "exp_avg_sq": {...}}}``), 1 GiB
+by default, the same object for every peer. Each round runs every measurement once (the
+order rotates from round to round); the table shows medians over the rounds.
+
+Stall (what the training thread is blocked for), on the SAME state object committed again
+and again into one repository, with a tiny in-place change to one tensor between commits
+(so phase 2 always has new bytes: see new_bytes) and the previous commit durable before the
+next starts (so no commit waits for a staging slot):
+  - ckptrepo ``commit()`` call to return (steady state; the first commit, which allocates
+    the staging arena, is reported on its own line),
+  - (a) copy of every tensor into preallocated buffers (the floor of any snapshot),
+  - (b) torch.save + fsync (file and directory),
+  - (c) ``dcp.async_save`` call to return: as documented (a fresh default stager per call,
+    which allocates its staging memory each time) and with one ``DefaultStager`` reused
+    across calls (which caches its staging storages: dcp's steady state on CPU).
+Time to durable: ckptrepo ``commit()`` entry to ``wait()`` return into a fresh, empty
+repository (no dedup against earlier rounds; includes allocating the staging arena) vs
+``dcp.save`` into a fresh directory. DCP's FileSystemWriter fsyncs its data and ``.metadata``
+files (``sync_files=True``) but not the directory; the timing adds an fsync of the new
+directory. ``dcp.async_save``'s call-to-completion time is shown for reference.
+
+DCP runs with a one-rank gloo process group (tcp init on loopback), as on a real job;
+``--no-pg`` uses ``no_dist=True`` without a process group instead (both work on CPU).
+Peak RSS is measured in child processes (their ``VmHWM``; ``ru_maxrss`` is shown too,
+but a child inherits its parent's RSS at fork into it) that build the state and commit it
+``--rss-commits`` times back to back, mutating every tensor in between, so the slots fill
+up; a child that only builds the state gives the baseline.
+
+    python benchmarks/bench_async_commit.py [--gib 1.0] [--rounds 5] [--quick] [--dir PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import fsync_dir, fsync_path, goal_note, median, report
+
+import ckptrepo
+
+MIB = 1 << 20
+State = dict[str, Any]
+N_MATRICES = 16
+
+
+def make_state(gib: float, seed: int = 0) -> State:
+    """A model + AdamW-like state of ``gib`` GiB: 16 fp32 weight matrices with their biases,
+    and for each the two moments (small normal values and their squares)."""
+    gen = torch.Generator().manual_seed(seed)
+    cols = 4096
+    rows = max(1, int(gib * (1 << 30)) // (3 * N_MATRICES) // 4 // cols)
+    model: dict[str, torch.Tensor] = {}
+    avg: dict[str, torch.Tensor] = {}
+    avg_sq: dict[str, torch.Tensor] = {}
+    for i in range(N_MATRICES):
+        for name, shape in ((f"layers.{i}.weight", (rows, cols)), (f"layers.{i}.bias", (cols,))):
+            # Filled in place: temporaries would leave the allocator holding freed memory,
+            # which would blur the peak-RSS baseline.
+            model[name] = torch.empty(shape).normal_(0.0, 0.02, generator=gen)
+            avg[name] = torch.empty(shape).normal_(0.0, 1e-3, generator=gen)
+            avg_sq[name] = torch.empty(shape).copy_(avg[name]).square_().mul_(0.5)
+    return {"model": model, "optim": {"exp_avg": avg, "exp_avg_sq": avg_sq}}
+
+
+def tensors_of(state: State) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for v in state.values():
+        out.extend(tensors_of(v) if isinstance(v, dict) else [v])
+    return out
+
+
+def state_bytes(state: State) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors_of(state))
+
+
+def touch(state: State, i: int, *, every: bool = False) -> None:
+    """A tiny in-place change, like a training step's: one weight matrix (or every tensor)."""
+    if every:
+        for t in tensors_of(state):
+            t.add_(1e-7)
+    else:
+        state["model"][f"layers.{i % N_MATRICES}.weight"].add_(1e-6)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# -- peak RSS (child processes) -------------------------------------------------------------
+
+
+def rss_child(args: argparse.Namespace) -> None:
+    """Build the state, optionally commit it ``--rss-commits`` times; print peak RSS as JSON."""
+    state = make_state(args.gib)
+    commits: list[ckptrepo.Commit] = []
+    if args.rss_child != "baseline":
+        inflight = int(args.rss_child)
+        base = Path(args.dir)
+        with ckptrepo.Repo.init(base / f"rss-repo-{inflight}", max_inflight=inflight) as repo:
+            handles = []
+            for i in range(args.rss_commits):
+                handles.append(repo.commit(state, step=i))
+                touch(state, i, every=True)
+            commits = [h.wait() for h in handles]
+        shutil.rmtree(base / f"rss-repo-{inflight}", ignore_errors=True)
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    print(json.dumps({"peak": vm_hwm() or maxrss, "ru_maxrss": maxrss, "state": state_bytes(state),
+                      "wait_s": [c.wait_s for c in commits]}))
+
+
+def vm_hwm() -> int | None:
+    """This process's own peak RSS (``VmHWM``). ``ru_maxrss`` is not: Linux carries the
+    parent's RSS at fork over into a child's ``ru_maxrss`` across exec."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def measure_rss(base: Path, args: argparse.Namespace, what: str) -> dict[str, float]:
+    cmd = [sys.executable, __file__, "--rss-child", what, "--gib", str(args.gib), "--dir", str(base),
+           "--rss-commits", str(args.rss_commits)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+# -- the in-process measurements ------------------------------------------------------------
+
+
+class Bench:
+    """Every peer as a callable that runs one measurement and appends to ``self.t``."""
+
+    def __init__(self, base: Path, state: State, use_pg: bool) -> None:
+        # DCP is imported here, not at the top: the peak-RSS children must not pay for it.
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        self.dcp = dcp
+        self.base, self.state, self.use_pg = base, state, use_pg
+        self.t: dict[str, list[float]] = {}
+        self.new_bytes: list[int] = []
+        self.internal_stall: list[float] = []
+        self.persist: list[float] = []
+        self.round = 0
+        self.bufs = [torch.empty_like(t) for t in tensors_of(state)]
+        for b in self.bufs:
+            b.fill_(0)  # fault the pages in: the floor is a copy into mapped memory
+        self.repo = ckptrepo.Repo.init(base / "loop-repo")
+        self.reused_stager = DefaultStager(StagingOptions(False, False, False, False))
+        self.dcp_kw = {} if use_pg else {"no_dist": True}
+        self.n = 0
+
+    def add(self, key: str, value: float) -> None:
+        self.t.setdefault(key, []).append(value)
+
+    def fresh(self, name: str) -> Path:
+        self.n += 1
+        return self.base / f"{name}-{self.n}"
+
+    def copy_floor(self) -> None:
+        start = time.perf_counter()
+        for dst, src in zip(self.bufs, tensors_of(self.state), strict=True):
+            dst.copy_(src)
+        self.add("copy", time.perf_counter() - start)
+
+    def ckpt_stall(self, first: bool = False) -> None:
+        touch(self.state, self.round)
+        start = time.perf_counter()
+        handle = self.repo.commit(self.state, step=self.round)
+        stall = time.perf_counter() - start
+        commit = handle.wait()
+        if first:
+            self.add("first_stall", stall)
+            return
+        self.add("stall", stall)
+        self.internal_stall.append(commit.stall_s)
+        self.persist.append(commit.persist_s)
+        self.new_bytes.append(commit.new_bytes)
+
+    def torch_save(self) -> None:
+        path = self.base / "state.pt"
+        path.unlink(missing_ok=True)
+        start = time.perf_counter()
+        torch.save(self.state, path)
+        fsync_path(path)  # file and directory
+        self.add("torch_save", time.perf_counter() - start)
+        path.unlink()
+
+    def async_save(self, reused: bool, first: bool = False) -> None:
+        where = self.fresh("dcp-async")
+        kw = {"async_stager": self.reused_stager} if reused else {}
+        start = time.perf_counter()
+        future = self.dcp.async_save(self.state, checkpoint_id=str(where), **kw, **self.dcp_kw)
+        blocked = time.perf_counter() - start
+        future.result()  # type: ignore[union-attr]
+        fsync_dir(where)
+        done = time.perf_counter() - start
+        shutil.rmtree(where)
+        if first:
+            return
+        tag = "reused" if reused else "fresh"
+        self.add(f"async_block_{tag}", blocked)
+        self.add(f"async_done_{tag}", done)
+
+    def dcp_save(self) -> None:
+        where = self.fresh("dcp-save")
+        start = time.perf_counter()
+        self.dcp.save(self.state, checkpoint_id=str(where), **self.dcp_kw)
+        fsync_dir(where)  # DCP fsyncs its files, not the new directory
+        self.add("dcp_save", time.perf_counter() - start)
+        shutil.rmtree(where)
+
+    def ckpt_durable(self) -> None:
+        where = self.fresh("fresh-repo")
+        repo = ckptrepo.Repo.init(where)  # not timed: an empty repository, as for dcp.save's fresh folder
+        try:
+            start = time.perf_counter()
+            repo.commit(self.state, step=0).wait()
+            self.add("durable", time.perf_counter() - start)
+        finally:
+            repo.close()
+        shutil.rmtree(where)
+
+    def close(self) -> None:
+        self.repo.close()
+        self.reused_stager.close()
+
+
+def run(base: Path, args: argparse.Namespace) -> None:
+    state = make_state(args.gib)
+    nbytes = state_bytes(state)
+    mib = nbytes / MIB
+    n_tensors = len(tensors_of(state))
+    print(f"state: {n_tensors} fp32 tensors (model + AdamW moments), {mib:.0f} MiB; rounds={args.rounds}; "
+          f"workers={os.environ.get('CKPT_WORKERS') or os.cpu_count()}; dir={base}", flush=True)
+
+    import torch.distributed as dist
+
+    if not args.no_pg:
+        dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}")
+    bench = Bench(base, state, use_pg=not args.no_pg)
+    try:
+        # Warm-up, reported apart: the first commit allocates (and faults in) the staging arena;
+        # dcp's first calls set up their planners.
+        bench.ckpt_stall(first=True)
+        bench.async_save(reused=False, first=True)
+        bench.async_save(reused=True, first=True)
+        peers: list[Callable[[], None]] = [
+            bench.copy_floor, bench.ckpt_stall, bench.torch_save, lambda: bench.async_save(reused=False),
+            lambda: bench.async_save(reused=True), bench.dcp_save, bench.ckpt_durable,
+        ]
+        for r in range(args.rounds):
+            bench.round = r + 1
+            for peer in peers[r % len(peers):] + peers[: r % len(peers)]:
+                peer()
+            print(f"  round {r + 1}/{args.rounds}: stall {bench.t['stall'][-1]:.3f} s, "
+                  f"durable {bench.t['durable'][-1]:.3f} s, dcp.save {bench.t['dcp_save'][-1]:.3f} s", flush=True)
+    finally:
+        bench.close()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    print("  peak RSS children ...", flush=True)
+    rss = {what: measure_rss(base, args, what) for what in ("baseline", "1", "2")}
+
+    m = {k: median(v) for k, v in bench.t.items()}
+    stall, copy, save = m["stall"], m["copy"], m["torch_save"]
+    durable, dcp_save = m["durable"], m["dcp_save"]
+    new_mib = median([float(b) for b in bench.new_bytes]) / MIB
+
+    def bound(inflight: int) -> float:
+        return (nbytes * (1 + inflight) + 300 * MIB) / MIB
+
+    peak1, peak2 = rss["1"]["peak"] / MIB, rss["2"]["peak"] / MIB
+    rows = [
+        ("ckptrepo commit() stall, steady", stall,
+         f"s  (internal stall_s {median(bench.internal_stall):.3f}; new_bytes {new_mib:.0f} MiB; "
+         f"persist {median(bench.persist):.3f} s)"),
+        ("ckptrepo commit() stall, first", m["first_stall"], "s  (allocates the staging arena)"),
+        ("(a) copy into preallocated bufs", copy, f"s  {mib / copy:8.0f} MiB/s"),
+        ("(b) torch.save+fsync", save, f"s  {mib / save:8.0f} MiB/s"),
+        ("(c) dcp.async_save block, fresh", m["async_block_fresh"], "s  (default: new stager per call)"),
+        ("(c) dcp.async_save block, reused", m["async_block_reused"], "s  (one DefaultStager reused)"),
+        ("ckptrepo commit -> durable", durable, f"s  {mib / durable:8.0f} MiB/s  (fresh repository)"),
+        ("dcp.save (+dir fsync)", dcp_save, f"s  {mib / dcp_save:8.0f} MiB/s  (fresh directory)"),
+        ("dcp.async_save -> done, fresh", m["async_done_fresh"], "s"),
+        ("dcp.async_save -> done, reused", m["async_done_reused"], "s"),
+        ("peak RSS, state only (baseline)", rss["baseline"]["peak"] / MIB, "MiB  (python + torch + the state)"),
+        ("peak RSS, ckptrepo max_inflight=1", peak1, f"MiB  (bound state*2+300 = {bound(1):.0f} MiB)"),
+        ("peak RSS, ckptrepo max_inflight=2", peak2, f"MiB  (bound state*3+300 = {bound(2):.0f} MiB)"),
+        ("RATIO stall / copy floor", stall / copy, goal_note(stall / copy, 1.3)),
+        ("RATIO stall / torch.save+fsync", stall / save, goal_note(stall / save, 0.1)),
+        ("RATIO stall / dcp.async_save block (fresh)", stall / m["async_block_fresh"], ""),
+        ("RATIO stall / dcp.async_save block (reused)", stall / m["async_block_reused"], ""),
+        ("RATIO durable / dcp.save", durable / dcp_save, goal_note(durable / dcp_save, 1.0)),
+        ("RATIO peak RSS / bound (max_inflight=1)", peak1 / bound(1), goal_note(peak1 / bound(1), 1.0)),
+        ("RATIO peak RSS / bound (max_inflight=2)", peak2 / bound(2), goal_note(peak2 / bound(2), 1.0)),
+    ]
+    report(
+        f"two-phase commit of {mib:.0f} MiB fp32 (median of {args.rounds} rounds; seconds, MiB, then ratios)",
+        rows,
+        {"mib": mib, "rounds": args.rounds, "process_group": "none (no_dist)" if args.no_pg else "gloo world_size=1",
+         "new_bytes": new_mib * MIB, "samples": bench.t, "rss": rss, "cpus": os.cpu_count(),
+         "workers": os.environ.get("CKPT_WORKERS") or os.cpu_count()},
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gib", type=float, default=None, help="state size (default 1.0; --quick 0.25)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds of every measurement (default 5; --quick 3)")
+    ap.add_argument("--quick", action="store_true", help="a ~1 minute run: 0.25 GiB, 3 rounds")
+    ap.add_argument("--no-pg", action="store_true", help="DCP with no_dist=True instead of a 1-rank gloo group")
+    ap.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir under /work)")
+    ap.add_argument("--rss-commits", type=int, default=4, help=argparse.SUPPRESS)
+    ap.add_argument("--rss-child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.gib = args.gib if args.gib is not None else (0.25 if args.quick else 1.0)
+    args.rounds = args.rounds if args.rounds is not None else (3 if args.quick else 5)
+    warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+    if args.rss_child is not None:
+        rss_child(args)
+        return
+    base = Path(tempfile.mkdtemp(prefix="ckptbench-", dir=args.dir or ("/work" if Path("/work").is_dir() else None)))
+    try:
+        run(base, args)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,376 @@
+"""``verify``: check the database against the pack store, trusting neither and changing nothing.
+
+What is checked:
+
+- every ``packs`` row: its object is in the store with the recorded size, its index reads
+  back (header, trailer, index hash), holds as many chunks as the row says, and the pack
+  hashes to its own id;
+- every ``chunks`` row: its pack has a row, and that pack's own index holds the chunk id
+  at the same offset with the same length, raw length, encoding, depth and base, inside
+  the payload area;
+- every ref names an existing commit; every commit's parents exist, its entry count is
+  the one recorded, its entries name existing tensors, and each of those tensors has
+  ``tensor_chunks`` seq 0..n-1 naming existing chunks whose raw lengths add up to its bytes;
+- the store: an object no ``packs`` row names is an *unreferenced pack*, a file left in a
+  local store's staging folder a *temporary file* (warnings: leftovers of interrupted
+  writes that ``gc`` reclaims; a commit running concurrently shows up there too);
+- with ``full=True``: every chunk of every readable pack is read, decoded and checked
+  against its id (BLAKE3), through the repository's ``ChunkReader``.
+
+Errors name the commits (and tensor names) that can no longer be restored because of them,
+following delta bases. Read-only contract: the database is read in one read transaction (a
+snapshot: REPEATABLE READ, read only, on PostgreSQL; SQLite's deferred transaction) before
+the store is listed; nothing is written, created or deleted anywhere, not even the staging
+folder (``Backend.staging_dir`` would create it, so it is looked up without that).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import blake3
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from ckptrepo.chunks.pack import ENTRY, HEADER, TRAILER, PackEntry, read_index
+from ckptrepo.chunks.store import ChunkLocation, ChunkReader, pack_key
+from ckptrepo.config import default_workers
+from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Pack, Ref, Tensor, TensorChunk
+from ckptrepo.errors import CkptError
+from ckptrepo.ids import short
+from ckptrepo.storage import Backend, LocalBackend
+from ckptrepo.storage.local import STAGING_NAME
+from ckptrepo.types import Problem, VerifyCounts, VerifyReport
+
+if TYPE_CHECKING:
+    from ckptrepo.repository import Repo
+
+__all__ = ["Problem", "VerifyCounts", "VerifyReport", "verify"]
+
+_IN_BATCH = 500
+_PACK_KEY = re.compile(r"packs/([0-9a-f]{2})/([0-9a-f]{64})\.pack")
+_MAX_REASONS = 3
+
+
+def verify(repo: Repo, *, full: bool = False) -> VerifyReport:
+    """Check ``repo``'s database and store against each other (see the module docstring).
+
+    Never raises for what it finds: problems are in the report. Raises only when the
+    database or store cannot be read at all (StorageError, database errors) or the
+    repository is closed (UsageError).
+    """
+    repo._check_open()
+    started = time.monotonic()
+    run = _Run(repo._backend, repo._reader, full)
+    with repo._sessions() as s:
+        _snapshot(s)
+        run.check_lineage(s)
+        run.check_tensors(s)
+        run.check_packs(s)
+        run.resolve_users(s)
+    run.check_store()
+    return run.report(time.monotonic() - started)
+
+
+def _snapshot(s: Session) -> None:
+    """Make every read of ``s`` see one consistent state of the database, read-only."""
+    if s.get_bind().dialect.name == "postgresql":
+        s.connection(execution_options={"isolation_level": "REPEATABLE READ", "postgresql_readonly": True})
+
+
+def _batches(ids: Sequence[str]) -> Iterator[Sequence[str]]:
+    for start in range(0, len(ids), _IN_BATCH):
+        yield ids[start : start + _IN_BATCH]
+
+
+@dataclass
+class _Pending:
+    """A problem whose affected commits are looked up once all problems are known."""
+
+    kind: str
+    subject: str
+    detail: str
+    chunk_ids: set[str]
+    pack_id: str | None = None
+    chunk_id: str | None = None
+
+
+class _BadPack(Exception):
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind
+        self.detail = detail
+
+
+@dataclass
+class _Run:
+    """One verify: accumulates counts and problems; owned by the calling thread."""
+
+    backend: Backend
+    reader: ChunkReader
+    full: bool
+    counts: dict[str, Any] = field(default_factory=lambda: defaultdict(int))
+    found: dict[str, list[Problem]] = field(default_factory=lambda: defaultdict(list))
+    pending: list[_Pending] = field(default_factory=list)
+    commit_reasons: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    commit_tensors: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    pack_ids: set[str] = field(default_factory=set)
+
+    # -- lineage: refs, commits, entries ----------------------------------------------------
+
+    def check_lineage(self, s: Session) -> None:
+        for kind, name, target in s.execute(
+            select(Ref.kind, Ref.name, Ref.commit_id).outerjoin(Commit, Commit.id == Ref.commit_id)
+            .where(Commit.id.is_(None))
+        ):
+            self.found["broken_ref"].append(Problem(
+                "broken_ref", f"{kind} {name}", f"{kind} {name!r} points at {short(target)}, which is not a commit"))
+        self.counts["refs"] = int(s.scalar(select(func.count()).select_from(Ref)) or 0)
+        self.counts["commits"] = int(s.scalar(select(func.count()).select_from(Commit)) or 0)
+        for child, parent, kind in s.execute(
+            select(Edge.child_id, Edge.parent_id, Edge.kind).outerjoin(Commit, Commit.id == Edge.parent_id)
+            .where(Commit.id.is_(None))
+        ):
+            self.commit_reasons[child].append(f"its {kind} {short(parent)} is missing")
+        entries = func.count(Entry.name)
+        for cid, recorded, counted in s.execute(
+            select(Commit.id, Commit.n_tensors, entries).outerjoin(Entry, Entry.commit_id == Commit.id)
+            .group_by(Commit.id, Commit.n_tensors).having(entries != Commit.n_tensors)
+        ):
+            self.commit_reasons[cid].append(f"has {counted} tensor entries, its row records {recorded}")
+        for cid, name in s.execute(
+            select(Entry.commit_id, Entry.name).outerjoin(Tensor, Tensor.id == Entry.tensor_id)
+            .where(Tensor.id.is_(None))
+        ):
+            self.commit_reasons[cid].append(f"tensor {name!r} has no tensor row")
+            self.commit_tensors[cid].add(name)
+
+    def check_tensors(self, s: Session) -> None:
+        """Each tensor's chunk list is seq 0..n-1 of existing chunks adding up to its bytes."""
+        n_links = func.count(TensorChunk.seq)
+        n_found = func.count(Chunk.id)
+        raw = func.coalesce(func.sum(Chunk.raw_length), 0)
+        q = (
+            select(Tensor.id, Tensor.n_chunks, Tensor.nbytes, n_links, n_found, raw,
+                   func.min(TensorChunk.seq), func.max(TensorChunk.seq))
+            .outerjoin(TensorChunk, TensorChunk.tensor_id == Tensor.id)
+            .outerjoin(Chunk, Chunk.id == TensorChunk.chunk_id)
+            .group_by(Tensor.id, Tensor.n_chunks, Tensor.nbytes)
+        )
+        bad: dict[str, str] = {}
+        for tid, n_chunks, nbytes, links, found, raw_sum, lo, hi in s.execute(q):
+            self.counts["tensors"] += 1
+            if links != n_chunks or (links and (lo != 0 or hi != links - 1)):
+                bad[tid] = f"has {links} chunk links (seq {lo}..{hi}), its row records {n_chunks}"
+            elif found != links:
+                bad[tid] = f"{links - found} of its {links} chunks have no chunk row"
+            elif int(raw_sum) != nbytes:
+                bad[tid] = f"its chunks add up to {raw_sum} bytes, its row records {nbytes}"
+        for batch in _batches(sorted(bad)):
+            for cid, name, tid in s.execute(
+                select(Entry.commit_id, Entry.name, Entry.tensor_id).where(Entry.tensor_id.in_(batch))
+            ):
+                self.commit_reasons[cid].append(f"tensor {name!r} {bad[tid]}")
+                self.commit_tensors[cid].add(name)
+
+    # -- packs and chunks -------------------------------------------------------------------
+
+    def check_packs(self, s: Session) -> None:
+        for cid, pid in s.execute(
+            select(Chunk.id, Chunk.pack_id).outerjoin(Pack, Pack.id == Chunk.pack_id).where(Pack.id.is_(None))
+        ):
+            self.pending.append(_Pending("bad_chunk", cid, f"chunk {short(cid)} names pack {short(pid)}, which has "
+                                         "no pack row", {cid}, pid, cid))
+        packs = s.execute(select(Pack.id, Pack.size, Pack.n_chunks).order_by(Pack.id)).all()
+        # Threads start on first use: a structural verify never starts any.
+        with ThreadPoolExecutor(max_workers=default_workers(), thread_name_prefix="ckpt-verify") as pool:
+            for pid, size, n_chunks in packs:
+                self.pack_ids.add(pid)
+                self.counts["packs"] += 1
+                self.counts["pack_bytes"] += size
+                rows = list(s.scalars(select(Chunk).where(Chunk.pack_id == pid)))
+                try:
+                    index, payload_end = self._read_pack(pid, size, n_chunks)
+                except _BadPack as bad:
+                    self.pending.append(_Pending(bad.kind, pid, bad.detail, {r.id for r in rows}, pid))
+                    continue
+                good = self._check_chunks(pid, rows, index, payload_end)
+                if self.full:
+                    self._read_chunks(pool, good)
+
+    def _read_pack(self, pid: str, recorded_size: int, recorded_count: int) -> tuple[dict[str, list[PackEntry]], int]:
+        """The pack's index by chunk id and where its payload area ends; _BadPack if unusable."""
+        key = pack_key(pid)
+        if not self.backend.exists(key):
+            raise _BadPack("missing_pack", f"pack {short(pid)} is not in the store")
+        try:
+            size = self.backend.size(key)
+            if size != recorded_size:
+                raise _BadPack("damaged_pack", f"pack {short(pid)} is {size} bytes, the database records "
+                                               f"{recorded_size}")
+            entries = read_index(self.backend, key)
+            payload_end = size - len(entries) * ENTRY.size - TRAILER.size
+            # The id covers header, index and trailer (pack format): a pack under the wrong name
+            # would hand out chunks the database does not expect there.
+            named = blake3.blake3(self.backend.get_range(key, 0, HEADER.size)
+                                  + self.backend.get_range(key, payload_end, size - payload_end)).hexdigest()
+        except CkptError as exc:
+            raise _BadPack("damaged_pack", f"pack {short(pid)}: {exc.fields.get('detail', exc.message)}") from exc
+        if named != pid:
+            raise _BadPack("damaged_pack", f"pack {short(pid)} hashes to {short(named)}, not to its name")
+        if len(entries) != recorded_count:
+            raise _BadPack("damaged_pack", f"pack {short(pid)} indexes {len(entries)} chunks, the database "
+                                           f"records {recorded_count}")
+        index: dict[str, list[PackEntry]] = defaultdict(list)
+        for e in entries:
+            index[e.chunk_id].append(e)
+        return index, payload_end
+
+    def _check_chunks(self, pid: str, rows: list[Chunk], index: dict[str, list[PackEntry]],
+                      payload_end: int) -> list[ChunkLocation]:
+        """Compare each chunk row with the pack's index; return the locations that agree."""
+        good: list[ChunkLocation] = []
+        for row in rows:
+            self.counts["chunks"] += 1
+            loc = ChunkLocation(row.id, pid, row.offset, row.length, row.raw_length, row.encoding, row.depth,
+                                row.base_id)
+            candidates = index.get(row.id, [])
+            if any(_location_of(pid, e) == loc for e in candidates):
+                if HEADER.size <= row.offset and row.offset + row.length <= payload_end:
+                    good.append(loc)
+                    continue
+                why = f"{row.offset}+{row.length} lies outside the payload area"
+            elif not candidates:
+                why = "the pack's index does not hold it"
+            else:
+                why = "; ".join(_differences(loc, _location_of(pid, candidates[0])))
+            self.pending.append(_Pending("bad_chunk", row.id, f"chunk {short(row.id)} in pack {short(pid)}: {why}",
+                                         {row.id}, pid, row.id))
+        return good
+
+    def _read_chunks(self, pool: ThreadPoolExecutor, locs: list[ChunkLocation]) -> None:
+        for loc, failure in zip(locs, pool.map(self._read_one, locs), strict=True):
+            self.counts["chunks_read"] += 1
+            self.counts["bytes_read"] += loc.length
+            if failure is not None:
+                self.pending.append(_Pending("corrupt_chunk", loc.chunk_id, failure, {loc.chunk_id},
+                                             loc.pack_id, loc.chunk_id))
+
+    def _read_one(self, loc: ChunkLocation) -> str | None:
+        try:
+            self.reader.read(loc)
+        except CkptError as exc:
+            why = str(exc.fields.get("detail", exc.message))
+            why = why.removeprefix(f"chunk {loc.chunk_id} in pack {loc.pack_id}: ")
+        except Exception as exc:  # a verifier reports what it cannot decode, whatever the codec raised
+            why = f"{type(exc).__name__}: {exc}"
+        else:
+            return None
+        return f"chunk {short(loc.chunk_id)} in pack {short(loc.pack_id)}: {why}"
+
+    def resolve_users(self, s: Session) -> None:
+        """Turn pending problems into problems naming the commits and tensors they break."""
+        for p in self.pending:
+            commits, names = _users(s, _with_dependents(s, p.chunk_ids))
+            self.found[p.kind].append(Problem(p.kind, p.subject, p.detail, pack_id=p.pack_id, chunk_id=p.chunk_id,
+                                              commits=tuple(sorted(commits)), tensors=tuple(sorted(names))))
+        self.pending.clear()
+
+    # -- the store --------------------------------------------------------------------------
+
+    def check_store(self) -> None:
+        now = time.time()
+        for key in self.backend.list(""):
+            self.counts["store_objects"] += 1
+            match = _PACK_KEY.fullmatch(key)
+            pid = match.group(2) if match and match.group(2).startswith(match.group(1)) else None
+            if pid in self.pack_ids:
+                continue
+            try:
+                size, age = self.backend.size(key), now - self.backend.mtime(key)
+            except CkptError:
+                continue  # deleted since listed (a concurrent gc): nothing left to report
+            what = "no packs row names it" if pid else "not a pack name"
+            self.found["unreferenced_pack"].append(Problem(
+                "unreferenced_pack", key, f"{key}: {what}; gc reclaims it", pack_id=pid, size=size, age_s=age))
+        staging = self.backend.root / STAGING_NAME if isinstance(self.backend, LocalBackend) else None
+        if staging is None or not staging.is_dir():
+            return
+        for path in sorted(staging.rglob("*")):
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue  # a concurrent writer renamed or removed it
+            if path.is_file():
+                self.found["temporary_file"].append(Problem(
+                    "temporary_file", str(path), f"{path.name}: left by an interrupted write; gc reclaims it",
+                    size=st.st_size, age_s=now - st.st_mtime))
+
+    def report(self, seconds: float) -> VerifyReport:
+        for cid, reasons in self.commit_reasons.items():
+            more = f"; and {len(reasons) - _MAX_REASONS} more" if len(reasons) > _MAX_REASONS else ""
+            self.found["incomplete_commit"].append(Problem(
+                "incomplete_commit", cid, f"commit {short(cid)}: " + "; ".join(reasons[:_MAX_REASONS]) + more,
+                commits=(cid,), tensors=tuple(sorted(self.commit_tensors.get(cid, ())))))
+
+        def kind(name: str) -> tuple[Problem, ...]:
+            return tuple(sorted(self.found.get(name, []), key=lambda p: p.subject))
+
+        return VerifyReport(
+            full=self.full,
+            checked=VerifyCounts(**self.counts, seconds=seconds),
+            missing_packs=kind("missing_pack"),
+            damaged_packs=kind("damaged_pack"),
+            bad_chunks=kind("bad_chunk"),
+            corrupt_chunks=kind("corrupt_chunk"),
+            broken_refs=kind("broken_ref"),
+            incomplete_commits=kind("incomplete_commit"),
+            unreferenced_packs=kind("unreferenced_pack"),
+            temporary_files=kind("temporary_file"),
+        )
+
+
+def _location_of(pack_id: str, e: PackEntry) -> ChunkLocation:
+    return ChunkLocation(e.chunk_id, pack_id, e.offset, e.length, e.raw_length, e.encoding, e.depth, e.base_id)
+
+
+def _differences(row: ChunkLocation, entry: ChunkLocation) -> list[str]:
+    fields_ = ("offset", "length", "raw_length", "encoding", "depth", "base_id")
+    return [f"{f} {getattr(row, f)} in the database, {getattr(entry, f)} in the pack index"
+            for f in fields_ if getattr(row, f) != getattr(entry, f)]
+
+
+def _with_dependents(s: Session, chunk_ids: set[str]) -> set[str]:
+    """``chunk_ids`` and every chunk stored as a delta against one of them, transitively."""
+    closure = set(chunk_ids)
+    frontier = sorted(chunk_ids)
+    while frontier:
+        found: set[str] = set()
+        for batch in _batches(frontier):
+            found.update(s.scalars(select(Chunk.id).where(Chunk.base_id.in_(batch))))
+        frontier = sorted(found - closure)
+        closure.update(frontier)
+    return closure
+
+
+def _users(s: Session, chunk_ids: set[str]) -> tuple[set[str], set[str]]:
+    """The commits, and the names of their tensors, that use any of ``chunk_ids``."""
+    commits: set[str] = set()
+    names: set[str] = set()
+    for batch in _batches(sorted(chunk_ids)):
+        q = (
+            select(Entry.commit_id, Entry.name)
+            .join(TensorChunk, TensorChunk.tensor_id == Entry.tensor_id)
+            .where(TensorChunk.chunk_id.in_(batch))
+            .distinct()
+        )
+        for cid, name in s.execute(q):
+            commits.add(cid)
+            names.add(name)
+    return commits, names

@@ -1,0 +1,37 @@
+"""``ckpt verify``: check the database against the pack store, read-only."""
+
+from __future__ import annotations
+
+from ckptrepo import errors
+
+from . import render
+from .options import FullOpt, JsonOpt
+from .session import current
+
+
+def verify(full: FullOpt = False, as_json: JsonOpt = False) -> None:
+    """Check that every commit's chunks sit in intact packs and every ref names a commit; list leftovers.
+
+    Exits 0 when nothing is missing, corrupt or inconsistent (unreferenced packs and temporary
+    files are warnings: gc reclaims them), else 5. Changes nothing.
+    """
+    with current().open() as repo, render.phases(enabled=not as_json) as phase:
+        phase("reading and hash-checking every chunk" if full else "checking packs, chunks and commits")
+        report = repo.verify(full=full)
+    if as_json:
+        render.emit_json(report.to_json())
+    else:
+        render.out.print(render.verify_summary(report))
+        problems = [*report.errors, *report.warnings]
+        if problems:
+            render.out.print()
+            render.out.print(render.problem_table(problems))
+        render.out.print()
+        render.out.print(render.verify_verdict(report))
+    if not report.ok:
+        damaged = report.damaged_commits
+        raise errors.IntegrityError(
+            detail=f"verify found {len(report.errors)} errors; {len(damaged)} commits cannot be restored",
+            hint="Restore the packs named above from a backup (or copy them back from where they came); "
+            "`ckpt verify --json` lists every problem and commit for scripts.",
+        )
