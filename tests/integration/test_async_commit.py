@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import textwrap
@@ -54,7 +55,7 @@ def test_state_may_change_once_commit_returns(repo: ckptrepo.Repo, monkeypatch: 
 def test_commits_persist_in_call_order_with_parents(repo: ckptrepo.Repo) -> None:
     handles = [repo.commit({"x": torch.full((1000,), float(i))}, step=i) for i in range(5)]
     commits = [h.wait() for h in handles]
-    for prev, cur in zip(commits, commits[1:], strict=False):
+    for prev, cur in itertools.pairwise(commits):
         assert cur.parent_ids == [prev.id]
     assert repo.resolve("main") == commits[-1].id
     assert [c.step for c in repo.log("main")] == [4, 3, 2, 1, 0]

@@ -17,10 +17,10 @@ import ckptrepo
 
 @pytest.fixture(scope="module")
 def repo() -> Iterator[ckptrepo.Repo]:
-    with tempfile.TemporaryDirectory() as tmp:
-        # Small chunks so multi-chunk tensors, dedup across examples and packs all occur.
-        with ckptrepo.Repo.init(Path(tmp), chunk_size=4096, pack_target=64 * 1024) as r:
-            yield r
+    # Small chunks and packs so dedup across examples and several packs occur.
+    with tempfile.TemporaryDirectory() as tmp, ckptrepo.Repo.init(Path(tmp), chunk_size=4096,
+                                                                  pack_target=64 * 1024) as r:
+        yield r
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
