@@ -151,6 +151,13 @@ class StorageError(CkptError):
     hint = "Check the store's path or URL, free space and permissions; nothing partial was made visible."
 
 
+class CommitReadFailed(CkptError):
+    """Commit {commit} is durable, but reading it back failed: {detail}."""
+
+    exit_code = 1
+    hint = "The commit is in the repository (`ckpt show ID`); do not commit it again."
+
+
 class CommitFailed(CkptError):
     """A background commit failed: {detail}."""
 

@@ -37,6 +37,7 @@ from ckptrepo.db.models import Commit as CommitRow
 from ckptrepo.db.models import Ref
 from ckptrepo.errors import (
     CommitFailed,
+    CommitReadFailed,
     NotARepository,
     RefConflict,
     RefExists,
@@ -241,7 +242,8 @@ class Repo:
         (RefConflict if another writer moved it; the commit is kept under its id).
 
         ``handle.wait()`` returns the durable commit or re-raises its failure; a failed
-        background commit also makes the next ``commit()`` raise CommitFailed once.
+        background commit that nobody ``wait()``-ed for makes the next ``commit()`` raise
+        CommitFailed once.
         ``blocking=True`` returns only when the commit is durable, and skips the snapshot
         copy of CPU tensors (the caller cannot mutate them while it waits).
         """
@@ -249,7 +251,10 @@ class Repo:
         self._check_open()
         failure = self._committer.take_failure()
         if failure is not None:
-            raise CommitFailed(detail=str(failure) or type(failure).__name__) from failure
+            detail = str(failure) or type(failure).__name__
+            if isinstance(failure, CommitReadFailed):
+                raise CommitFailed(detail=detail, hint="That commit is durable; do not redo it.") from failure
+            raise CommitFailed(detail=detail) from failure
         branch = branch or DEFAULT_BRANCH
         revparse.check_ref_name(branch, "branch")
         metrics_f = _check_metrics(metrics)
@@ -282,7 +287,7 @@ class Repo:
         )
         release = (lambda: self._staging.release(slot)) if slot is not None else None
         future = self._committer.submit(lambda: self._persist(request), finally_=release)
-        handle = CommitHandle(future, staged=True)
+        handle = CommitHandle(future, staged=True, on_failure_seen=self._committer.acknowledge)
         if blocking:
             handle.wait()
         return handle
@@ -345,13 +350,17 @@ class Repo:
             )
             conflict = catalog.move_branch(s, req.branch, row["id"], head, now)
             faults.point("db.before_commit")
-        faults.point("db.after_commit")
+        try:
+            faults.point("db.after_commit")
+            commit = self.get_commit(row["id"])
+        except Exception as exc:
+            raise CommitReadFailed(commit=short(row["id"]), detail=str(exc)) from exc
         if conflict is not None:
             raise RefConflict(branch=req.branch, actual=short(conflict) if conflict else "(deleted)",
                               expected=short(head) if head else "(no branch)",
                               hint=f"The commit is kept as {short(row['id'])}; "
                                    f"`ckpt branch NAME {short(row['id'])}` gives it a branch.")
-        return self.get_commit(row["id"])
+        return commit
 
     def _commit_row(
         self, result: IngestResult, entries: dict[str, str], edges: list[catalog.EdgeRow], req: _Request

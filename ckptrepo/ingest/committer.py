@@ -73,10 +73,17 @@ class Committer:
             self._pending.discard(future)
 
     def take_failure(self) -> BaseException | None:
-        """The last background failure not yet reported through ``commit()``, once."""
+        """The last background failure nobody has seen yet (through ``wait()`` or an earlier
+        ``commit()``), once."""
         with self._lock:
             failure, self._failure = self._failure, None
         return failure
+
+    def acknowledge(self, failure: BaseException) -> None:
+        """``failure`` reached the caller (``wait()`` re-raised it): ``commit()`` need not report it."""
+        with self._lock:
+            if self._failure is failure:
+                self._failure = None
 
     def drain(self) -> None:
         """Block until every queued job has finished (successfully or not)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING
@@ -17,12 +18,21 @@ class CommitHandle:
 
     ``staged`` is True once the state has been copied: the caller may mutate it again.
     ``wait()`` blocks until the commit is durable and visible and returns it, or
-    re-raises the error that stopped it (the repository is then as it was before).
+    re-raises the error that stopped it (the repository is then as it was before, unless
+    the error is ``CommitReadFailed``: durable, but not read back). An error ``wait()``
+    re-raised is not reported again by the next ``commit()``.
     """
 
-    def __init__(self, future: Future[Commit], *, staged: bool = True) -> None:
+    def __init__(
+        self,
+        future: Future[Commit],
+        *,
+        staged: bool = True,
+        on_failure_seen: Callable[[BaseException], None] | None = None,
+    ) -> None:
         self._future = future
         self._staged = staged
+        self._on_failure_seen = on_failure_seen
 
     @property
     def staged(self) -> bool:
@@ -39,6 +49,10 @@ class CommitHandle:
         except FutureTimeout as exc:
             raise UsageError(f"commit not durable within {timeout} s",
                              hint="Call wait() again, or without a timeout.") from exc
+        except BaseException as exc:
+            if self._on_failure_seen is not None:
+                self._on_failure_seen(exc)
+            raise
 
     def __repr__(self) -> str:
         state = "done" if self.done() else ("staged" if self._staged else "staging")

@@ -3,9 +3,9 @@
 ``faults.inject(point, "raise")`` makes each named step fail once; a wrapped backend fails
 ``put_file`` with ENOSPC. After the failure the commit's caller has seen the error, log,
 refs and stats are unchanged (a failure after the transaction committed is the one
-exception: the commit is then complete and visible), ``verify()`` finds no error (packs
-already put are unreferenced: warnings), and the next commit succeeds (after ``commit()``
-has re-reported a background failure once, as its contract says).
+exception: the commit is then complete and visible, reported as CommitReadFailed),
+``verify()`` finds no error (packs already put are unreferenced: warnings), and the next
+commit succeeds (``wait()`` already re-raised the failure, so ``commit()`` does not).
 """
 
 from __future__ import annotations
@@ -45,12 +45,9 @@ def repo(tmp_path: Path, db_url: str) -> Iterator[ckptrepo.Repo]:
 
 
 def _commit_next(repo: ckptrepo.Repo, n: int) -> ckptrepo.Commit:
-    """The next commit after a failed one. ``commit()`` re-reports a background failure once
-    (CommitFailed, raised before anything is staged: its documented contract); then it commits."""
-    try:
-        return repo.commit(_state(n), metrics={"counter": n}).wait()
-    except errors.CommitFailed:
-        return repo.commit(_state(n), metrics={"counter": n}).wait()
+    """The next commit after a failed one whose error ``wait()`` already re-raised: it commits
+    (a failure the caller has seen is not reported again)."""
+    return repo.commit(_state(n), metrics={"counter": n}).wait()
 
 
 def _snapshot(repo: ckptrepo.Repo) -> tuple[Any, ...]:
@@ -60,7 +57,8 @@ def _snapshot(repo: ckptrepo.Repo) -> tuple[Any, ...]:
 @pytest.mark.parametrize("point", faults.POINTS)
 def test_a_failure_at_any_step_changes_nothing(repo: ckptrepo.Repo, point: str) -> None:
     before = _snapshot(repo)
-    with faults.inject(point, "raise"), pytest.raises((faults.InjectedFault, errors.CommitFailed)):
+    expected = errors.CommitReadFailed if point == "db.after_commit" else faults.InjectedFault
+    with faults.inject(point, "raise"), pytest.raises(expected):
         repo.commit(_state(1), metrics={"counter": 1}).wait()
     if point == "db.after_commit":
         # The transaction had committed: the commit is complete and visible, as after a crash there.

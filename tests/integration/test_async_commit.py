@@ -88,12 +88,18 @@ def test_background_failure_surfaces_on_wait_and_next_commit(repo: ckptrepo.Repo
         handle = repo.commit({"w": torch.randn(100_000)})
         with pytest.raises(faults.InjectedFault):
             handle.wait()
+    seen = repo.commit({"w": torch.randn(1000)}).wait()  # wait() re-raised it: not reported again
+    assert seen.parent_ids == [good.id]
+    with faults.inject("pack.before_put"):
+        unseen = repo.commit({"w": torch.randn(100_000)})  # nobody waits for this one
+        while not unseen.done():
+            time.sleep(0.01)
     with pytest.raises(errors.CommitFailed) as exc:
         repo.commit({"w": torch.randn(10)})
     assert "injected fault" in str(exc.value)
-    assert (repo.stats().commits, repo.resolve("main")) == before
+    assert (repo.stats().commits, repo.resolve("main")) == (before[0] + 1, seen.id)
     after = repo.commit({"w": torch.randn(1000)}).wait()  # reported once, then commits go on
-    assert after.parent_ids == [good.id]
+    assert after.parent_ids == [seen.id]
 
 
 def test_blocking_commit_and_budget(tmp_path: Path) -> None:
