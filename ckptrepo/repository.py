@@ -319,9 +319,11 @@ class Repo:
         sink = PackSink(self._backend, self.config.pack_target)
         result = ingest(req.tensors, sink, known, self._pool, opts, likely)
         edges = [catalog.EdgeRow(pid, "parent" if i == 0 else "merge", i) for i, pid in enumerate(parent_ids)]
-        if transfer is not None and transfer[0] not in parent_ids:
-            edges.append(catalog.EdgeRow(transfer[0], "transfer", len(edges), transfer[1]))
         entries = {r.name: r.tensor_id for r in result.tensors}
+        if transfer is not None and transfer[0] not in parent_ids:
+            # A declared mapping is recorded as given; without one, which tensors are byte-identical.
+            mapping = transfer[1] if transfer[1] is not None else self._identical_tensors(entries, transfer[0])
+            edges.append(catalog.EdgeRow(transfer[0], "transfer", len(edges), mapping))
         row = self._commit_row(result, entries, edges, req)
         row["persist_s"] = time.perf_counter() - req.staged_at
         now = _now()
@@ -349,6 +351,11 @@ class Repo:
                 now=now,
             )
             conflict = catalog.move_branch(s, req.branch, row["id"], head, now)
+            if conflict is not None:
+                # The branch moved under us: keep the commit reachable under its own branch
+                # rather than lose it, and tell the caller.
+                kept = f"conflicts/{req.branch}/{short(row['id'])}"
+                catalog.move_branch(s, kept, row["id"], None, now)
             faults.point("db.before_commit")
         try:
             faults.point("db.after_commit")
@@ -358,9 +365,17 @@ class Repo:
         if conflict is not None:
             raise RefConflict(branch=req.branch, actual=short(conflict) if conflict else "(deleted)",
                               expected=short(head) if head else "(no branch)",
-                              hint=f"The commit is kept as {short(row['id'])}; "
-                                   f"`ckpt branch NAME {short(row['id'])}` gives it a branch.")
+                              hint=f"The commit is kept on branch {kept!r}; merge it or commit again on top "
+                                   f"of {req.branch}.")
         return commit
+
+    def _identical_tensors(self, entries: dict[str, str], source: str) -> dict[str, str]:
+        """{name here: name in ``source``} for this commit's tensors byte-identical to one of the source's."""
+        with self._sessions() as s:
+            by_id: dict[str, str] = {}
+            for entry, _ in catalog.tensor_layout(s, source):
+                by_id.setdefault(entry.tensor_id, entry.name)
+        return {name: by_id[tid] for name, tid in entries.items() if tid in by_id}
 
     def _commit_row(
         self, result: IngestResult, entries: dict[str, str], edges: list[catalog.EdgeRow], req: _Request

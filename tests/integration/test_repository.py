@@ -212,3 +212,47 @@ def test_every_dtype_multi_chunk_round_trip(tmp_path: Path) -> None:
         for name, t in state.items():
             assert _bytes_equal(back[name], t), name
         assert any(info.n_chunks > 1 for info in repo.tensors(commit.id))
+
+
+def test_transfer_edges_record_mapping_or_identical_tensors(repo: ckptrepo.Repo) -> None:
+    base = {"enc.w": torch.randn(1000), "enc.b": torch.randn(10), "head.w": torch.randn(50)}
+    src = repo.commit(base, branch="pretrained").wait()
+    child_state = {"enc.w": base["enc.w"], "enc.b": base["enc.b"] + 1, "head.w": torch.randn(20)}
+    child = repo.commit(child_state, branch="finetune", transfer_from="pretrained").wait()
+    assert [(p.id, p.kind, p.mapping) for p in child.parents] == [(src.id, "transfer", {"enc.w": "enc.w"})]
+    declared = repo.commit({"backbone.w": base["enc.w"]}, branch="other",
+                           transfer_from=("pretrained", {"backbone.w": "enc.w"})).wait()
+    assert declared.parents[0].mapping == {"backbone.w": "enc.w"} and declared.parents[0].kind == "transfer"
+    with pytest.raises(errors.UnknownRevision):
+        repo.commit({"x": torch.ones(1)}, transfer_from="nope")
+
+
+def test_branch_moved_meanwhile_keeps_the_commit_reachable(repo: ckptrepo.Repo, tmp_path: Path) -> None:
+    first = repo.commit({"w": torch.randn(10)}).wait()
+    # A second writer (another Repo object on the same repository) moves main meanwhile.
+    other = ckptrepo.Repo.open(repo.path)
+    try:
+        import ckptrepo.repository as repository
+
+        real = repository.ingest
+
+        def racing(*args: Any, **kwargs: Any) -> Any:
+            result = real(*args, **kwargs)
+            if not getattr(racing, "done", False):
+                racing.done = True  # type: ignore[attr-defined]
+                other.commit({"w": torch.randn(10)}, message="other writer").wait()
+            return result
+
+        repository.ingest = racing  # type: ignore[assignment]
+        try:
+            with pytest.raises(errors.RefConflict) as exc:
+                repo.commit({"w": torch.randn(10)}, message="mine").wait()
+        finally:
+            repository.ingest = real
+    finally:
+        other.close()
+    kept = next(b for b in repo.branches() if b.name.startswith("conflicts/main/"))
+    assert kept.name in str(exc.value.hint)
+    assert repo.get_commit(kept.commit_id).message == "mine"
+    assert repo.get_commit(kept.commit_id).parent_ids == [first.id]
+    assert repo.get_commit("main").message == "other writer"
