@@ -9,14 +9,11 @@ database's write lock and on the branch compare-and-swap.
 
 from __future__ import annotations
 
-import getpass
-import os
 import shutil
 import socket
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
@@ -31,7 +28,7 @@ from ckptrepo import state as st
 from ckptrepo import types as t
 from ckptrepo.chunks.store import ChunkReader, PackSink
 from ckptrepo.config import REPO_DIRNAME, RepoConfig, default_workers, env_int
-from ckptrepo.db import catalog, migrate
+from ckptrepo.db import catalog, migrate, views
 from ckptrepo.db.engine import database_url, make_engine, session_factory, write_transaction
 from ckptrepo.db.models import Commit as CommitRow
 from ckptrepo.db.models import Ref
@@ -47,36 +44,17 @@ from ckptrepo.errors import (
     UsageError,
 )
 from ckptrepo.ids import hash_json, short
+from ckptrepo.ingest import request
 from ckptrepo.ingest.committer import Committer
 from ckptrepo.ingest.handle import CommitHandle
 from ckptrepo.ingest.pipeline import IngestOptions, IngestResult, ingest
+from ckptrepo.ingest.request import CommitRequest, check_int, check_json, check_metrics, transfer_spec
 from ckptrepo.ingest.staging import Slot, StagingPool
 from ckptrepo.lineage import graph, revparse
 from ckptrepo.restore import read_tensors
 from ckptrepo.storage import Backend, open_backend
 
 DEFAULT_BRANCH = "main"
-
-
-@dataclass
-class _Request:
-    """A staged commit handed from phase 1 to phase 2 (revisions still unresolved)."""
-
-    tensors: dict[str, torch.Tensor]
-    skeleton: Any
-    branch: str
-    parents: list[str] | None
-    transfer: tuple[str, dict[str, str] | None] | None
-    message: str
-    step: int | None
-    epoch: int | None
-    metrics: dict[str, float]
-    config: Any
-    code_version: str | None
-    created_at: datetime
-    stall_s: float
-    wait_s: float
-    staged_at: float
 
 
 def _repo_dir(path: str | Path) -> Path:
@@ -257,11 +235,11 @@ class Repo:
             raise CommitFailed(detail=detail) from failure
         branch = branch or DEFAULT_BRANCH
         revparse.check_ref_name(branch, "branch")
-        metrics_f = _check_metrics(metrics)
-        step = _check_int("step", step)
-        epoch = _check_int("epoch", epoch)
-        _check_json("config", config)
-        transfer = _transfer_spec(transfer_from)
+        metrics_f = check_metrics(metrics)
+        step = check_int("step", step)
+        epoch = check_int("epoch", epoch)
+        check_json("config", config)
+        transfer = transfer_spec(transfer_from)
         with self._sessions() as s:  # unknown revisions fail here, before anything is staged
             for rev in [*(parents or []), *([transfer[0]] if transfer else [])]:
                 revparse.resolve(s, rev)
@@ -279,7 +257,7 @@ class Repo:
                 self._staging.release(slot)
                 raise
         staged_at = time.perf_counter()
-        request = _Request(
+        request = CommitRequest(
             tensors=staged, skeleton=flat.skeleton, branch=branch, parents=list(parents) if parents else None,
             transfer=transfer, message=message or "", step=step, epoch=epoch, metrics=metrics_f, config=config,
             code_version=code_version, created_at=_now(), stall_s=staged_at - entered, wait_s=waited,
@@ -292,7 +270,7 @@ class Repo:
             handle.wait()
         return handle
 
-    def _persist(self, req: _Request) -> t.Commit:
+    def _persist(self, req: CommitRequest) -> t.Commit:
         """Phase 2 (background thread): packs durable first, then one transaction makes the
         commit visible. On any failure nothing of this commit is visible."""
         with self._sessions() as s:
@@ -378,9 +356,9 @@ class Repo:
         return {name: by_id[tid] for name, tid in entries.items() if tid in by_id}
 
     def _commit_row(
-        self, result: IngestResult, entries: dict[str, str], edges: list[catalog.EdgeRow], req: _Request
+        self, result: IngestResult, entries: dict[str, str], edges: list[catalog.EdgeRow], req: CommitRequest
     ) -> dict[str, Any]:
-        author = _author()
+        author = request.author()
         host = socket.gethostname()
         identity = {
             "entries": sorted(entries.items()), "skeleton": req.skeleton,
@@ -411,21 +389,21 @@ class Repo:
         with self._sessions() as s:
             row = s.get(CommitRow, revparse.resolve(s, rev))
             assert row is not None
-            return _commits(s, [row])[0]
+            return views.commits(s, [row])[0]
 
     def log(self, rev: str | None = None, *, limit: int | None = None) -> list[t.Commit]:
         """``rev`` and its ancestors (every commit when None), newest first."""
         self._check_open()
         with self._sessions() as s:
             start = revparse.resolve(s, rev) if rev is not None else None
-            return _commits(s, graph.log_commits(s, start, limit))
+            return views.commits(s, graph.log_commits(s, start, limit))
 
     def tensors(self, rev: str) -> list[t.TensorInfo]:
         """Names, layout and ingest statistics of a commit's tensors (no tensor bytes read)."""
         self._check_open()
         with self._sessions() as s:
             cid = revparse.resolve(s, rev)
-            return [_tensor_info(e.name, tr) for e, tr in catalog.tensor_layout(s, cid)]
+            return [views.tensor_info(e.name, tr) for e, tr in catalog.tensor_layout(s, cid)]
 
     def checkout(self, rev: str, *, into: Mapping[str, Any] | None = None, allow_pickle: bool = False) -> Any:
         """The state committed at ``rev`` (tensors on the CPU, ties restored).
@@ -552,22 +530,6 @@ def upgrade_database(path: str | Path) -> tuple[str | None, str]:
 # -- helpers ---------------------------------------------------------------------------------
 
 
-def _transfer_spec(transfer_from: Any) -> tuple[str, dict[str, str] | None] | None:
-    if transfer_from is None:
-        return None
-    if isinstance(transfer_from, tuple):
-        rev, mapping = transfer_from
-        return str(rev), {str(k): str(v) for k, v in dict(mapping).items()}
-    return str(transfer_from), None
-
-
-def _author() -> str:
-    try:
-        return os.environ.get("CKPT_AUTHOR") or getpass.getuser()
-    except (KeyError, OSError):
-        return ""
-
-
 def _branch_head(s: Session, branch: str) -> str | None:
     ref = s.get(Ref, ("branch", branch))
     return ref.commit_id if ref is not None else None
@@ -588,71 +550,3 @@ def _generation(s: Session, commit_id: str) -> int:
     return row.generation if row is not None else 0
 
 
-def _check_metrics(metrics: Mapping[str, float] | None) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for name, value in (metrics or {}).items():
-        if not isinstance(name, str) or not name or len(name) > 255:
-            raise UsageError(f"metric name {name!r} is not a non-empty string of at most 255 characters")
-        try:
-            out[name] = float(value)
-        except (TypeError, ValueError) as exc:
-            raise UsageError(f"metric {name!r} = {value!r} is not a number",
-                             hint="Metrics are scalars: pass float(x) or tensor.item().") from exc
-    return out
-
-
-def _check_int(what: str, value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            as_int = int(value)
-        except (TypeError, ValueError) as exc:
-            raise UsageError(f"{what} {value!r} is not an integer") from exc
-        if as_int != value:
-            raise UsageError(f"{what} {value!r} is not an integer")
-        return as_int
-    return value
-
-
-def _check_json(what: str, value: Any) -> None:
-    import json
-
-    try:
-        json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"{what} is not JSON-serialisable ({exc})",
-                         hint="Pass plain dicts, lists, strings, numbers, booleans and None.") from exc
-
-
-def _tensor_info(name: str, row: Any) -> t.TensorInfo:
-    return t.TensorInfo(
-        name=name, tensor_id=row.id, dtype=row.dtype, shape=tuple(row.shape), nbytes=row.nbytes,
-        n_chunks=row.n_chunks,
-        stats=t.TensorStats(numel=row.numel, mean=row.mean, std=row.std, min=row.min, max=row.max,
-                            l2_norm=row.l2_norm, abs_max=row.abs_max, nan_count=row.nan_count,
-                            inf_count=row.inf_count),
-    )
-
-
-def _commits(s: Session, rows: list[CommitRow]) -> list[t.Commit]:
-    ids = [r.id for r in rows]
-    edges = catalog.edges_of(s, ids)
-    metrics = catalog.metrics_of(s, ids)
-    refs = catalog.refs_at(s, ids)
-    return [
-        t.Commit(
-            id=r.id, message=r.message, created_at=_aware(r.created_at), author=r.author, host=r.host,
-            branch=r.branch, step=r.step, epoch=r.epoch,
-            parents=tuple(t.Parent(e.parent_id, e.kind, e.mapping) for e in edges.get(r.id, [])),
-            metrics=metrics.get(r.id, {}), config=r.config, code_version=r.code_version, n_tensors=r.n_tensors,
-            logical_bytes=r.logical_bytes, new_bytes=r.new_bytes, stored_bytes=r.stored_bytes,
-            stall_s=r.stall_s, wait_s=r.wait_s, persist_s=r.persist_s, nonfinite=r.nonfinite,
-            refs=tuple(refs.get(r.id, [])),
-        )
-        for r in rows
-    ]
-
-
-def _aware(value: datetime) -> datetime:
-    return value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
