@@ -81,3 +81,71 @@ def goal_note(ratio: float, limit: float, *, at_most: bool = True) -> str:
     """``goal <= 1.3  met`` / ``... MISSED``: the goal next to a ratio, and whether it holds."""
     ok = ratio <= limit if at_most else ratio >= limit
     return f"goal {'<=' if at_most else '>='} {limit:g}  {'met' if ok else 'MISSED'}"
+
+
+class ForeignLoad:
+    """CPU used by other processes while a block ran, as a share of all cores (Linux).
+
+    ``with ForeignLoad() as load: ...`` then ``load.share`` (0.0 .. 1.0; NaN where /proc
+    is missing): how much of the machine someone else took, to judge a timing's noise.
+    """
+
+    def __init__(self) -> None:
+        self.share = float("nan")
+
+    @staticmethod
+    def _sample() -> tuple[float, float, float] | None:
+        try:
+            fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+            own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        ticks = [int(x) for x in fields]
+        busy = sum(ticks) - ticks[3] - ticks[4]  # all but idle and iowait
+        return float(busy), float(int(own[11]) + int(own[12])), time.monotonic()
+
+    def __enter__(self) -> ForeignLoad:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> ForeignLoad:
+        self._start = self._sample()
+        return self
+
+    def stop(self) -> None:
+        end = self._sample()
+        if self._start is None or end is None:
+            return
+        hz = os.sysconf("SC_CLK_TCK")
+        wall = end[2] - self._start[2]
+        if wall > 0:
+            foreign = (end[0] - self._start[0]) - (end[1] - self._start[1])
+            self.share = max(0.0, foreign / hz / (wall * (os.cpu_count() or 1)))
+
+
+def wait_quiet(max_share: float, timeout: float = 30.0, probe: float = 0.5) -> float:
+    """Wait (up to ``timeout`` s) until other processes use at most ``max_share`` of the CPU
+    over a ``probe``-second sample; returns the seconds waited."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        with ForeignLoad() as load:
+            time.sleep(probe)
+        if not load.share > max_share:
+            break
+    return time.monotonic() - start
+
+
+def quiet_run(fn: Callable[[], Any], max_share: float, retries: int) -> tuple[Any, float, int]:
+    """Run ``fn`` once the machine is quiet; again (up to ``retries`` times) when other
+    processes took more than ``max_share`` of the CPU meanwhile. Returns the last result,
+    the foreign share during it and how many runs were thrown away."""
+    thrown = 0
+    while True:
+        wait_quiet(max_share)
+        with ForeignLoad() as load:
+            result = fn()
+        if not load.share > max_share or thrown >= retries:
+            return result, load.share, thrown
+        thrown += 1

@@ -167,7 +167,7 @@ def main(
     console = console or Console()
     root = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="ckpt-demo-"))
     with Repo.init(root) as repo:
-        console.print(f"[bold]ckpt demo[/] in {repo.path}", highlight=False)
+        console.print(f"[bold]ckpt demo[/] in {repo.repo_dir}", highlight=False)
 
         commit_steps = range(every, steps + 1, every)
         fork_step = commit_steps[(len(commit_steps) - 1) // 2]

@@ -116,6 +116,13 @@ class InvalidRefName(CkptError):
     hint = "Names may use letters, digits and . _ - /, must not start with - or look like a revision expression."
 
 
+class NoPath(CkptError):
+    """No lineage path between {a} and {b}: they share no ancestor."""
+
+    exit_code = 3
+    hint = "`ckpt lineage ancestors REV` lists what each descends from; --kind limits which edges count."
+
+
 class IntegrityError(CkptError):
     """Stored data is corrupt: {detail}."""
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
@@ -50,7 +50,9 @@ from ckptrepo.ingest.handle import CommitHandle
 from ckptrepo.ingest.pipeline import IngestOptions, IngestResult, ingest
 from ckptrepo.ingest.request import CommitRequest, check_int, check_json, check_metrics, transfer_spec
 from ckptrepo.ingest.staging import Slot, StagingPool
-from ckptrepo.lineage import graph, revparse
+from ckptrepo.lineage import analysis, queries, revparse
+from ckptrepo.lineage.graph import EDGE_KINDS
+from ckptrepo.lineage.reports import Diff, HistoryPoint
 from ckptrepo.restore import read_tensors
 from ckptrepo.storage import Backend, open_backend
 
@@ -82,7 +84,7 @@ class Repo:
         max_inflight: int | None = None,
         staging_budget: int | None = None,
     ) -> None:
-        self.path = repo_dir
+        self.repo_dir = repo_dir
         self.config = config
         self._engine = make_engine(database_url(config.db_url, repo_dir))
         if check_schema:
@@ -188,7 +190,7 @@ class Repo:
         self._engine.dispose()
 
     def __repr__(self) -> str:
-        return f"Repo({str(self.path)!r})"
+        return f"Repo({str(self.repo_dir)!r})"
 
     # -- committing ------------------------------------------------------------------------
 
@@ -391,12 +393,53 @@ class Repo:
             assert row is not None
             return views.commits(s, [row])[0]
 
-    def log(self, rev: str | None = None, *, limit: int | None = None) -> list[t.Commit]:
-        """``rev`` and its ancestors (every commit when None), newest first."""
+    def log(
+        self, rev: str | None = None, *, where: str | None = None, limit: int | None = None, offset: int = 0
+    ) -> list[t.Commit]:
+        """``rev`` and its ancestors (every commit when None), newest first, optionally
+        filtered by a ``where`` expression (``"val_loss < 2.1 and step >= 1000"``; see
+        ``lineage.where``) and paged with ``limit``/``offset``."""
         self._check_open()
-        with self._sessions() as s:
-            start = revparse.resolve(s, rev) if rev is not None else None
-            return views.commits(s, graph.log_commits(s, start, limit))
+        return queries.log(self, rev, where=where, limit=limit, offset=offset)
+
+    # -- lineage and analysis (read-only; see lineage.queries and lineage.analysis) ---------
+
+    def ancestors(self, rev: str, *, kinds: Collection[str] = EDGE_KINDS, max_depth: int | None = None) -> list[str]:
+        """Ids of the commits ``rev`` descends from through edges of ``kinds``, nearest first."""
+        return queries.ancestors(self, rev, kinds=kinds, max_depth=max_depth)
+
+    def descendants(
+        self, rev: str, *, kinds: Collection[str] = EDGE_KINDS, max_depth: int | None = None
+    ) -> list[str]:
+        """Ids of the commits descending from ``rev`` through edges of ``kinds``, nearest first."""
+        return queries.descendants(self, rev, kinds=kinds, max_depth=max_depth)
+
+    def path(self, a: str, b: str, *, kinds: Collection[str] = EDGE_KINDS) -> list[str]:
+        """A shortest chain of commit ids from ``a`` to ``b`` (down to a common ancestor and up);
+        [] when they are unrelated."""
+        return queries.path(self, a, b, kinds=kinds)
+
+    def merge_base(self, a: str, b: str, *, kinds: Collection[str] = EDGE_KINDS) -> list[str]:
+        """The best common ancestors of ``a`` and ``b`` (several after criss-cross merges)."""
+        return queries.merge_base(self, a, b, kinds=kinds)
+
+    def best(
+        self, metric: str, *, maximize: bool = False, branch: str | None = None, subtree: str | None = None,
+        limit: int = 1,
+    ) -> list[t.Commit]:
+        """The commits with the lowest (or highest) ``metric``, among a branch's history or a subtree."""
+        return queries.best(self, metric, maximize=maximize, branch=branch, subtree=subtree, limit=limit)
+
+    def diff(self, a: str, b: str, *, exact: bool = False) -> Diff:
+        """Per-tensor differences from ``a`` to ``b``: from stored statistics and shared chunks
+        only, or with ``exact`` the L2 distance, relative change and cosine similarity computed
+        from the chunks that differ (and only those)."""
+        return analysis.diff(self, a, b, exact=exact)
+
+    def history(self, name: str, *, along: str = "main", limit: int | None = None) -> list[HistoryPoint]:
+        """Statistics of tensor ``name`` and its change from the previous commit along the
+        first-parent chain of ``along``, newest first (no tensor bytes read)."""
+        return analysis.history(self, name, along=along, limit=limit)
 
     def tensors(self, rev: str) -> list[t.TensorInfo]:
         """Names, layout and ingest statistics of a commit's tensors (no tensor bytes read)."""

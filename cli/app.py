@@ -13,7 +13,16 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from . import failures, history_commands, ref_commands, repo_commands, state_commands, verify_commands
+from . import (
+    analysis_commands,
+    failures,
+    history_commands,
+    lineage_commands,
+    ref_commands,
+    repo_commands,
+    state_commands,
+    verify_commands,
+)
 from .options import DebugOpt, RepoOpt
 from .session import Session, begin, current
 
@@ -41,6 +50,12 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 db_app = typer.Typer(cls=CkptGroup, help="Manage the repository database.", no_args_is_help=True)
+lineage_app = typer.Typer(
+    cls=CkptGroup, help="Query the lineage graph: ancestors, descendants, paths, merge bases.", no_args_is_help=True
+)
+plot_app = typer.Typer(
+    cls=CkptGroup, help="Draw PNG charts of tensor history and metrics (needs matplotlib).", no_args_is_help=True
+)
 
 
 def _version(value: bool) -> None:
@@ -64,7 +79,7 @@ def _global(
     begin(Session(repo=repo, debug=debug))
 
 
-REPOSITORY, COMMITS, REFS = "Repository", "Commits", "Branches and tags"
+REPOSITORY, COMMITS, REFS, ANALYSIS = "Repository", "Commits", "Branches and tags", "Analysis"
 
 app.command(rich_help_panel=REPOSITORY)(repo_commands.init)
 app.command(rich_help_panel=COMMITS)(state_commands.commit)
@@ -75,9 +90,20 @@ app.command(rich_help_panel=REFS)(ref_commands.branch)
 app.command(rich_help_panel=REFS)(ref_commands.tag)
 app.command(rich_help_panel=REPOSITORY)(repo_commands.stats)
 app.command(rich_help_panel=REPOSITORY)(verify_commands.verify)
+app.add_typer(lineage_app, name="lineage", rich_help_panel=COMMITS)
+lineage_app.command("ancestors")(lineage_commands.ancestors)
+lineage_app.command("descendants")(lineage_commands.descendants)
+lineage_app.command("path")(lineage_commands.path)
+lineage_app.command("merge-base")(lineage_commands.merge_base)
+app.command(rich_help_panel=COMMITS)(lineage_commands.best)
 app.add_typer(db_app, name="db", rich_help_panel=REPOSITORY)
 db_app.command("upgrade")(repo_commands.db_upgrade)
 app.command(rich_help_panel=REPOSITORY)(repo_commands.demo)
+app.command(rich_help_panel=ANALYSIS)(analysis_commands.diff)
+app.command(rich_help_panel=ANALYSIS)(analysis_commands.history)
+app.add_typer(plot_app, name="plot", rich_help_panel=ANALYSIS)
+plot_app.command("history")(analysis_commands.plot_history)
+plot_app.command("metrics")(analysis_commands.plot_metrics)
 
 
 def main() -> None:

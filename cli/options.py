@@ -159,7 +159,7 @@ InputArg = Annotated[
 MessageOpt = Annotated[str | None, typer.Option("--message", "-m", help="Commit message.", show_default=False)]
 BranchOpt = Annotated[
     str | None,
-    typer.Option("--branch", "-b", help="Branch to commit on. Default: main.", show_default=False),
+    typer.Option("--branch", "-b", help="Branch to commit on. Default: the current branch.", show_default=False),
 ]
 StepOpt = Annotated[int | None, typer.Option("--step", min=0, help="Training step of this state.", show_default=False)]
 EpochOpt = Annotated[
@@ -185,7 +185,31 @@ ParentOpt = Annotated[
     ),
 ]
 
+TransferFromOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--transfer-from",
+        metavar="REV[:MAPPING_FILE]",
+        help="Record that this state was initialised from commit REV (a transfer edge, e.g. fine-tuning a "
+        'released model). MAPPING_FILE is JSON {"dst.tensor": "src.tensor"} naming which tensors came from where.',
+        show_default=False,
+    ),
+]
+
 # checkout -----------------------------------------------------------------------
+
+CheckoutRevArg = Annotated[
+    str | None,
+    typer.Argument(
+        metavar="BRANCH|REV",
+        help="Branch to switch to; with -b, where the new branch starts (default: the current branch's head); "
+        "with -o, any revision to export.",
+        show_default=False,
+    ),
+]
+NewBranchOpt = Annotated[
+    str | None, typer.Option("-b", "--new-branch", metavar="NEW", help="Create branch NEW at REV and switch to it.")
+]
 
 OutputOpt = Annotated[
     Path | None,
@@ -194,8 +218,8 @@ OutputOpt = Annotated[
         "-o",
         metavar="FILE",
         dir_okay=False,
-        help="File to write the state to, by suffix: .safetensors, or .pt/.pth/.bin/.ckpt for torch.save. "
-        "Required for now.",
+        help="Export the state to FILE (no branch switch), by suffix: .safetensors, or .pt/.pth/.bin/.ckpt "
+        "for torch.save.",
         show_default=False,
     ),
 ]
@@ -205,6 +229,10 @@ OutputOpt = Annotated[
 LimitOpt = Annotated[
     int | None,
     typer.Option("--max-count", "-n", min=1, metavar="N", help="Show at most N commits.", show_default=False),
+]
+
+AllCommitsOpt = Annotated[
+    bool, typer.Option("--all", help="Show every commit of every branch, not only the current branch's history.")
 ]
 
 # branch / tag -------------------------------------------------------------------
@@ -221,7 +249,7 @@ AtRevArg = Annotated[
     str | None,
     typer.Argument(
         metavar="REV",
-        help="Commit to point at (any revision). Default: the head of main, else the latest commit.",
+        help="Commit to point at (any revision). Default: the head of the current branch, else the latest commit.",
         show_default=False,
     ),
 ]
@@ -255,3 +283,98 @@ FullOpt = Annotated[
     bool,
     typer.Option("--full", help="Also read every chunk, decode it and check its hash (reads the whole store)."),
 ]
+
+# diff / history / plot ----------------------------------------------------------
+
+DiffAArg = Annotated[str, typer.Argument(metavar="A", help="Revision to compare from.", show_default=False)]
+DiffBArg = Annotated[str, typer.Argument(metavar="B", help="Revision to compare to.", show_default=False)]
+ExactOpt = Annotated[
+    bool,
+    typer.Option(
+        "--exact/--stat",
+        help="--stat (default): compare stored statistics and chunk ids, reading no tensor bytes. --exact: also "
+        "compute ‖b−a‖, relative change, cosine similarity and max |b−a|, reading only the chunks that differ.",
+    ),
+]
+ChangedOnlyOpt = Annotated[bool, typer.Option("--changed-only", help="Leave unchanged tensors out.")]
+TensorArg = Annotated[str, typer.Argument(metavar="TENSOR", help="Name, as `ckpt show` lists it.", show_default=False)]
+AlongOpt = Annotated[
+    str | None,
+    typer.Option("--along", metavar="REV", help="Follow REV's first parents. Default: the current branch.",
+                 show_default=False),
+]
+HistoryLimitOpt = Annotated[
+    int | None,
+    typer.Option("--max-count", "-n", min=1, metavar="N", help="Look at most N commits back.", show_default=False),
+]
+PlotOutputOpt = Annotated[
+    Path,
+    typer.Option("--output", "-o", metavar="FILE.png", dir_okay=False, help="PNG file to write.", show_default=False),
+]
+StatsOpt = Annotated[
+    str,
+    typer.Option("--stat", metavar="NAME[,NAME...]", help="Statistics to plot, one panel each: numel, mean, std, "
+                 "min, max, l2_norm, abs_max, nan_count, inf_count."),
+]
+MetricNamesArg = Annotated[
+    str,
+    typer.Argument(metavar="NAME[,NAME...]", help="Metric names, comma-separated (one panel each).",
+                   show_default=False),
+]
+PlotBranchOpt = Annotated[
+    list[str] | None,
+    typer.Option("--branch", "-b", metavar="B", help="Branch (any revision) whose first parents to plot, one line "
+                 "each (repeatable). Default: the current branch.", show_default=False),
+]
+
+# lineage / best / log --graph --where -------------------------------------------
+
+KindOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--kind",
+        "-k",
+        metavar="KINDS",
+        help="Follow only edges of these kinds: parent, merge, transfer (comma-separated or repeated). "
+        "Default: all.",
+        show_default=False,
+    ),
+]
+DepthOpt = Annotated[
+    int | None,
+    typer.Option("--depth", "-d", min=1, metavar="N", help="At most N edges away.", show_default=False),
+]
+PathAArg = Annotated[str, typer.Argument(metavar="A", help="One end (any revision).", show_default=False)]
+PathBArg = Annotated[str, typer.Argument(metavar="B", help="The other end (any revision).", show_default=False)]
+GraphOpt = Annotated[
+    bool, typer.Option("--graph", help="Draw branches and merges as an ASCII graph left of the commits.")
+]
+WhereOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--where",
+        "-w",
+        metavar="EXPR",
+        help="Only commits matching EXPR, e.g. \"val_loss < 2.1 and step >= 1000\": comparisons (< <= > >= == !=) "
+        "of step, epoch, time (ISO dates), branch, message, author, host, nonfinite or any metric, joined by "
+        "and, or, not and parentheses; quote strings (branch == 'main').",
+        show_default=False,
+    ),
+]
+BestMetricOpt = Annotated[
+    str, typer.Option("--metric", "-m", metavar="NAME", help="Metric to rank commits by.", show_default=False)
+]
+MaximizeOpt = Annotated[
+    bool, typer.Option("--max/--min", help="Best is the highest value (--max) or the lowest (--min, the default).")
+]
+BestBranchOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--branch", "-b", metavar="BRANCH", help="Only BRANCH's head and its ancestors.", show_default=False
+    ),
+]
+SubtreeOpt = Annotated[
+    str | None,
+    typer.Option("--subtree", metavar="REV", help="Only REV and its descendants.", show_default=False),
+]
+TopOpt = Annotated[int, typer.Option("--max-count", "-n", min=1, metavar="N", help="Show the N best commits.")]

@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ckptrepo.ids import short
+from ckptrepo.lineage.reports import Diff, HistoryPoint, TensorDelta
 from ckptrepo.types import Commit, Problem, RefInfo, RepoStats, TensorInfo, VerifyReport
 
 # file=None: rich writes to whatever sys.stdout / sys.stderr is at print time.
@@ -163,8 +164,9 @@ def tensor_table(tensors: Sequence[TensorInfo]) -> Table:
     return table
 
 
-def ref_table(refs_: Sequence[RefInfo], commits: Mapping[str, Commit]) -> Table:
-    """Branches or tags with the step and message of the commit each names."""
+def ref_table(refs_: Sequence[RefInfo], commits: Mapping[str, Commit], *, current: str | None = None) -> Table:
+    """Branches or tags with the step and message of the commit each names; branch ``current``
+    is marked with ``*`` (the others get two spaces, so names stay aligned)."""
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     table.add_column("name", style="cyan")
     table.add_column("commit", style="yellow", no_wrap=True)
@@ -172,8 +174,9 @@ def ref_table(refs_: Sequence[RefInfo], commits: Mapping[str, Commit]) -> Table:
     table.add_column("message")
     for ref in refs_:
         commit = commits.get(ref.commit_id)
+        marked = ("* " if ref.name == current else "  ") + ref.name if current is not None else ref.name
         table.add_row(
-            Text(ref.name),
+            Text(marked, style="bold green" if ref.name == current else ""),
             short(ref.commit_id),
             optional(commit.step) if commit else "",
             Text(commit.message) if commit else Text(""),
@@ -237,4 +240,114 @@ def problem_table(problems: Sequence[Problem]) -> Table:
         if len(p.commits) > 3:
             shown += f" +{len(p.commits) - 3} more"
         table.add_row(Text(p.severity, style=style), p.kind, Text(p.detail + extra), shown)
+    return table
+
+
+# -- diff / history ------------------------------------------------------------------------------
+
+_STATUS_STYLE = {"changed": "yellow", "added": "green", "removed": "red", "unchanged": "dim", "absent": "dim"}
+_STATUS_MARK = {"changed": "~", "added": "+", "removed": "-", "unchanged": "=", "absent": "·"}
+
+
+def num(x: float | int | None, *, signed: bool = False) -> str:
+    """A figure in 3 significant digits (``+`` on deltas), empty when unknown."""
+    if x is None:
+        return ""
+    return f"{x:+.3g}" if signed else f"{x:.3g}"
+
+
+def _relative(a: float | None, b: float | None) -> str:
+    """b against a in percent (``+12.5%``), empty when a is 0 or unknown."""
+    return f"{100 * (b - a) / a:+.3g}%" if a and b is not None else ""
+
+
+def _shape(shape: Sequence[int]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _chunks(changed: int, total: int) -> str:
+    return f"{changed}/{total}" if total else ""
+
+
+def diff_note(t: TensorDelta) -> str:
+    """A diff row's words: the added/removed tensor's layout, shape/dtype changes, why not exact."""
+    parts = []
+    if t.status in ("added", "removed"):
+        side = t.b if t.status == "added" else t.a
+        assert side is not None
+        parts.append(f"{_shape(side.shape)} {side.dtype}")
+    if t.shape_changed and t.a and t.b:
+        parts.append(f"shape {_shape(t.a.shape)} -> {_shape(t.b.shape)}")
+    if t.dtype_changed and t.a and t.b:
+        parts.append(f"dtype {t.a.dtype} -> {t.b.dtype}")
+    if t.note and not (t.shape_changed or t.dtype_changed):
+        parts.append(t.note)
+    return "; ".join(parts)
+
+
+def diff_summary(d: Diff) -> Text:
+    """``diff A..B (stat): N changed, ...`` plus the legend of the status marks."""
+    counts = d.counts
+    text = Text("diff ").append(short(d.a), style="yellow").append("..").append(short(d.b), style="yellow")
+    text.append(f" ({'exact' if d.exact else 'stat'}): ")
+    text.append(", ".join(f"{counts[k]} {k} ({_STATUS_MARK[k]})" for k in ("changed", "added", "removed",
+                                                                          "unchanged")))
+    return text
+
+
+def diff_table(tensors: Sequence[TensorDelta], *, exact: bool) -> Table:
+    """One row per tensor: status mark, name, chunks that differ; then the L2 norm's relative change
+    and the mean/std deltas (stat), or ‖b−a‖, ‖b−a‖/‖a‖, cosine similarity and max |b−a| (exact)."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("", no_wrap=True)
+    table.add_column("tensor", overflow="fold", ratio=3)
+    table.add_column("chunks", justify="right", no_wrap=True)
+    figures = ("‖b−a‖", "rel", "cos", "max|Δ|") if exact else ("Δl2", "Δmean", "Δstd")
+    for name in figures:
+        table.add_column(name, justify="right", no_wrap=True)
+    table.add_column("note", overflow="fold", ratio=2, style="dim")
+    for t in tensors:
+        changed = t.status == "changed"
+        row: list[str | Text] = [Text(_STATUS_MARK[t.status], style=_STATUS_STYLE[t.status]), Text(t.name),
+                                 _chunks(t.chunks_changed, t.n_chunks) if t.status != "unchanged" else ""]
+        if exact:
+            e = t.exact if changed else None
+            row += ["", "", "", ""] if e is None else [
+                num(e.l2_diff), num(e.rel_change), "" if e.cosine is None else f"{e.cosine:.6f}",
+                num(e.max_abs_diff)]
+        elif changed and t.a and t.b:
+            row += [_relative(t.a.stats.l2_norm, t.b.stats.l2_norm),
+                    num(t.deltas.get("mean"), signed=True), num(t.deltas.get("std"), signed=True)]
+        else:
+            row += ["", "", ""]
+        table.add_row(*row, Text(diff_note(t)))
+    return table
+
+
+def history_summary(name: str, along: str, points: Sequence[HistoryPoint]) -> Text:
+    """``NAME along REV: N commits, newest first; ...`` with the legend of the status marks."""
+    counts = {k: sum(p.status == k for p in points) for k in _STATUS_MARK}
+    text = Text(name, style="bold").append(f" along {along}: {len(points)} commits, newest first; ")
+    text.append(", ".join(f"{counts[k]} {k} ({_STATUS_MARK[k]})" for k in _STATUS_MARK if counts[k]))
+    return text
+
+
+def history_table(points: Sequence[HistoryPoint]) -> Table:
+    """One row per commit: status mark against its first parent, chunks that changed, stored
+    statistics, and the L2 norm's relative change."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("commit", style="yellow", no_wrap=True)
+    table.add_column("step", justify="right", no_wrap=True)
+    table.add_column("", no_wrap=True)
+    for name in ("chunks", "mean", "std", "l2_norm", "abs_max", "Δl2"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for p in points:
+        s = p.tensor.stats if p.tensor else None
+        changed = p.status == "changed"
+        table.add_row(
+            short(p.commit_id), optional(p.step), Text(_STATUS_MARK[p.status], style=_STATUS_STYLE[p.status]),
+            _chunks(p.chunks_changed, p.n_chunks) if changed else "",
+            *(num(getattr(s, f)) if s else "" for f in ("mean", "std", "l2_norm", "abs_max")),
+            _relative(p.previous.stats.l2_norm, s.l2_norm) if changed and p.previous and s else "",
+        )
     return table

@@ -38,7 +38,7 @@ def init(
     """Create a repository in PATH/.ckpt (its database, chunk store and settings)."""
     target = path if path is not None else current().repo or Path(".")
     with Repo.init(target, db_url=db, store_url=store, chunk_size=chunk_size, compression=compression) as repo:
-        repo_dir, config = repo.path, repo.config
+        repo_dir, config = repo.repo_dir, repo.config
     if as_json:
         render.emit_json({"path": str(repo_dir.parent), "repo_dir": str(repo_dir), **_public(config)})
         return

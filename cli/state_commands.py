@@ -1,27 +1,34 @@
-"""Commands that move state in and out: ``commit`` and ``checkout``."""
+"""Commands that move state in and out and switch branches: ``commit`` and ``checkout``."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from ckptrepo import errors
+from ckptrepo import Repo, errors
+from ckptrepo import state as st
 from ckptrepo.formats import SAFETENSORS_SUFFIXES, TORCH_SUFFIXES, read_state, write_state
 from ckptrepo.ids import short
+from ckptrepo.lineage.analysis import unknown_name_hint
 
 from . import render
 from .options import (
     BranchOpt,
+    CheckoutRevArg,
     EpochOpt,
     InputArg,
     JsonOpt,
     MessageOpt,
     MetricOpt,
+    NewBranchOpt,
     OutputOpt,
     ParentOpt,
-    RevArg,
     StepOpt,
+    TransferFromOpt,
 )
-from .session import current
+from .session import branch_head, current, current_branch, set_current_branch
 
 # Inputs at least this large get a spinner on stderr while they are read and persisted.
 PROGRESS_MIN_BYTES = 64 << 20
@@ -35,16 +42,21 @@ def commit(
     epoch: EpochOpt = None,
     metric: MetricOpt = None,
     parent: ParentOpt = None,
+    transfer_from: TransferFromOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Commit a checkpoint file or model folder on a branch (default main).
+    """Commit a checkpoint file or model folder on a branch (default: the current branch).
 
     The input is read in full and validated before anything is written; the new
     commit becomes visible only once all its bytes are durable.
     """
+    transfer = _transfer_spec(transfer_from) if transfer_from is not None else None
     with current().open() as repo, render.phases(enabled=_input_bytes(path) >= PROGRESS_MIN_BYTES) as phase:
+        branch = branch or current_branch(repo)
         phase(f"reading {path.name}")
         state = read_state(path)
+        if isinstance(transfer, tuple):
+            _check_mapping(repo, *transfer, st.flatten(state).tensors)
         phase("hashing, compressing and writing")
         handle = repo.commit(
             state,
@@ -54,6 +66,7 @@ def commit(
             epoch=epoch,
             metrics={m.name: m.value for m in metric} if metric else None,
             parents=parent or None,
+            transfer_from=transfer,
             blocking=True,
         )
         result = handle.wait()
@@ -63,13 +76,82 @@ def commit(
         render.out.print(render.commit_summary(result))
 
 
-def checkout(rev: RevArg, output: OutputOpt = None, as_json: JsonOpt = False) -> None:
-    """Write the state of commit REV to a file: -o FILE.safetensors or -o FILE.pt."""
-    if output is None:
+def checkout(
+    rev: CheckoutRevArg = None, new_branch: NewBranchOpt = None, output: OutputOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Switch branches, start one (-b NEW [REV]), or export a commit (REV -o FILE).
+
+    `ckpt checkout BRANCH` switches; `ckpt checkout -b NEW [REV]` starts
+    branch NEW at REV (default: the current branch's head) and switches to
+    it; `ckpt checkout REV -o FILE` writes that commit's state to
+    FILE.safetensors or FILE.pt without switching.
+
+    The current branch is where `ckpt commit` commits and what `ckpt log`
+    shows; .ckpt/HEAD names it. Switching changes no other file.
+    """
+    if output is not None:
+        if new_branch is not None or rev is None:
+            raise errors.UsageError(
+                "-o exports one commit and switches no branch" + (", so it takes no -b" if new_branch else ""),
+                hint="Export with `ckpt checkout REV -o FILE`; start a branch with `ckpt checkout -b NEW [REV]`.",
+            )
+        _export(rev, output, as_json)
+        return
+    with current().open() as repo:
+        if new_branch is not None:
+            _start_branch(repo, new_branch, rev, as_json)
+        elif rev is None:
+            raise errors.UsageError(
+                "checkout needs a BRANCH to switch to",
+                hint="`ckpt checkout BRANCH` switches, `ckpt checkout -b NEW [REV]` starts a branch, "
+                "`ckpt checkout REV -o FILE` exports; `ckpt branch` lists branches.",
+            )
+        else:
+            _switch(repo, rev, as_json)
+
+
+def _switch(repo: Repo, name: str, as_json: bool) -> None:
+    head = branch_head(repo, name)
+    if head is None:
+        repo.resolve(name)  # an unknown revision fails here with its own message
         raise errors.UsageError(
-            "checkout needs -o FILE: switching the working branch is not supported yet",
-            hint="Write the state to a file, e.g. `ckpt checkout main -o model.safetensors` (or model.pt).",
+            f"{name!r} is not a branch",
+            hint=f"Start a branch there with `ckpt checkout -b NEW {name}`, or export it with "
+            f"`ckpt checkout {name} -o FILE`; `ckpt branch` lists branches.",
         )
+    try:
+        previous: str | None = current_branch(repo)
+    except errors.UsageError:
+        previous = None  # a damaged HEAD: switching rewrites it
+    set_current_branch(repo, name)
+    _switched(name, head, created=False, previous=previous, as_json=as_json)
+
+
+def _start_branch(repo: Repo, name: str, at: str | None, as_json: bool) -> None:
+    if at is None:
+        at = current_branch(repo)
+        if branch_head(repo, at) is None:
+            raise errors.UsageError(
+                f"the current branch {at!r} has no commits yet, so -b has nowhere to start",
+                hint="Commit first, or name where the branch starts: `ckpt checkout -b NEW REV`.",
+            )
+    ref = repo.branch(name, at=at)  # RefExists when it is there already: checkout -b never moves a branch
+    set_current_branch(repo, name)
+    _switched(name, ref.commit_id, created=True, previous=None, as_json=as_json)
+
+
+def _switched(name: str, commit_id: str, *, created: bool, previous: str | None, as_json: bool) -> None:
+    if as_json:
+        render.emit_json({"branch": name, "commit_id": commit_id, "short_id": short(commit_id), "created": created})
+    elif created:
+        render.out.print(f"switched to a new branch {name} at {short(commit_id)}", markup=False)
+    elif previous == name:
+        render.out.print(f"already on {name} ({short(commit_id)})", markup=False)
+    else:
+        render.out.print(f"switched to branch {name} ({short(commit_id)})", markup=False)
+
+
+def _export(rev: str, output: Path, as_json: bool) -> None:
     if output.suffix.lower() not in SAFETENSORS_SUFFIXES + TORCH_SUFFIXES:
         # Refuse before restoring anything: restoring a large state only to fail here wastes minutes.
         raise errors.UsageError(
@@ -85,6 +167,42 @@ def checkout(rev: RevArg, output: OutputOpt = None, as_json: JsonOpt = False) ->
         render.emit_json({"id": commit_id, "short_id": short(commit_id), "path": str(output), "bytes": written})
     else:
         render.out.print(f"wrote {short(commit_id)} to {output} ({render.size(written)})", markup=False)
+
+
+def _check_mapping(repo: Repo, rev: str, mapping: dict[str, str], dst: Mapping[str, Any]) -> None:
+    """Every mapped name exists: destinations in the state being committed, sources in ``rev``."""
+    src = {t.name for t in repo.tensors(rev)}
+    for names, known, where in ((mapping.keys(), dst, "the state being committed"),
+                                (mapping.values(), src, f"commit {short(repo.resolve(rev))} ({rev})")):
+        missing = [n for n in names if n not in known]
+        if missing:
+            raise errors.UsageError(
+                f"--transfer-from mapping names {missing[0]!r}, which {where} has no tensor of"
+                + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),
+                hint=unknown_name_hint("tensor", missing[0], known, "`ckpt show REV`"),
+            )
+
+
+def _transfer_spec(text: str) -> str | tuple[str, dict[str, str]]:
+    """``REV`` or ``(REV, mapping)`` from ``REV[:MAPPING_FILE]``; UsageError for an unreadable mapping."""
+    rev, sep, mapping_path = text.partition(":")
+    if not rev.strip() or (sep and not mapping_path):
+        raise errors.UsageError(f"--transfer-from {text!r}: expected REV or REV:MAPPING_FILE")
+    if not sep:
+        return rev
+    hint = 'The mapping file is a JSON object {"dst.tensor.name": "src.tensor.name", ...}.'
+    try:
+        mapping: Any = json.loads(Path(mapping_path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise errors.UsageError(f"--transfer-from: no mapping file {mapping_path}", hint=hint) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise errors.UsageError(f"--transfer-from: cannot read mapping file {mapping_path}: {exc}",
+                                hint=hint) from None
+    if not isinstance(mapping, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                for k, v in mapping.items()):
+        raise errors.UsageError(f"--transfer-from: {mapping_path} is not a JSON object of names to names",
+                                hint=hint)
+    return rev, mapping
 
 
 def _input_bytes(path: Path) -> int:

@@ -190,7 +190,7 @@ class Edge(Base):
 
     __tablename__ = "edges"
     child_id: Mapped[str] = mapped_column(ForeignKey("commits.id"), primary_key=True)
-    parent_id: Mapped[str] = mapped_column(ForeignKey("commits.id"), primary_key=True, index=True)
+    parent_id: Mapped[str] = mapped_column(ForeignKey("commits.id"), primary_key=True)
     kind: Mapped[str] = mapped_column(String(16))
     position: Mapped[int] = mapped_column(Integer, default=0)
     mapping: Mapped[Any | None] = mapped_column(JsonType, default=None)
@@ -216,3 +216,8 @@ class Metric(Base):
 
 
 Index("ix_metrics_name_value", Metric.name, Metric.value)
+# Lineage walks (``lineage.graph``) step along edges from either end, filtered by kind; these
+# cover every column a step reads, so a walk never visits the table (first-parent chains filter
+# on position). The parent-side one also indexes the ``parent_id`` foreign key.
+Index("ix_edges_child_walk", Edge.child_id, Edge.kind, Edge.position, Edge.parent_id)
+Index("ix_edges_parent_walk", Edge.parent_id, Edge.kind, Edge.child_id)

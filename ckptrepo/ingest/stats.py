@@ -58,7 +58,7 @@ def moments(x: torch.Tensor) -> Moments:
         nan, inf = 0, 0
         if not math.isfinite(float(mag.sum())):
             nan, inf, mag = _drop_nonfinite(mag)
-        sumsq = float(torch.linalg.vector_norm(mag.double())) ** 2 if mag.numel() else 0.0
+        sumsq = _square(float(torch.linalg.vector_norm(mag.double()))) if mag.numel() else 0.0
         hi = float(mag.max()) if mag.numel() else -math.inf
         return Moments(n=mag.numel(), sumsq=sumsq, lo=0.0, hi=hi, nan=nan, inf=inf, real=False)
     if x.dtype not in _NATIVE:
@@ -73,10 +73,14 @@ def moments(x: torch.Tensor) -> Moments:
         return Moments(nan=nan, inf=inf)
     mean = total / n
     extremes = torch.aminmax(x)
-    sumsq = float(torch.linalg.vector_norm(x)) ** 2
-    m2 = float(torch.linalg.vector_norm(x - mean)) ** 2
+    sumsq = _square(float(torch.linalg.vector_norm(x)))
+    m2 = _square(float(torch.linalg.vector_norm(x - mean)))
     return Moments(n=n, mean=mean, m2=m2, sumsq=sumsq, lo=float(extremes.min), hi=float(extremes.max), nan=nan,
                    inf=inf)
+
+
+def _square(v: float) -> float:
+    return v * v  # inf past the float range, where ``v ** 2`` would raise OverflowError
 
 
 def _drop_nonfinite(x: torch.Tensor) -> tuple[int, int, torch.Tensor]:

@@ -8,6 +8,8 @@ Grammar (git-like)::
     suffix := "~" [INT]             the INT-th first-parent ancestor (default 1)
             | "^" [INT]             the INT-th parent (default 1; ^0 is the commit itself)
 
+Parents are the ``parent`` and ``merge`` edges; a transfer source is not a parent.
+
 Names are looked up in that order: branch, tag, full id, id prefix. Resolution only
 reads the database; parameters always travel as bound values, never as SQL text.
 """
@@ -114,7 +116,9 @@ def _resolve_name(session: Session, name: str, rev: str) -> str:
 
 def _parent(session: Session, commit_id: str, n: int, rev: str) -> str:
     parents = session.scalars(
-        select(Edge.parent_id).where(Edge.child_id == commit_id).order_by(Edge.position)
+        select(Edge.parent_id)
+        .where(Edge.child_id == commit_id, Edge.kind != "transfer")
+        .order_by(Edge.position)
     ).all()
     if n > len(parents):
         raise UnknownRevision(
@@ -128,7 +132,7 @@ def _at_step(session: Session, head: str, step: int, rev: str) -> str:
     chain = select(literal(head).label("id"), literal(0).label("depth")).cte("chain", recursive=True)
     chain = chain.union_all(
         select(Edge.parent_id, chain.c.depth + 1).join(
-            chain, and_(Edge.child_id == chain.c.id, Edge.position == 0)
+            chain, and_(Edge.child_id == chain.c.id, Edge.position == 0, Edge.kind == "parent")
         )
     )
     found = session.scalars(

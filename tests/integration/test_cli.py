@@ -351,7 +351,7 @@ def test_truncated_safetensors_is_refused(run: Run, work: Path, checkpoints: lis
         (["branch", "b2", "nope"], errors.UnknownRevision.exit_code),
         (["tag", "t1", "nope"], errors.UnknownRevision.exit_code),
         (["branch", "main"], errors.RefExists.exit_code),
-        (["checkout", "main"], 2),  # -o is required for now
+        (["checkout", "main~1"], 2),  # -o is required for now
         (["checkout", "main", "-o", "x.txt"], 2),
     ],
 )

@@ -21,7 +21,7 @@ def repo(tmp_path: Path, db_url: str) -> Any:
 
 
 def _store_bytes(repo: ckptrepo.Repo) -> int:
-    return sum(p.stat().st_size for p in (repo.path / "store").rglob("*.pack"))
+    return sum(p.stat().st_size for p in (repo.repo_dir / "store").rglob("*.pack"))
 
 
 def _bytes_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -160,7 +160,7 @@ def test_bad_input_changes_nothing(repo: ckptrepo.Repo, tmp_path: Path) -> None:
     with pytest.raises(errors.InvalidRefName):
         repo.commit({"w": torch.randn(3)}, branch="bad name")
     with pytest.raises(errors.RepositoryExists):
-        ckptrepo.Repo.init(repo.path.parent)
+        ckptrepo.Repo.init(repo.repo_dir.parent)
     with pytest.raises(errors.RefExists):
         repo.branch("main")
     after = (repo.stats(), [c.to_json() for c in repo.log()], _store_bytes(repo))
@@ -172,7 +172,7 @@ def test_bad_input_changes_nothing(repo: ckptrepo.Repo, tmp_path: Path) -> None:
 def test_corrupt_pack_is_detected(tmp_path: Path) -> None:
     with ckptrepo.Repo.init(tmp_path, compression=False) as repo:
         repo.commit({"w": torch.randn(4096)}).wait()
-        pack = next((repo.path / "store").rglob("*.pack"))
+        pack = next((repo.repo_dir / "store").rglob("*.pack"))
         data = bytearray(pack.read_bytes())
         data[100] ^= 0xFF
         pack.write_bytes(bytes(data))
@@ -187,7 +187,7 @@ def test_open_and_discover(tmp_path: Path) -> None:
     for opener in (ckptrepo.Repo.open(tmp_path), ckptrepo.Repo.open(tmp_path / ".ckpt"),
                    ckptrepo.Repo.discover(tmp_path / "a" / "b")):
         with opener as r:
-            assert r.path == tmp_path / ".ckpt"
+            assert r.repo_dir == tmp_path / ".ckpt"
     with pytest.raises(errors.NotARepository):
         ckptrepo.Repo.discover(tmp_path.parent)
 
@@ -220,6 +220,8 @@ def test_transfer_edges_record_mapping_or_identical_tensors(repo: ckptrepo.Repo)
     child_state = {"enc.w": base["enc.w"], "enc.b": base["enc.b"] + 1, "head.w": torch.randn(20)}
     child = repo.commit(child_state, branch="finetune", transfer_from="pretrained").wait()
     assert [(p.id, p.kind, p.mapping) for p in child.parents] == [(src.id, "transfer", {"enc.w": "enc.w"})]
+    with pytest.raises(errors.UnknownRevision):
+        repo.resolve("finetune~1")  # a transfer source is not a parent
     declared = repo.commit({"backbone.w": base["enc.w"]}, branch="other",
                            transfer_from=("pretrained", {"backbone.w": "enc.w"})).wait()
     assert declared.parents[0].mapping == {"backbone.w": "enc.w"} and declared.parents[0].kind == "transfer"
@@ -230,7 +232,7 @@ def test_transfer_edges_record_mapping_or_identical_tensors(repo: ckptrepo.Repo)
 def test_branch_moved_meanwhile_keeps_the_commit_reachable(repo: ckptrepo.Repo, tmp_path: Path) -> None:
     first = repo.commit({"w": torch.randn(10)}).wait()
     # A second writer (another Repo object on the same repository) moves main meanwhile.
-    other = ckptrepo.Repo.open(repo.path)
+    other = ckptrepo.Repo.open(repo.repo_dir)
     try:
         import ckptrepo.repository as repository
 

@@ -191,7 +191,7 @@ def test_verify_creates_no_staging_folder(tmp_path: Path, db_url: str) -> None:
         report = repo.verify(full=True)
         assert report.ok and report.checked.commits == 0
         assert _tree(tmp_path / "empty") == before
-        assert not (repo.path / "store" / ".staging").exists()
+        assert not (repo.repo_dir / "store" / ".staging").exists()
 
 
 def test_cli_exit_codes_and_json(repo_path: Path) -> None:

@@ -1,0 +1,355 @@
+"""Per-tensor analysis of commits: ``diff`` of two commits and ``history`` of one tensor.
+
+Both answer from the database first. ``diff`` in its default (stat) mode and ``history``
+read no tensor bytes: they compare tensor ids (identical tensors are one row), the chunk
+ids at each position (a tensor's ``seq``-th chunk always covers the same byte range for a
+given chunk size) and the statistics stored at ingest. ``diff(exact=True)`` reads only the
+chunk pairs whose ids differ, through the repository's verifying ``ChunkReader``: the
+difference over identical chunks is zero, and their share of the norms is recovered from
+the stored L2 norms (``ckptrepo.lineage.exact``). Result types are in ``reports``.
+
+Query budget: ``diff`` runs two queries whatever the number of tensors; ``history`` one
+recursive CTE over first-parent edges (``edges.position == 0``) joined with entries and
+tensors, plus one query for close name matches when the tensor is nowhere on the chain.
+Functions take the ``Repo`` and open their own short read session; they never write.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import String, and_, case, func, literal, or_, select, type_coerce
+from sqlalchemy.orm import Session, aliased
+
+from ckptrepo.chunks.store import ChunkLocation
+from ckptrepo.db import catalog
+from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Metric, Tensor, TensorChunk
+from ckptrepo.errors import UnknownTensor, UsageError
+from ckptrepo.ids import short
+from ckptrepo.lineage import revparse
+from ckptrepo.lineage.exact import ChunkPair, ExactDelta, ExactRequest, compare
+from ckptrepo.lineage.reports import STAT_FIELDS, Diff, HistoryPoint, MetricPoint, TensorDelta
+from ckptrepo.types import TensorInfo, TensorStats
+
+if TYPE_CHECKING:
+    from ckptrepo.repository import Repo
+
+__all__ = [
+    "Diff", "ExactDelta", "HistoryPoint", "MetricPoint", "TensorDelta", "diff", "history", "metric_names",
+    "metrics_along",
+]
+
+_TENSOR_FIELDS = ("id", "dtype", "shape", "nbytes", "chunk_size", "n_chunks", *STAT_FIELDS)
+# In ``ChunkLocation``'s field order.
+_CHUNK_FIELDS = ("id", "pack_id", "offset", "length", "raw_length", "encoding", "depth", "base_id")
+
+
+# -- shared helpers ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Side:
+    info: TensorInfo
+    chunk_size: int
+
+
+def _tensor_cols(entity: Any) -> list[Any]:
+    # ``shape`` comes back unprocessed (JSON text on SQLite): ``_side`` parses it only for the
+    # rows it uses, which matters when one tensor fills thousands of history rows.
+    return [type_coerce(entity.shape, String) if f == "shape" else getattr(entity, f) for f in _TENSOR_FIELDS]
+
+
+def _side(name: str, values: Sequence[Any]) -> _Side | None:
+    """A tensor from ``_TENSOR_FIELDS`` column values (None for an outer join's missing row)."""
+    tid, dtype, shape, nbytes, chunk_size, n_chunks, *stats = values
+    if tid is None:
+        return None
+    dims = json.loads(shape) if isinstance(shape, str | bytes) else shape
+    info = TensorInfo(name=name, tensor_id=tid, dtype=dtype, shape=tuple(int(d) for d in dims), nbytes=nbytes,
+                      n_chunks=n_chunks, stats=TensorStats(*stats))
+    return _Side(info, chunk_size)
+
+
+def _compare(a: _Side | None, b: _Side | None, differing: int) -> tuple[str, int, int]:
+    """Status, chunks changed and chunk count of a -> b, given how many common positions hold
+    different chunk ids (meaningful only for equal chunk sizes)."""
+    if a is None and b is None:
+        return "absent", 0, 0
+    if a is None or b is None:
+        n = (a or b).info.n_chunks  # type: ignore[union-attr]
+        return ("added" if a is None else "removed"), n, n
+    n_a, n_b = a.info.n_chunks, b.info.n_chunks
+    if a.info.tensor_id == b.info.tensor_id:
+        return "unchanged", 0, n_a
+    n = max(n_a, n_b)
+    return "changed", differing + abs(n_a - n_b) if a.chunk_size == b.chunk_size else n, n
+
+
+def _close_matches(name: str, candidates: Iterable[str]) -> list[str]:
+    pool = sorted(set(candidates))
+    within = [c for c in pool if name.lower() in c.lower()]
+    return (within + [c for c in difflib.get_close_matches(name, pool, n=5, cutoff=0.6) if c not in within])[:5]
+
+
+def unknown_name_hint(what: str, name: str, candidates: Iterable[str], listing: str) -> str:
+    """A hint naming close matches of ``name`` among ``candidates``, else how to list them."""
+    matches = _close_matches(name, candidates)
+    if matches:
+        return f"Did you mean {', '.join(repr(m) for m in matches)}?"
+    return f"No {what} has a similar name; {listing} lists them."
+
+
+def _check_limit(limit: int | None) -> None:
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise UsageError(f"limit {limit!r} is not a positive number of commits")
+
+
+def _first_parent_chain(head: str, limit: int | None) -> Any:
+    """Recursive CTE (id, depth) of ``head`` and its first parents, depth 0 = head, at most ``limit`` rows."""
+    chain = select(literal(head).label("id"), literal(0).label("depth")).cte("chain", recursive=True)
+    step = select(Edge.parent_id, chain.c.depth + 1).join(
+        chain, and_(Edge.child_id == chain.c.id, Edge.position == 0, Edge.kind == "parent")
+    )
+    if limit is not None:
+        step = step.where(chain.c.depth < limit - 1)
+    return chain.union_all(step)
+
+
+# -- diff --------------------------------------------------------------------------------------
+
+
+def diff(repo: Repo, a: str, b: str, *, exact: bool = False) -> Diff:
+    """Compare every tensor name of revisions ``a`` and ``b`` (see the module docstring).
+
+    Unrelated commits compare fine: matching is by name. With ``exact``, changed tensors of
+    equal shape and dtype also get an ``ExactDelta``, reading only the chunk pairs that differ
+    (all chunks when the chunk sizes differ); tensors holding NaN/Inf, dtypes without numeric
+    values, and shape or dtype changes get a ``note`` instead. UnknownRevision for a bad
+    revision; IntegrityError when a chunk read fails its hash check.
+    """
+    repo._check_open()
+    with repo._sessions() as s:
+        a_id, b_id = revparse.resolve(s, a), revparse.resolve(s, b)
+        sides: dict[str, list[_Side | None]] = {}
+        rows = s.execute(select(Entry.commit_id, Entry.name, *_tensor_cols(Tensor))
+                         .join(Tensor, Tensor.id == Entry.tensor_id).where(Entry.commit_id.in_([a_id, b_id])))
+        for row in rows:
+            slots = sides.setdefault(row[1], [None, None])
+            known = slots[0] or slots[1]  # an unchanged tensor: the same row on both sides
+            side = known if known and known.info.tensor_id == row[2] else _side(row[1], row[2:])
+            if row[0] == a_id:
+                slots[0] = side
+            if row[0] == b_id:
+                slots[1] = side
+        pairs: dict[str, list[ChunkPair]] = {}
+        differing = _differing_chunks(s, a_id, b_id, pairs if exact else None)
+        requests = _exact_requests(s, sides, pairs) if exact else []
+    out: list[TensorDelta] = []
+    for name in sorted(sides):
+        sa, sb = sides[name]
+        status, changed, n = _compare(sa, sb, differing.get(name, 0))
+        out.append(TensorDelta(name, status, sa.info if sa else None, sb.info if sb else None, changed, n))
+    if exact:
+        out = _with_exact(out, sides, compare(repo._reader, repo._pool, requests))
+    return Diff(a_id, b_id, exact, tuple(out))
+
+
+def _differing_chunks(
+    s: Session, a_id: str, b_id: str, pairs: dict[str, list[ChunkPair]] | None
+) -> dict[str, int]:
+    """Per name in both commits with different tensors: positions whose chunk ids differ.
+    With ``pairs``, also collect those chunk rows (a's, b's) in position order."""
+    ea, eb, ca, cb = aliased(Entry), aliased(Entry), aliased(TensorChunk), aliased(TensorChunk)
+    joined = (
+        select(ea.name).select_from(ea)
+        .join(eb, and_(eb.commit_id == b_id, eb.name == ea.name))
+        .join(ca, ca.tensor_id == ea.tensor_id)
+        .join(cb, and_(cb.tensor_id == eb.tensor_id, cb.seq == ca.seq))
+        .where(ea.commit_id == a_id, ea.tensor_id != eb.tensor_id, ca.chunk_id != cb.chunk_id)
+    )
+    if pairs is None:
+        return {name: int(n) for name, n in s.execute(joined.add_columns(func.count()).group_by(ea.name))}
+    ka, kb = aliased(Chunk), aliased(Chunk)
+    q = (joined.add_columns(*[getattr(ka, f) for f in _CHUNK_FIELDS], *[getattr(kb, f) for f in _CHUNK_FIELDS])
+         .join(ka, ka.id == ca.chunk_id).join(kb, kb.id == cb.chunk_id).order_by(ea.name, ca.seq))
+    counts: dict[str, int] = {}
+    width = len(_CHUNK_FIELDS)
+    for row in s.execute(q):
+        pair = (ChunkLocation(*row[1 : 1 + width]), ChunkLocation(*row[1 + width :]))
+        pairs.setdefault(row[0], []).append(pair)
+        counts[row[0]] = counts.get(row[0], 0) + 1
+    return counts
+
+
+def _comparable(sa: _Side | None, sb: _Side | None) -> str | None:
+    """Why an exact comparison of a -> b is impossible (None when it is possible)."""
+    if sa is None or sb is None or sa.info.tensor_id == sb.info.tensor_id:
+        return None
+    if sa.info.dtype != sb.info.dtype:
+        return f"dtype changed ({sa.info.dtype} -> {sb.info.dtype})"
+    if sa.info.shape != sb.info.shape:
+        return "shape changed"
+    if sa.info.stats.l2_norm is None or sb.info.stats.l2_norm is None:
+        return f"dtype {sa.info.dtype} has no numeric statistics"
+    nonfinite = sum(x.info.stats.nan_count + x.info.stats.inf_count for x in (sa, sb))
+    if nonfinite:
+        return f"{nonfinite} NaN/Inf values"
+    return None
+
+
+def _exact_requests(
+    s: Session, sides: dict[str, list[_Side | None]], pairs: dict[str, list[ChunkPair]]
+) -> list[ExactRequest]:
+    """What an exact diff reads: the differing chunk pairs of each comparable changed tensor,
+    or, when the chunk sizes differ, both tensors whole (their chunk rows are looked up here)."""
+    requests: list[ExactRequest] = []
+    whole: list[tuple[str, _Side, _Side]] = []
+    for name, (sa, sb) in sorted(sides.items()):
+        if sa is None or sb is None or sa.info.tensor_id == sb.info.tensor_id or _comparable(sa, sb) is not None:
+            continue
+        if sa.chunk_size != sb.chunk_size:
+            whole.append((name, sa, sb))
+            continue
+        found = pairs.get(name, [])
+        requests.append(ExactRequest(name, sa.info.dtype, sa.info.stats.l2_norm or 0.0,
+                                     sb.info.stats.l2_norm or 0.0, found, len(found) < sa.info.n_chunks))
+    if whole:
+        chunks = catalog.chunk_locations(s, [x.info.tensor_id for _, sa, sb in whole for x in (sa, sb)])
+        for name, sa, sb in whole:
+            both = ((_tensor_row(sa), chunks[sa.info.tensor_id]), (_tensor_row(sb), chunks[sb.info.tensor_id]))
+            requests.append(ExactRequest(name, sa.info.dtype, sa.info.stats.l2_norm or 0.0,
+                                         sb.info.stats.l2_norm or 0.0, whole=both))
+    return requests
+
+
+def _with_exact(deltas: list[TensorDelta], sides: dict[str, list[_Side | None]],
+                exact: dict[str, ExactDelta]) -> list[TensorDelta]:
+    """``deltas`` with ``exact`` (computed, or identity for unchanged tensors) or ``note`` set."""
+    out: list[TensorDelta] = []
+    for d in deltas:
+        if d.status == "unchanged":
+            out.append(replace(d, exact=ExactDelta.identical(d.a.stats.l2_norm if d.a else None)))
+        elif d.name in exact:
+            out.append(replace(d, exact=exact[d.name]))
+        elif d.status == "changed":
+            out.append(replace(d, note=_comparable(*sides[d.name])))
+        else:
+            out.append(d)
+    return out
+
+
+def _tensor_row(x: _Side) -> Tensor:
+    return Tensor(id=x.info.tensor_id, dtype=x.info.dtype, shape=list(x.info.shape), nbytes=x.info.nbytes,
+                  chunk_size=x.chunk_size, n_chunks=x.info.n_chunks)
+
+
+# -- history -----------------------------------------------------------------------------------
+
+
+def history(repo: Repo, name: str, *, along: str = "main", limit: int | None = None) -> list[HistoryPoint]:
+    """Tensor ``name`` in each commit of ``along``'s first-parent chain, newest first (the head
+    of ``along`` first, like ``log``), each compared with its first parent; at most ``limit``
+    commits. Reads no tensor bytes. UnknownRevision for a bad revision; UnknownTensor (with
+    close matches from the head commit) when no commit of the chain has the tensor.
+    """
+    repo._check_open()
+    _check_limit(limit)
+    with repo._sessions() as s:
+        head = revparse.resolve(s, along)
+        rows = s.execute(_history_query(head, name, None if limit is None else limit + 1)).all()
+        if not any(row.tid is not None for row in rows[:limit]):
+            names = s.scalars(select(Entry.name).where(Entry.commit_id == head))
+            which = f"None of the last {limit} commits" if limit is not None and len(rows) > limit else "No commit"
+            raise UnknownTensor(
+                f"{which} on the first-parent chain of {along!r} has a tensor named {name!r}.",
+                hint=unknown_name_hint("tensor", name, names, f"`ckpt show {along}`"),
+                commit=short(head), name=name,
+            )
+    # A tensor is usually the same over many commits: describe each distinct one once.
+    sides: dict[str | None, _Side | None] = {}
+    for row in rows:
+        if row[7] is not None and row[4] not in sides:
+            sides[row[4]] = _side(name, row[7:])
+    points: list[HistoryPoint] = []
+    for depth, cid, step, created_at, tid, prev_tid, differing, *_ in rows[:limit]:
+        this, prev = sides.get(tid), sides.get(prev_tid)
+        status, changed, n = _compare(prev, this, differing or 0)
+        points.append(HistoryPoint(cid, step, created_at, depth, status, this.info if this else None,
+                                   prev.info if prev else None, changed, n))
+    return points
+
+
+def _history_query(head: str, name: str, limit: int | None) -> Any:
+    """Rows (depth, id, step, created_at, tid, prev, differing, tensor columns...) of the chain,
+    head first. ``prev`` is the first parent's tensor id: the next row's, so the chain is walked
+    one commit further than is shown; ``differing`` counts positions with other chunk ids.
+    Tensor columns are only filled where ``tid`` differs from ``prev``."""
+    chain = _first_parent_chain(head, limit)
+    e = aliased(Entry)
+    walk = (
+        select(chain.c.depth, chain.c.id, e.tensor_id.label("tid"))
+        .select_from(chain)
+        .outerjoin(e, and_(e.commit_id == chain.c.id, e.name == name))
+        .cte("walk")
+    )
+    paired = select(
+        walk.c.depth, walk.c.id, walk.c.tid, func.lead(walk.c.tid).over(order_by=walk.c.depth).label("prev")
+    ).cte("paired")
+    tc1, tc2 = aliased(TensorChunk), aliased(TensorChunk)
+    differing = (
+        select(func.count())
+        .select_from(tc1)
+        .join(tc2, and_(tc2.tensor_id == paired.c.prev, tc2.seq == tc1.seq))
+        .where(tc1.tensor_id == paired.c.tid, tc1.chunk_id != tc2.chunk_id)
+        .correlate(paired)
+        .scalar_subquery()
+    )
+    return (
+        select(paired.c.depth, Commit.id, Commit.step, Commit.created_at, paired.c.tid, paired.c.prev,
+               case((paired.c.tid != paired.c.prev, differing), else_=0).label("differing"),
+               *_tensor_cols(Tensor))
+        .select_from(paired)
+        .join(Commit, Commit.id == paired.c.id)
+        # A tensor's row is needed once per run of commits holding it: at the run's oldest commit.
+        .outerjoin(Tensor, and_(Tensor.id == paired.c.tid, or_(paired.c.prev.is_(None), paired.c.prev != paired.c.tid)))
+        .order_by(paired.c.depth)
+    )
+
+
+# -- metrics -----------------------------------------------------------------------------------
+
+
+def metrics_along(
+    repo: Repo, names: Sequence[str], *, along: str = "main", limit: int | None = None
+) -> list[MetricPoint]:
+    """The metrics ``names`` along ``along``'s first-parent chain, newest first, at most ``limit``
+    commits; every commit of the chain is listed, with the requested metrics it records (maybe none)."""
+    repo._check_open()
+    _check_limit(limit)
+    with repo._sessions() as s:
+        chain = _first_parent_chain(revparse.resolve(s, along), limit)
+        q = (
+            select(chain.c.depth, Commit.id, Commit.step, Commit.created_at, Metric.name, Metric.value)
+            .select_from(chain)
+            .join(Commit, Commit.id == chain.c.id)
+            .outerjoin(Metric, and_(Metric.commit_id == chain.c.id, Metric.name.in_(list(names))))
+            .order_by(chain.c.depth)
+        )
+        points: list[MetricPoint] = []
+        for depth, cid, step, created, metric, value in s.execute(q):
+            if not points or points[-1].depth != depth:
+                points.append(MetricPoint(cid, step, created, depth, {}))
+            if metric is not None:
+                points[-1].values[metric] = value
+    return points
+
+
+def metric_names(repo: Repo) -> list[str]:
+    """Every metric name any commit records, sorted."""
+    repo._check_open()
+    with repo._sessions() as s:
+        return list(s.scalars(select(Metric.name).distinct().order_by(Metric.name)))

@@ -1,0 +1,506 @@
+"""Lineage queries, ``--where`` filters, ``best`` and their CLI, on every database the suite runs against.
+
+Two kinds of graphs: a hand-built repository committed through the public API (branches, a
+merge, a transfer, an unrelated root, and a criss-cross whose branches share two merge
+bases), where every answer is spelled out; and random DAGs inserted as rows, deep enough
+to take several generation bands, checked against brute-force answers computed in Python.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from ckptrepo.cli.app import app
+from ckptrepo.cli.lineage_render import graph_rows
+from sqlalchemy import func, insert, inspect, select
+from typer.testing import CliRunner, Result
+
+import ckptrepo
+from ckptrepo import errors
+from ckptrepo.db.engine import write_connection
+from ckptrepo.db.models import Commit, Edge, Metric
+from ckptrepo.lineage import graph, queries
+from ckptrepo.types import Parent
+
+
+@dataclass
+class Hand:
+    repo: ckptrepo.Repo
+    ids: dict[str, str]  # label -> full id
+    path: Path
+
+    def __getitem__(self, label: str) -> str:
+        return self.ids[label]
+
+    def labels(self, ids: list[str]) -> list[str]:
+        back = {v: k for k, v in self.ids.items()}
+        return [back[i] for i in ids]
+
+    def by_gen_desc(self, *labels: str) -> list[str]:
+        """Labels ordered as ancestor lists are: highest generation first, then id."""
+        return self.labels(sorted((self.ids[x] for x in labels), key=lambda i: (-GEN[self.labels([i])[0]], i)))
+
+
+# label: (branch, parents or None for the branch head, transfer source, step, epoch, metrics)
+PLAN: list[tuple[str, str, list[str] | None, str | None, int | None, int | None, dict[str, float]]] = [
+    ("r0", "main", None, None, 0, None, {"val_loss": 3.0}),
+    ("r1", "main", None, None, 100, None, {"val_loss": 2.5, "acc": 0.1}),
+    ("r2", "main", None, None, 200, None, {"val_loss": 2.0}),
+    ("f1", "feat", ["r1"], None, 150, None, {"val_loss": 2.2}),
+    ("f2", "feat", None, None, 250, None, {"val_loss": 1.9, "acc": 0.5}),
+    ("r3", "main", None, None, 300, None, {"val_loss": 2.05}),
+    ("m", "main", ["r3", "f2"], None, 350, None, {"val_loss": 1.8}),
+    ("r5", "main", None, None, 400, 1, {}),
+    ("t1", "ft", None, "r2", None, None, {"val_loss": 2.4}),
+    ("t2", "ft", None, None, 10, None, {"val_loss": 2.3}),
+    ("u0", "other", None, None, 5, None, {"val_loss": 5.0}),
+    # criss-cross: A merges (p, q), B merges (q, p); C merges the two branches.
+    ("o", "x", None, None, None, None, {}),
+    ("p", "x", None, None, None, None, {}),
+    ("q", "y", ["o"], None, None, None, {}),
+    ("A", "x", ["p", "q"], None, None, None, {}),
+    ("B", "y", ["q", "p"], None, None, None, {}),
+    ("A2", "x", None, None, None, None, {}),
+    ("B2", "y", None, None, None, None, {}),
+    ("C", "x", ["A2", "B2"], None, None, None, {}),
+]
+GEN = {"r0": 1, "r1": 2, "r2": 3, "f1": 3, "f2": 4, "r3": 4, "m": 5, "r5": 6, "t1": 4, "t2": 5, "u0": 1,
+       "o": 1, "p": 2, "q": 2, "A": 3, "B": 3, "A2": 4, "B2": 4, "C": 5}  # fmt: skip
+
+
+@pytest.fixture
+def hand(tmp_path: Path, db_url: str) -> Iterator[Hand]:
+    path = tmp_path / "work"
+    with ckptrepo.Repo.init(path, db_url=db_url) as repo:
+        ids: dict[str, str] = {}
+        for i, (label, branch, parents, transfer, step, epoch, metrics) in enumerate(PLAN):
+            value = float("nan") if label == "f1" else float(i)
+            commit = repo.commit(
+                {"w": torch.tensor([value, 1.0])}, branch=branch, message=label, step=step, epoch=epoch,
+                metrics=metrics, parents=[ids[p] for p in parents] if parents else None,
+                transfer_from=ids[transfer] if transfer else None, blocking=True,
+            ).wait()  # fmt: skip
+            ids[label] = commit.id
+        yield Hand(repo, ids, path)
+
+
+# -- graph queries on the hand-built repository --------------------------------------------------
+
+
+def test_generations_are_as_planned(hand: Hand) -> None:
+    with hand.repo._sessions() as s:
+        gens = dict(s.execute(select(Commit.id, Commit.generation)).all())
+    assert {label: gens[cid] for label, cid in hand.ids.items()} == GEN
+
+
+def test_ancestors(hand: Hand) -> None:
+    anc = lambda rev, **kw: hand.labels(queries.ancestors(hand.repo, rev, **kw))  # noqa: E731
+    # Nearest first, breadth-first, first parents first.
+    assert anc(hand["r5"]) == ["m", "r3", "f2", "r2", "f1", "r1", "r0"]
+    assert anc("main") == anc(hand["r5"])
+    assert anc("main", kinds=["parent"]) == ["m", "r3", "r2", "r1", "r0"]
+    assert anc("main", max_depth=2) == ["m", "r3", "f2"]
+    assert anc("main", kinds=["merge"]) == []
+    assert anc("main~1", kinds=["merge", "parent"], max_depth=1) == ["r3", "f2"]
+    assert anc("ft") == ["t1", "r2", "r1", "r0"]
+    assert anc("ft", kinds=("parent", "merge")) == ["t1"]
+    assert anc("ft", kinds=("transfer",)) == []
+    assert anc(hand["t1"], kinds=("transfer",)) == ["r2"]
+    assert anc(hand["r0"]) == [] and anc("other") == []
+    assert anc(hand["C"]) == ["A2", "B2", "A", "B", "p", "q", "o"]
+
+
+def _levels(found: list[str], *levels: set[str]) -> bool:
+    """``found`` is ``levels`` one after the other, each in some order (nearest first)."""
+    i = 0
+    for level in levels:
+        if set(found[i : i + len(level)]) != level:
+            return False
+        i += len(level)
+    return i == len(found)
+
+
+def test_descendants(hand: Hand) -> None:
+    desc = lambda rev, **kw: hand.labels(queries.descendants(hand.repo, rev, **kw))  # noqa: E731
+    assert _levels(desc(hand["r1"]), {"r2", "f1"}, {"r3", "f2", "t1"}, {"m", "t2"}, {"r5"})
+    assert _levels(desc(hand["r1"], kinds=["parent"]), {"r2", "f1"}, {"r3", "f2"}, {"m"}, {"r5"})
+    assert _levels(desc(hand["r1"], max_depth=1), {"r2", "f1"})
+    assert desc(hand["r1"], max_depth=1) == sorted(["r2", "f1"], key=hand.__getitem__)  # siblings by id
+    assert _levels(desc(hand["r1"], kinds=["parent", "merge"], max_depth=3), {"r2", "f1"}, {"r3", "f2"}, {"m"})
+    assert desc(hand["f2"]) == ["m", "r5"]
+    assert desc(hand["f2"], kinds=["parent"]) == []
+    assert desc(hand["r2"], kinds=["transfer"]) == ["t1"]
+    assert desc("main") == [] and desc(hand["u0"]) == []
+    assert _levels(desc(hand["o"]), {"p", "q"}, {"A", "B"}, {"A2", "B2"}, {"C"})
+
+
+def test_merge_base(hand: Hand) -> None:
+    mb = lambda a, b, **kw: hand.labels(queries.merge_base(hand.repo, a, b, **kw))  # noqa: E731
+    assert mb("main", "feat") == ["f2"]  # feat was merged into main
+    assert mb("feat", "main") == ["f2"]
+    assert mb(hand["f2"], hand["r3"]) == ["r1"]
+    assert mb(hand["f1"], hand["r2"]) == ["r1"]
+    assert mb("ft", "main") == ["r2"]  # through the transfer edge
+    assert mb("ft", "main", kinds=["parent", "merge"]) == []
+    assert mb(hand["r5"], hand["r5"]) == ["r5"]
+    assert mb(hand["r0"], hand["r5"]) == ["r0"]
+    assert mb("main", "other") == [] and mb("main", "x") == []
+    # Criss-cross: the two branches share two best common ancestors.
+    assert mb(hand["A2"], hand["B2"]) == hand.by_gen_desc("p", "q")
+    assert mb(hand["A"], hand["B"]) == hand.by_gen_desc("p", "q")
+    assert mb(hand["A"], hand["B"], kinds=["parent"]) == ["o"]
+    assert mb(hand["C"], hand["A"]) == ["A"]
+    assert mb(hand["q"], hand["p"]) == ["o"]
+
+
+def test_path(hand: Hand) -> None:
+    path = lambda a, b, **kw: hand.labels(queries.path(hand.repo, a, b, **kw))  # noqa: E731
+    assert path(hand["f2"], hand["r3"]) == ["f2", "f1", "r1", "r2", "r3"]
+    assert path(hand["r3"], hand["f2"]) == ["r3", "r2", "r1", "f1", "f2"]
+    assert path("main", hand["r1"]) == ["r5", "m", "r3", "r2", "r1"]  # first parents win the tie
+    assert path(hand["r1"], "main") == ["r1", "r2", "r3", "m", "r5"]
+    assert path("main", "feat") == ["r5", "m", "f2"]
+    assert path("ft", hand["r3"]) == ["t2", "t1", "r2", "r3"]
+    assert path("ft", hand["r3"], kinds=["parent", "merge"]) == []
+    assert path(hand["m"], hand["m"]) == ["m"]
+    assert path("main", "other") == []
+    turn = hand.by_gen_desc("p", "q")[0]  # equal lengths and generations: the smaller id
+    assert path(hand["A2"], hand["B2"]) == ["A2", "A", turn, "B", "B2"]
+
+
+def test_unknown_revisions_and_bad_arguments(hand: Hand) -> None:
+    for call in (
+        lambda: queries.ancestors(hand.repo, "nope"),
+        lambda: queries.descendants(hand.repo, "main~40"),
+        lambda: queries.path(hand.repo, "main", "nope"),
+        lambda: queries.merge_base(hand.repo, "nope", "main"),
+        lambda: queries.best(hand.repo, "val_loss", branch="nope"),
+        lambda: queries.log(hand.repo, "nope", where="step > 1"),
+    ):
+        with pytest.raises(errors.UnknownRevision):
+            call()
+    for call in (
+        lambda: queries.ancestors(hand.repo, "main", kinds=["parent", "child"]),
+        lambda: queries.ancestors(hand.repo, "main", kinds=[]),
+        lambda: queries.descendants(hand.repo, "main", max_depth=0),
+        lambda: queries.best(hand.repo, "val_loss", limit=0),
+        lambda: queries.log(hand.repo, limit=0),
+    ):
+        with pytest.raises(errors.UsageError):
+            call()
+
+
+# -- where ----------------------------------------------------------------------------------
+
+
+def _where(hand: Hand, text: str, rev: str | None = None) -> set[str]:
+    return set(hand.labels([c.id for c in queries.log(hand.repo, rev, where=text)]))
+
+
+ALL = {label for label, *_ in PLAN}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("val_loss < 2.1", {"r2", "f2", "r3", "m"}),
+        ("val_loss <= 2.0", {"r2", "f2", "m"}),
+        ("val_loss > 2.4", {"r0", "r1", "u0"}),
+        ("val_loss >= 2.4", {"r0", "r1", "u0", "t1"}),
+        ("val_loss == 2.0", {"r2"}),
+        ("val_loss != 2.0", {"r0", "r1", "f1", "f2", "r3", "m", "t1", "t2", "u0"}),
+        ("2.1 > val_loss", {"r2", "f2", "r3", "m"}),
+        ("metric('val_loss') < 2.1", {"r2", "f2", "r3", "m"}),
+        ("not val_loss < 2.1", ALL - {"r2", "f2", "r3", "m"}),  # a missing metric: the comparison is false
+        ("acc > 0.2 or step >= 400", {"f2", "r5"}),
+        ("acc < val_loss", {"r1", "f2"}),
+        ("(val_loss < 2.1 and step >= 300) or branch == 'feat'", {"r3", "m", "f1", "f2"}),
+        ("step >= 100 and not branch == \"main\"", {"f1", "f2"}),
+        ("not step < 100", ALL - {"r0", "t2", "u0"}),  # commits without a step
+        ("epoch == 1", {"r5"}),
+        ("nonfinite > 0", {"f1"}),
+        ("message == 'm' OR message == 'A'", {"m", "A"}),
+        ("branch > 'w'", {"o", "p", "A", "A2", "C", "q", "B", "B2"}),
+        ("branch == \"main'; DROP TABLE commits; --\"", set()),
+    ],
+)
+def test_where(hand: Hand, text: str, expected: set[str]) -> None:
+    assert _where(hand, text) == expected
+
+
+def test_where_time_and_rev(hand: Hand) -> None:
+    commits = {hand.labels([c.id])[0]: c for c in hand.repo.log()}
+    at = commits["m"].created_at
+    assert _where(hand, f"time >= '{at.isoformat()}'") == {x for x, c in commits.items() if c.created_at >= at}
+    local = at.astimezone(timezone(timedelta(hours=5))).isoformat()
+    assert _where(hand, f"created_at < '{local}'") == {x for x, c in commits.items() if c.created_at < at}
+    assert _where(hand, "time < 2000-01-01") == set()
+    assert _where(hand, "val_loss < 2.3", rev="main") == {"r2", "f1", "f2", "r3", "m"}
+    assert [hand.labels([c.id])[0] for c in queries.log(hand.repo, "main", where="val_loss < 2.3", limit=2,
+                                                         offset=1)] == ["r3", "f2"]
+
+
+def _counts(hand: Hand) -> dict[str, int]:
+    with hand.repo._sessions() as s:
+        return {m.__tablename__: s.scalar(select(func.count()).select_from(m)) or 0 for m in (Commit, Edge, Metric)}
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["step = 1; DROP TABLE commits", "'x' OR 1=1 --", "val_loss < 2; DELETE FROM metrics", "step > 0) OR (1=1",
+     "1 == 1", "commits.step > 0", "val_los < 2"],
+)  # fmt: skip
+def test_where_errors_change_nothing(hand: Hand, text: str) -> None:
+    before = _counts(hand)
+    with pytest.raises(errors.UsageError) as info:
+        queries.log(hand.repo, where=text)
+    assert info.value.exit_code == 2
+    assert _counts(hand) == before
+    assert {"commits", "edges", "metrics"} <= set(inspect(hand.repo._engine).get_table_names())
+
+
+def test_unknown_name_lists_fields_and_metrics(hand: Hand) -> None:
+    with pytest.raises(errors.UsageError) as info:
+        queries.log(hand.repo, where="val_los < 2 and step > 1")
+    assert "'val_los'" in info.value.message and "val_loss" in info.value.message
+    assert "step" in info.value.hint and "acc, val_loss" in info.value.hint
+
+
+# -- best -----------------------------------------------------------------------------------
+
+
+def test_best(hand: Hand) -> None:
+    best = lambda metric, **kw: hand.labels([c.id for c in queries.best(hand.repo, metric, **kw)])  # noqa: E731
+    assert best("val_loss") == ["m"]
+    assert best("val_loss", limit=3) == ["m", "f2", "r2"]
+    assert best("val_loss", maximize=True, limit=2) == ["u0", "r0"]
+    assert best("val_loss", branch="feat", limit=10) == ["f2", "f1", "r1", "r0"]
+    assert best("val_loss", subtree=hand["r2"], limit=10) == ["m", "r2", "r3", "t2", "t1"]
+    assert best("val_loss", branch="main", subtree=hand["f1"], limit=10) == ["m", "f2", "f1"]
+    assert best("acc", maximize=True) == ["f2"]
+    assert best("acc", subtree="ft") == []
+    assert queries.best(hand.repo, "val_loss")[0].metrics["val_loss"] == 1.8
+    with pytest.raises(errors.UsageError, match="unknown field or metric 'loss'"):
+        queries.best(hand.repo, "loss")
+
+
+# -- random DAGs against brute force ------------------------------------------------------------
+
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def _random_dag(repo: ckptrepo.Repo, n: int, seed: int) -> tuple[list[str], dict[str, list[tuple[str, str]]]]:
+    """Insert ``n`` commits in a few long lines with forks, merges and transfers; returns the ids
+    (oldest first) and each commit's parents as (id, kind) in position order."""
+    rng = random.Random(seed)
+    ids = [f"{seed:08x}{i:056x}" for i in range(n)]
+    parents: dict[str, list[tuple[str, str]]] = {}
+    gen: dict[str, int] = {}
+    heads: list[str] = []  # a few long lines, so histories run many bands deep
+    rows, edges = [], []
+    for i, cid in enumerate(ids):
+        ps: list[tuple[str, str]] = []
+        if heads and rng.random() > 0.01:
+            roll = rng.random()
+            first = rng.choice(heads) if roll < 0.9 else rng.choice(ids[:i])  # continue a line, or fork
+            ps.append((first, "parent"))
+            if first in heads:
+                heads.remove(first)
+            for kind, chance in (("merge", 0.06), ("merge", 0.02), ("transfer", 0.03)):
+                other = rng.choice(ids[:i])
+                if rng.random() < chance and other not in {p for p, _ in ps}:
+                    ps.append((other, kind))
+        heads = [*heads, cid][-3:]
+        parents[cid] = ps
+        gen[cid] = 1 + max((gen[p] for p, _ in ps), default=0)
+        rows.append({"id": cid, "created_at": T0 + timedelta(seconds=i), "generation": gen[cid], "skeleton": {},
+                     "step": i, "branch": f"line{i % 3}"})
+        edges += [{"child_id": cid, "parent_id": p, "kind": k, "position": j} for j, (p, k) in enumerate(ps)]
+    with write_connection(repo._engine) as conn:
+        conn.execute(insert(Commit), rows)
+        if edges:
+            conn.execute(insert(Edge), edges)
+        conn.execute(insert(Metric), [{"commit_id": c, "name": "loss", "value": rng.random()} for c in ids])
+    return ids, parents
+
+
+def _dist(start: str, parents: dict[str, list[tuple[str, str]]], kinds: set[str]) -> dict[str, int]:
+    dist, queue = {start: 0}, deque([start])
+    while queue:
+        node = queue.popleft()
+        for p, k in parents[node]:
+            if k in kinds and p not in dist:
+                dist[p] = dist[node] + 1
+                queue.append(p)
+    return dist
+
+
+def _dist_up(start: str, children: dict[str, set[str]]) -> dict[str, int]:
+    dist, queue = {start: 0}, deque([start])
+    while queue:
+        node = queue.popleft()
+        for c in children[node]:
+            if c not in dist:
+                dist[c] = dist[node] + 1
+                queue.append(c)
+    return dist
+
+
+@pytest.mark.parametrize("kinds", [graph.EDGE_KINDS, ("merge", "parent")])
+def test_random_dags_match_brute_force(tmp_path: Path, db_url: str, kinds: tuple[str, ...]) -> None:
+    with ckptrepo.Repo.init(tmp_path / "rand", db_url=db_url) as repo:
+        ids, parents = _random_dag(repo, 450, seed=len(kinds))
+        rng = random.Random(7)
+        allowed = set(kinds)
+        children: dict[str, set[str]] = {c: set() for c in ids}
+        for child, ps in parents.items():
+            for p, kind in ps:
+                if kind in allowed:
+                    children[p].add(child)
+        with repo._sessions() as s:
+            gen = dict(s.execute(select(Commit.id, Commit.generation)).all())
+            for _ in range(40):
+                a, b = rng.choice(ids[len(ids) // 2 :]), rng.choice(ids)
+                da, db = _dist(a, parents, allowed), _dist(b, parents, allowed)
+                common = da.keys() & db.keys()
+                bases = sorted((c for c in common if not children[c] & common), key=lambda c: (-gen[c], c))
+                assert graph.merge_bases(s, a, b, kinds) == bases
+                chain = graph.shortest_path(s, a, b, kinds)
+                if not common:
+                    assert chain == []
+                    continue
+                length = min(da[c] + db[c] for c in common)
+                turn = min((c for c in common if da[c] + db[c] == length), key=lambda c: (-gen[c], c))
+                assert len(chain) == length + 1 and chain[0] == a and chain[-1] == b and turn in chain
+                k = chain.index(turn)
+                steps = list(itertools.pairwise(chain))
+                for x, y in steps[:k]:  # down to the turn
+                    assert y in {p for p, kind in parents[x] if kind in allowed}
+                for x, y in steps[k:]:  # up from it
+                    assert x in {p for p, kind in parents[y] if kind in allowed}
+                found = graph.ancestor_ids(s, a, kinds)
+                assert set(found) == set(da) - {a} and [da[x] for x in found] == sorted(da[x] for x in found)
+                assert graph.ancestor_ids(s, a, kinds, 3) == [x for x in found if da[x] <= 3]
+                dd = _dist_up(b, children)
+                found = graph.descendant_ids(s, b, kinds, 4)
+                assert set(found) == {x for x, d in dd.items() if 0 < d <= 4}
+                assert [dd[x] for x in found] == sorted(dd[x] for x in found)
+            for head in ids[-5:] + rng.sample(ids, 5):
+                full = graph.log_commits(s, head, None)
+                assert [c.id for c in full] == sorted(_dist(head, parents, set(graph.EDGE_KINDS)),
+                                                      key=lambda c: (-ids.index(c), c))
+                for limit, offset in ((1, 0), (50, 0), (30, 70), (500, 0)):
+                    page = graph.log_commits(s, head, limit, offset)
+                    assert [c.id for c in page] == [c.id for c in full[offset : offset + limit]]
+                wanted = set(s.scalars(select(Metric.commit_id).where(Metric.name == "loss", Metric.value < 0.5)))
+                page = queries.log(repo, head, where="loss < 0.5 and step >= 10", limit=40, offset=5)
+                expect = [c.id for c in full if c.id in wanted and ids.index(c.id) >= 10][5:45]
+                assert [c.id for c in page] == expect
+
+
+# -- CLI --------------------------------------------------------------------------------------
+
+
+def _run(hand: Hand, *args: str) -> Result:
+    return CliRunner().invoke(app, ["--repo", str(hand.path), *args], catch_exceptions=False)
+
+
+def _ids(hand: Hand, result: Result) -> list[str]:
+    assert result.exit_code == 0, result.stderr
+    return hand.labels([c["id"] for c in json.loads(result.stdout)])
+
+
+def _one_line_error(result: Result, code: int) -> str:
+    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith("error: ") and len(lines) == 2 and lines[1].startswith("hint: "), lines
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    return lines[0]
+
+
+def test_cli_lineage_json(hand: Hand) -> None:
+    assert _ids(hand, _run(hand, "lineage", "ancestors", "main", "--json")) == ["m", "r3", "f2", "r2", "f1", "r1",
+                                                                                "r0"]
+    assert _ids(hand, _run(hand, "lineage", "ancestors", "main", "--kind", "parent", "--depth", "2", "--json")) == [
+        "m", "r3"]
+    assert _ids(hand, _run(hand, "lineage", "descendants", hand["f2"], "-k", "parent", "-k", "merge", "--json")) == [
+        "m", "r5"]
+    assert _ids(hand, _run(hand, "lineage", "descendants", hand["r2"], "--kind", "transfer", "--json")) == ["t1"]
+    assert _ids(hand, _run(hand, "lineage", "path", hand["f2"], hand["r3"], "--json")) == ["f2", "f1", "r1", "r2",
+                                                                                           "r3"]
+    bases = _ids(hand, _run(hand, "lineage", "merge-base", hand["A2"], hand["B2"], "--json"))
+    assert bases == hand.by_gen_desc("p", "q")
+    assert _ids(hand, _run(hand, "lineage", "merge-base", "main", "other", "--json")) == []
+    doc = json.loads(_run(hand, "best", "--metric", "val_loss", "-n", "2", "--json").stdout)
+    assert [(hand.labels([d["id"]])[0], d["value"]) for d in doc] == [("m", 1.8), ("f2", 1.9)]
+    assert _ids(hand, _run(hand, "best", "-m", "val_loss", "--max", "--branch", "feat", "--json")) == ["r0"]
+    assert _ids(hand, _run(hand, "best", "-m", "val_loss", "--subtree", "ft", "-n", "5", "--json")) == ["t2"]
+    assert _ids(hand, _run(hand, "log", "--where", "val_loss < 2.1 and step >= 300", "--json")) == ["m", "r3"]
+    assert _ids(hand, _run(hand, "log", "feat", "-w", "acc > 0", "--json")) == ["f2", "r1"]
+
+
+def test_cli_text(hand: Hand) -> None:
+    out = _run(hand, "lineage", "path", "main", "feat")
+    assert out.exit_code == 0 and [line[:2] for line in out.stdout.splitlines()] == ["* ", "v ", "v "]
+    out = _run(hand, "best", "--metric", "val_loss", "-n", "3")
+    assert out.exit_code == 0 and "1.8" in out.stdout and "val_loss" in out.stdout
+    out = _run(hand, "lineage", "merge-base", "main", "other")
+    assert out.exit_code == 1 and "no common ancestor" in out.stderr
+    out = _run(hand, "log", "main", "--graph")
+    rows = out.stdout.splitlines()
+    assert out.exit_code == 0 and sum(r.lstrip("|/\\ ").startswith("*") for r in rows) == 8
+    assert rows[0].startswith("* ") and "|\\" in rows[2]
+
+
+def test_cli_errors(hand: Hand) -> None:
+    before = _counts(hand)
+    assert "unknown revision" in _one_line_error(_run(hand, "lineage", "ancestors", "nope"), 3).lower()
+    _one_line_error(_run(hand, "lineage", "merge-base", "main", "nope~3"), 3)
+    assert "share no ancestor" in _one_line_error(_run(hand, "lineage", "path", "main", "other"), 3)
+    _one_line_error(_run(hand, "lineage", "path", "main", "other", "--json"), 3)
+    assert "edge kind" in _one_line_error(_run(hand, "lineage", "descendants", "main", "--kind", "parent,child"), 2)
+    for bad in ("step = 1; DROP TABLE commits", "'x' OR 1=1 --", "val_loss <", "(step > 1"):
+        assert "where expression" in _one_line_error(_run(hand, "log", "--where", bad), 2)
+        _one_line_error(_run(hand, "log", "--where", bad, "--json"), 2)
+    assert "val_loss" in _run(hand, "log", "--where", "val_los < 2").stderr
+    _one_line_error(_run(hand, "best", "--metric", "nope"), 2)
+    assert _counts(hand) == before
+
+
+# -- the graph drawing ------------------------------------------------------------------------
+
+
+def _c(cid: str, *parents: str) -> Any:
+    commit = ckptrepo.types.Commit(
+        id=cid, message=cid, created_at=T0, author="", host="", branch=None, step=None, epoch=None,
+        parents=tuple(Parent(p, "parent" if i == 0 else "merge") for i, p in enumerate(parents)), metrics={},
+        config=None, code_version=None, n_tensors=0, logical_bytes=0, new_bytes=0, stored_bytes=0, stall_s=0.0,
+        wait_s=0.0, persist_s=0.0,
+    )  # fmt: skip
+    return commit
+
+
+def _draw(*commits: Any) -> list[str]:
+    return [f"{prefix} {c.id}" if c else prefix for prefix, c in graph_rows(list(commits))]
+
+
+def test_graph_drawing() -> None:
+    assert _draw(_c("m", "a2", "b2"), _c("b2", "b1"), _c("a2", "a1"), _c("b1", "a1"), _c("a1")) == [
+        "* m", "|\\", "| * b2", "* | a2", "| * b1", "|/", "* a1"]
+    assert _draw(_c("x2", "x1"), _c("y1", "x1"), _c("x1")) == ["* x2", "| * y1", "|/", "* x1"]
+    assert _draw(_c("z", "w"), _c("o", "a", "b", "c"), _c("c", "w"), _c("b", "w"), _c("a", "w"), _c("w")) == [
+        "* z", "| *-. o", "| |\\ \\", "| | | * c", "| | * | b", "| * | | a", "|/ / /", "|/ /", "|/", "* w"]
+    # Parents outside the listing (another page, filtered out) end their lane; children always come first.
+    assert _draw(_c("t1"), _c("t2", "t1", "gone"), _c("u1")) == ["* t2", "* t1", "* u1"]
+    assert _draw(_c("r1"), _c("s1", "r1"), _c("u1")) == ["* s1", "* r1", "* u1"]
