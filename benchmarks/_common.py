@@ -84,25 +84,33 @@ def goal_note(ratio: float, limit: float, *, at_most: bool = True) -> str:
 
 
 class ForeignLoad:
-    """CPU used by other processes while a block ran, as a share of all cores (Linux).
+    """What other processes took of this machine while a block ran (Linux /proc).
 
-    ``with ForeignLoad() as load: ...`` then ``load.share`` (0.0 .. 1.0; NaN where /proc
-    is missing): how much of the machine someone else took, to judge a timing's noise.
+    ``with ForeignLoad() as load: ...`` then ``load.share``: CPU they used, as a share of all
+    cores (0.0 .. 1.0), and ``load.write_mib_s``: what they wrote to disk, MiB/s (disk-wide
+    writes minus this process's own). NaN where /proc is missing. Timings are only as good
+    as both are small.
     """
 
     def __init__(self) -> None:
         self.share = float("nan")
+        self.write_mib_s = float("nan")
 
     @staticmethod
-    def _sample() -> tuple[float, float, float] | None:
+    def _sample() -> tuple[float, float, float, float] | None:
         try:
             fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
             own = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            disks = {p.name for p in Path("/sys/block").iterdir() if not p.name.startswith(("loop", "zram", "ram"))}
+            sectors = sum(int(line.split()[9]) for line in Path("/proc/diskstats").read_text().splitlines()
+                          if line.split()[2] in disks)
+            io = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
+        except (OSError, ValueError, IndexError):
             return None
         ticks = [int(x) for x in fields]
         busy = sum(ticks) - ticks[3] - ticks[4]  # all but idle and iowait
-        return float(busy), float(int(own[11]) + int(own[12])), time.monotonic()
+        own_written = int(io["write_bytes"]) - int(io["cancelled_write_bytes"])
+        return float(busy), float(int(own[11]) + int(own[12])), 512.0 * sectors - own_written, time.monotonic()
 
     def __enter__(self) -> ForeignLoad:
         return self.start()
@@ -118,34 +126,40 @@ class ForeignLoad:
         end = self._sample()
         if self._start is None or end is None:
             return
-        hz = os.sysconf("SC_CLK_TCK")
-        wall = end[2] - self._start[2]
+        wall = end[3] - self._start[3]
         if wall > 0:
             foreign = (end[0] - self._start[0]) - (end[1] - self._start[1])
-            self.share = max(0.0, foreign / hz / (wall * (os.cpu_count() or 1)))
+            self.share = max(0.0, foreign / os.sysconf("SC_CLK_TCK") / (wall * (os.cpu_count() or 1)))
+            self.write_mib_s = max(0.0, (end[2] - self._start[2]) / (1 << 20) / wall)
+
+    def noisy(self, max_share: float, max_write_mib_s: float) -> bool:
+        """True if others took more than ``max_share`` of the CPU or wrote faster than ``max_write_mib_s``."""
+        return self.share > max_share or self.write_mib_s > max_write_mib_s
 
 
-def wait_quiet(max_share: float, timeout: float = 30.0, probe: float = 0.5) -> float:
-    """Wait (up to ``timeout`` s) until other processes use at most ``max_share`` of the CPU
-    over a ``probe``-second sample; returns the seconds waited."""
+def wait_quiet(max_share: float, max_write_mib_s: float = 20.0, timeout: float = 30.0, probe: float = 0.5) -> float:
+    """Wait (up to ``timeout`` s) until other processes leave the CPU and the disk alone over
+    a ``probe``-second sample; returns the seconds waited."""
     start = time.monotonic()
     while time.monotonic() - start < timeout:
         with ForeignLoad() as load:
             time.sleep(probe)
-        if not load.share > max_share:
+        if not load.noisy(max_share, max_write_mib_s):
             break
     return time.monotonic() - start
 
 
-def quiet_run(fn: Callable[[], Any], max_share: float, retries: int) -> tuple[Any, float, int]:
+def quiet_run(
+    fn: Callable[[], Any], max_share: float, retries: int, max_write_mib_s: float = 20.0
+) -> tuple[Any, ForeignLoad, int]:
     """Run ``fn`` once the machine is quiet; again (up to ``retries`` times) when other
-    processes took more than ``max_share`` of the CPU meanwhile. Returns the last result,
-    the foreign share during it and how many runs were thrown away."""
+    processes took more than ``max_share`` of the CPU or wrote more than ``max_write_mib_s``
+    to disk meanwhile. Returns the last result, the load during it and the runs thrown away."""
     thrown = 0
     while True:
-        wait_quiet(max_share)
+        wait_quiet(max_share, max_write_mib_s)
         with ForeignLoad() as load:
             result = fn()
-        if not load.share > max_share or thrown >= retries:
-            return result, load.share, thrown
+        if not load.noisy(max_share, max_write_mib_s) or thrown >= retries:
+            return result, load, thrown
         thrown += 1

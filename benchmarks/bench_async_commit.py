@@ -4,8 +4,9 @@ The state is training-loop-like: a nested dict of fp32 tensors laid out like a m
 AdamW moments (``{"model": {...}, "optim": {"exp_avg": {...}, "exp_avg_sq": {...}}}``), 1 GiB
 by default, the same object for every peer. Each round runs every measurement once (the
 order rotates from round to round); the table shows medians over the rounds. Other processes
-share this machine: a measurement starts when they leave the CPU idle and is run again
-(``--retries``) when they took more than ``--max-foreign`` of it meanwhile; the share is printed.
+share this machine: a measurement starts when they leave the CPU and the disk alone and is run
+again (``--retries``) when they took more than ``--max-foreign`` of the CPU or wrote more than
+``--max-write`` MiB/s meanwhile; what they took is printed.
 
 Stall (what the training thread is blocked for), on the SAME state object committed again
 and again into one repository, with a tiny in-place change to one tensor between commits
@@ -165,6 +166,7 @@ class Bench:
         self.t: dict[str, list[float]] = {}
         self.cur: dict[str, float] = {}
         self.foreign: list[float] = []
+        self.foreign_write: list[float] = []
         self.thrown = 0
         self.round = 0
         self.bufs = [torch.empty_like(t) for t in tensors_of(state)]
@@ -178,19 +180,22 @@ class Bench:
     def add(self, key: str, value: float) -> None:
         self.cur[key] = value
 
-    def run(self, peer: Callable[[], None], max_foreign: float, retries: int) -> None:
+    def run(self, peer: Callable[[], None], args: argparse.Namespace, retries: int | None = None) -> None:
         """Run one measurement when the machine is quiet; keep it unless other processes
-        took more than ``max_foreign`` of the CPU meanwhile (then run it again)."""
+        took more than ``--max-foreign`` of the CPU or wrote more than ``--max-write`` MiB/s
+        meanwhile (then run it again, up to ``--retries`` times)."""
 
         def once() -> dict[str, float]:
             self.cur = {}
             peer()
             return self.cur
 
-        kept, share, thrown = quiet_run(once, max_foreign, retries)
+        kept, load, thrown = quiet_run(once, args.max_foreign, args.retries if retries is None else retries,
+                                       args.max_write)
         for key, value in kept.items():
             self.t.setdefault(key, []).append(value)
-        self.foreign.append(share)
+        self.foreign.append(load.share)
+        self.foreign_write.append(load.write_mib_s)
         self.thrown += thrown
 
     def fresh(self, name: str) -> Path:
@@ -282,7 +287,7 @@ def run(base: Path, args: argparse.Namespace) -> None:
     try:
         # Warm-up, reported apart: the first commit allocates (and faults in) the staging arena;
         # dcp's first calls set up their planners.
-        bench.run(lambda: bench.ckpt_stall(first=True), args.max_foreign, 0)
+        bench.run(lambda: bench.ckpt_stall(first=True), args, retries=0)
         bench.async_save(reused=False, first=True)
         bench.async_save(reused=True, first=True)
         peers: list[Callable[[], None]] = [
@@ -292,7 +297,7 @@ def run(base: Path, args: argparse.Namespace) -> None:
         for r in range(args.rounds):
             bench.round = r + 1
             for peer in peers[r % len(peers):] + peers[: r % len(peers)]:
-                bench.run(peer, args.max_foreign, args.retries)
+                bench.run(peer, args)
             print(f"  round {r + 1}/{args.rounds}: stall {bench.t['stall'][-1]:.3f} s, "
                   f"durable {bench.t['durable'][-1]:.3f} s, dcp.save {bench.t['dcp_save'][-1]:.3f} s", flush=True)
     finally:
@@ -300,9 +305,11 @@ def run(base: Path, args: argparse.Namespace) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
 
-    print(f"  other processes took {100 * median(bench.foreign):.0f}% of the CPU (median over kept measurements; "
-          f"max {100 * max(bench.foreign):.0f}%; {bench.thrown} measurements run again because they exceeded "
-          f"{100 * args.max_foreign:.0f}%)", flush=True)
+    print(f"  other processes took {100 * median(bench.foreign):.0f}% of the CPU and wrote "
+          f"{median(bench.foreign_write):.0f} MiB/s (medians over kept measurements; "
+          f"max {100 * max(bench.foreign):.0f}%, "
+          f"{max(bench.foreign_write):.0f} MiB/s); {bench.thrown} measurements run again because they exceeded "
+          f"{100 * args.max_foreign:.0f}% or {args.max_write:g} MiB/s", flush=True)
     print("  peak RSS children ...", flush=True)
     rss = {what: measure_rss(base, args, what) for what in ("baseline", "1", "2")}
 
@@ -344,6 +351,7 @@ def run(base: Path, args: argparse.Namespace) -> None:
         rows,
         {"mib": mib, "rounds": args.rounds, "process_group": "none (no_dist)" if args.no_pg else "gloo world_size=1",
          "new_bytes": new_mib * MIB, "samples": bench.t, "rss": rss, "foreign_cpu": bench.foreign,
+         "foreign_write_mib_s": bench.foreign_write,
          "thrown": bench.thrown, "cpus": os.cpu_count(),
          "workers": os.environ.get("CKPT_WORKERS") or os.cpu_count()},
     )
@@ -358,6 +366,8 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir under /work)")
     ap.add_argument("--max-foreign", type=float, default=0.10,
                     help="run a measurement again when other processes took more than this share of the CPU (0.10)")
+    ap.add_argument("--max-write", type=float, default=20.0,
+                    help="... or when they wrote more than this many MiB/s to disk (default 20)")
     ap.add_argument("--retries", type=int, default=2, help="at most this many re-runs per measurement (default 2)")
     ap.add_argument("--rss-commits", type=int, default=4, help=argparse.SUPPRESS)
     ap.add_argument("--rss-child", default=None, help=argparse.SUPPRESS)

@@ -17,14 +17,19 @@ full interval of training):
 Each ckptrepo segment uses a fresh repository whose staging arena was allocated by an
 untimed warm-up commit (steady state). The model keeps training across segments; the order
 of segments rotates from round to round, and every figure is the median over ``--rounds``.
-Other processes share this machine: a segment starts when they leave the CPU idle and is run
-again (``--retries``) when they took more than ``--max-foreign`` of it meanwhile.
+Other processes share this machine: a segment starts when they leave the CPU and the disk alone
+and is run again (``--retries``) when they took more than ``--max-foreign`` of the CPU or wrote
+more than ``--max-write`` MiB/s meanwhile.
 
 Overhead % = segment time / (steps x its neighbours' no-checkpoint s/step) - 1. "fits" says whether one
 commit's background work (persist_s) finished within its interval (k x step time). The
 "during phase 2" column is the median time of training steps that overlapped some commit's
 phase 2, against the median of steps that did not: the slowdown phase 2 inflicts on the
-training thread (GIL and CPU contention together).
+training thread (GIL and CPU contention together). "attrib %" estimates the overhead from
+inside each segment (checkpoint calls + final flush + the extra time of overlapped steps, over
+the segment's other steps): robust to load from other processes, but blind to a slowdown
+that lasts the whole segment (e.g. while a repository's idle threads exist), which only the
+wall column shows.
 
     python benchmarks/bench_training.py [--steps 200] [--rounds 3] [--quick] [--nice] [--dir PATH]
 """
@@ -123,7 +128,7 @@ class Segment:
     wait: list[float] = field(default_factory=list)
     new_bytes: list[int] = field(default_factory=list)
     flush: float = 0.0
-    foreign: float = float("nan")  # share of the machine's CPU other processes used meanwhile
+    load: ForeignLoad = field(default_factory=ForeignLoad)  # what other processes took meanwhile
 
 
 def renice_new_threads(before: set[int], niceness: int) -> int:
@@ -188,7 +193,7 @@ def run_segment(cfg: Config, trainer: Trainer, steps: int, base: Path) -> Segmen
         seg.total = end - start
         seg.flush = end - flush_start
         load.stop()
-        seg.foreign = load.share
+        seg.load = load
         for (staged, _), c in zip(handles, commits, strict=True):
             seg.windows.append((staged, staged + c.persist_s))
             seg.persist.append(c.persist_s)
@@ -240,6 +245,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="~1.5 minutes: one round, no CKPT_WORKERS=1 variant")
     ap.add_argument("--max-foreign", type=float, default=0.10,
                     help="run a segment again when other processes took more than this share of the CPU (0.10)")
+    ap.add_argument("--max-write", type=float, default=20.0,
+                    help="... or when they wrote more than this many MiB/s to disk (default 20)")
     ap.add_argument("--retries", type=int, default=2, help="at most this many re-runs per segment (default 2)")
     ap.add_argument("--nice", action="store_true", help="also k=10/50 with ckptrepo's threads at nice 19")
     ap.add_argument("--d-model", type=int, default=320)
@@ -275,21 +282,22 @@ def run(base: Path, args: argparse.Namespace) -> None:
 
     def measure(cfg: Config, steps: int) -> Segment:
         """One segment, started when the machine is quiet and run again (up to --retries
-        times) when other processes took more than --max-foreign of the CPU meanwhile."""
+        times) when other processes took more than --max-foreign of the CPU or wrote more than
+        --max-write MiB/s meanwhile."""
         for _ in range(args.retries):
-            wait_quiet(args.max_foreign)
+            wait_quiet(args.max_foreign, args.max_write)
             seg = run_segment(cfg, trainer, steps, base)
-            if not seg.foreign > args.max_foreign:
+            if not seg.load.noisy(args.max_foreign, args.max_write):
                 return seg
             thrown[cfg.name] += 1
-        wait_quiet(args.max_foreign)
+        wait_quiet(args.max_foreign, args.max_write)
         return run_segment(cfg, trainer, steps, base)
 
     results: dict[str, list[Segment]] = {c.name: [] for c in cfgs}
     overheads: dict[str, list[float]] = {c.name: [] for c in cfgs}
     attrib: dict[str, list[float]] = {c.name: [] for c in cfgs}
     none_steps: list[float] = []  # s/step of every no-checkpoint segment
-    foreign: list[float] = []  # share of the CPU other processes took during each segment
+    foreign: list[ForeignLoad] = []  # what other processes took during each kept segment
     started = time.perf_counter()
     for r in range(args.rounds):
         # none, c1, none, c2, ..., none: each configuration is compared with the no-checkpoint
@@ -300,32 +308,36 @@ def run(base: Path, args: argparse.Namespace) -> None:
         none_seg = measure(cfgs[0], args.none_steps)
         before = none_seg.total / args.none_steps
         none_steps.append(before)
-        foreign.append(none_seg.foreign)
+        foreign.append(none_seg.load)
         for cfg in others:
             seg = measure(cfg, args.steps)
             none_seg = measure(cfgs[0], args.none_steps)
             after = none_seg.total / args.none_steps
             none_steps.append(after)
-            foreign.extend([seg.foreign, none_seg.foreign])
+            foreign.extend([seg.load, none_seg.load])
             results[cfg.name].append(seg)
             overheads[cfg.name].append(100.0 * (seg.total / (args.steps * (before + after) / 2) - 1.0))
             attrib[cfg.name].append(attributed(seg, (before + after) / 2))
             before = after
+        recent = foreign[-2 * len(others) - 1:]
         print(f"  round {r + 1}/{args.rounds} done ({time.perf_counter() - started:.0f} s; other processes took "
-              f"{100 * median(foreign[-2 * len(others) - 1:]):.0f}% of the CPU): overhead % wall/attributed: "
+              f"{100 * median([x.share for x in recent]):.0f}% of the CPU, wrote "
+              f"{median([x.write_mib_s for x in recent]):.0f} MiB/s): overhead % wall/attributed: "
               + ", ".join(f"{c.name} {overheads[c.name][-1]:.1f}/{attrib[c.name][-1]:.1f}" for c in cfgs[1:]),
               flush=True)
 
     step_none = median(none_steps)
-    print(f"\n{'config':<28}{'s/step':>8}{'overh %':>9}{'attrib %':>9}{'ckpts':>6}{'stall s':>9}{'wait s':>8}"
-          f"{'persist s':>10}{'interval s':>11}{'fits':>6}{'flush s':>8}{'step ms during/outside p2':>28}")
+    shares, writes = [x.share for x in foreign], [x.write_mib_s for x in foreign]
     extra: dict[str, Any] = {"steps": args.steps, "rounds": args.rounds, "state_mib": state_mib,
                              "params": trainer.params(), "step_none_s": step_none, "none_s_per_step": none_steps,
-                             "foreign_cpu": foreign, "thrown": thrown,
+                             "foreign_cpu": shares, "foreign_write_mib_s": writes, "thrown": thrown,
                              "configs": {}}
-    print(f"other processes took {100 * median(foreign):.0f}% of the CPU (median over kept segments; "
-          f"max {100 * max(foreign):.0f}%; {sum(thrown.values())} segments run again because they exceeded "
-          f"{100 * args.max_foreign:.0f}%): wall overheads are only as good as that is small")
+    print(f"\nother processes took {100 * median(shares):.0f}% of the CPU and wrote {median(writes):.0f} MiB/s "
+          f"(medians over kept segments; max {100 * max(shares):.0f}%, {max(writes):.0f} MiB/s); "
+          f"{sum(thrown.values())} segments run again because they exceeded {100 * args.max_foreign:.0f}% or "
+          f"{args.max_write:g} MiB/s: wall overheads are only as good as that is small")
+    print(f"{'config':<28}{'s/step':>8}{'overh %':>9}{'attrib %':>9}{'ckpts':>6}{'stall s':>9}{'wait s':>8}"
+          f"{'persist s':>10}{'interval s':>11}{'fits':>6}{'flush s':>8}{'step ms during/outside p2':>28}")
     print(f"{'none':<28}{step_none:8.4f}{0.0:9.1f}{0.0:9.1f}{0:6d}  ({len(none_steps)} segments of "
           f"{args.none_steps} steps between the others, {min(none_steps):.4f}..{max(none_steps):.4f} s/step)")
     for cfg in cfgs[1:]:
