@@ -174,7 +174,7 @@ class Bench:
             b.fill_(0)  # fault the pages in: the floor is a copy into mapped memory
         self.repo = ckptrepo.Repo.init(base / "loop-repo")
         self.reused_stager = DefaultStager(StagingOptions(False, False, False, False))
-        self.dcp_kw = {} if use_pg else {"no_dist": True}
+        self.no_dist = not use_pg
         self.n = 0
 
     def add(self, key: str, value: float) -> None:
@@ -233,9 +233,9 @@ class Bench:
 
     def async_save(self, reused: bool, first: bool = False) -> None:
         where = self.fresh("dcp-async")
-        kw = {"async_stager": self.reused_stager} if reused else {}
         start = time.perf_counter()
-        future = self.dcp.async_save(self.state, checkpoint_id=str(where), **kw, **self.dcp_kw)
+        future = self.dcp.async_save(self.state, checkpoint_id=str(where), no_dist=self.no_dist,
+                                     async_stager=self.reused_stager if reused else None)
         blocked = time.perf_counter() - start
         future.result()  # type: ignore[union-attr]
         fsync_dir(where)
@@ -250,7 +250,7 @@ class Bench:
     def dcp_save(self) -> None:
         where = self.fresh("dcp-save")
         start = time.perf_counter()
-        self.dcp.save(self.state, checkpoint_id=str(where), **self.dcp_kw)
+        self.dcp.save(self.state, checkpoint_id=str(where), no_dist=self.no_dist)
         fsync_dir(where)  # DCP fsyncs its files, not the new directory
         self.add("dcp_save", time.perf_counter() - start)
         shutil.rmtree(where)

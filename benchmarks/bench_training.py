@@ -1,8 +1,8 @@
 """Training overhead of checkpointing every k steps: ckptrepo commit vs torch.save+fsync vs none.
 
 A real CPU training loop: a small decoder-only transformer (``nn.TransformerEncoder`` with a
-causal mask, ~10M parameters) on synthetic tokens, AdamW. Every configuration runs the same
-``--steps`` steps of that loop and checkpoints the state ``{"model": model, "optim": opt}``
+causal mask, ~10M parameters) on synthetic tokens, AdamW. A configuration with interval k runs
+max(k, ``--steps``) steps of that loop and checkpoints the state ``{"model": model, "optim": opt}``
 at the start of every k-th step (steps 0, k, 2k, ...: each checkpoint is followed by one
 full interval of training):
   - none: no checkpointing, ``--none-steps`` steps before and after every other segment;
@@ -31,7 +31,7 @@ the segment's other steps): robust to load from other processes, but blind to a 
 that lasts the whole segment (e.g. while a repository's idle threads exist), which only the
 wall column shows.
 
-    python benchmarks/bench_training.py [--steps 200] [--rounds 3] [--quick] [--nice] [--dir PATH]
+    python benchmarks/bench_training.py [--steps 100] [--rounds 3] [--quick] [--nice] [--dir PATH]
 """
 
 from __future__ import annotations
@@ -239,9 +239,9 @@ def configs(args: argparse.Namespace) -> list[Config]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=200, help="training steps per segment (default 200)")
+    ap.add_argument("--steps", type=int, default=100, help="training steps per segment, at least k (default 100)")
     ap.add_argument("--rounds", type=int, default=None, help="rounds of every configuration (default 3; --quick 1)")
-    ap.add_argument("--none-steps", type=int, default=50, help="steps of each no-checkpoint segment (default 50)")
+    ap.add_argument("--none-steps", type=int, default=30, help="steps of each no-checkpoint segment (default 30)")
     ap.add_argument("--quick", action="store_true", help="~1.5 minutes: one round, no CKPT_WORKERS=1 variant")
     ap.add_argument("--max-foreign", type=float, default=0.10,
                     help="run a segment again when other processes took more than this share of the CPU (0.10)")
@@ -274,9 +274,9 @@ def run(base: Path, args: argparse.Namespace) -> None:
     cfgs = configs(args)
     print(f"load average at start {os.getloadavg()[0]:.1f} (other processes share these cores)")
     print(f"model: {trainer.params() / 1e6:.1f}M params, state {state_mib:.0f} MiB (model + AdamW); "
-          f"{args.steps} steps/segment, k in {KS}, {args.rounds} round(s); torch threads {torch.get_num_threads()}, "
-          f"cpus {os.cpu_count()}, CKPT_WORKERS default {os.environ.get('CKPT_WORKERS') or os.cpu_count()}; "
-          f"dir={base}", flush=True)
+          f"max(k, {args.steps}) steps/segment, k in {KS}, {args.rounds} round(s); "
+          f"torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}, "
+          f"CKPT_WORKERS default {os.environ.get('CKPT_WORKERS') or os.cpu_count()}; dir={base}", flush=True)
 
     thrown: dict[str, int] = {c.name: 0 for c in cfgs}
 
@@ -310,13 +310,14 @@ def run(base: Path, args: argparse.Namespace) -> None:
         none_steps.append(before)
         foreign.append(none_seg.load)
         for cfg in others:
-            seg = measure(cfg, args.steps)
+            steps = max(cfg.k, args.steps)
+            seg = measure(cfg, steps)
             none_seg = measure(cfgs[0], args.none_steps)
             after = none_seg.total / args.none_steps
             none_steps.append(after)
             foreign.extend([seg.load, none_seg.load])
             results[cfg.name].append(seg)
-            overheads[cfg.name].append(100.0 * (seg.total / (args.steps * (before + after) / 2) - 1.0))
+            overheads[cfg.name].append(100.0 * (seg.total / (steps * (before + after) / 2) - 1.0))
             attrib[cfg.name].append(attributed(seg, (before + after) / 2))
             before = after
         recent = foreign[-2 * len(others) - 1:]
@@ -342,7 +343,7 @@ def run(base: Path, args: argparse.Namespace) -> None:
           f"{args.none_steps} steps between the others, {min(none_steps):.4f}..{max(none_steps):.4f} s/step)")
     for cfg in cfgs[1:]:
         segs = results[cfg.name]
-        per_step = median([s.total / args.steps for s in segs])
+        per_step = median([s.total / len(s.steps) for s in segs])
         over = median(overheads[cfg.name])
         att = median(attrib[cfg.name])
         n_ck = len(segs[0].ckpt_times)
@@ -384,7 +385,7 @@ def run(base: Path, args: argparse.Namespace) -> None:
         info = extra["configs"][name]
         rows.append((f"{name} overhead % (wall)", info["overhead_pct"], "knob comparison"))
         rows.append((f"{name} overhead % (attributed)", info["attributed_pct"], "knob comparison"))
-    report(f"training overhead of checkpointing every k steps ({args.steps} steps/segment, median of "
+    report(f"training overhead of checkpointing every k steps (max(k, {args.steps}) steps/segment, median of "
            f"{args.rounds} round(s); final flush included)", rows, extra)
 
 

@@ -355,7 +355,7 @@ def unflatten(skeleton: Any, tensors: Mapping[str, torch.Tensor], *, allow_pickl
                     made[tag, name, extra] = _ENTRY_TAGS[tag](entry(name), extra)
                 return made[tag, name, extra]
             if tag == "p" and allow_pickle:
-                return pickle.loads(tensor_bytes(entry(arg)))
+                return pickle.loads(tensor_bytes(entry(arg)))  # allow_pickle: the caller opted in
             if tag == "p":
                 hint = "pass allow_pickle=True, for repositories you trust only: unpickling can run code"
                 raise UsageError(f"the value at {arg!r} was stored pickled; {hint}")

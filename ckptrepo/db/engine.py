@@ -34,9 +34,6 @@ from ckptrepo.errors import UsageError
 _SQLITE_BEGIN_OPTION = "ckpt_sqlite_begin"
 _WRITE_OPTIONS: dict[str, Any] = {_SQLITE_BEGIN_OPTION: "IMMEDIATE"}
 
-_SQLITE_MMAP = 1 << 30
-_SQLITE_CACHE_KIB = 64 << 10
-
 _URL_HINT = (
     "Use sqlite:///ABSOLUTE/PATH or postgresql://USER@HOST:PORT/DBNAME "
     "(PostgreSQL is reached through psycopg 3)."
@@ -108,8 +105,8 @@ def _sqlite_engine(url: str) -> Engine:
             cursor.execute("PRAGMA foreign_keys=ON")
             # Lineage queries walk indexes over millions of rows: read them through the page
             # cache mapping (no copy per page) and keep more of them per connection.
-            cursor.execute(f"PRAGMA mmap_size={_SQLITE_MMAP}")
-            cursor.execute(f"PRAGMA cache_size=-{_SQLITE_CACHE_KIB}")
+            cursor.execute("PRAGMA mmap_size=1073741824")  # 1 GiB
+            cursor.execute("PRAGMA cache_size=-65536")  # 64 MiB
         finally:
             cursor.close()
 
