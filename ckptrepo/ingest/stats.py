@@ -4,7 +4,8 @@ Statistics are gathered chunk by chunk while each chunk is hot in cache (``momen
 then merged per tensor (``combine``) with Chan's parallel update, so mean and std are
 exact to floating-point rounding however many chunks a tensor has. Floats narrower than
 float32 (fp16, bf16, fp8) and integers are widened per chunk; NaN and ±Inf are counted
-and left out of the other statistics. Dtypes torch cannot widen (float4, bits*) get none.
+and left out of the other statistics. Dtypes without numeric meaning (float4, bits*) get
+none. The arithmetic is numpy's, on the worker thread (see ``_as_numpy`` for why not torch).
 """
 
 from __future__ import annotations
@@ -14,23 +15,26 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from ckptrepo.state import SUPPORTED_DTYPES
 
-_NATIVE = {torch.float32, torch.float64}
 
-
-def _widens(dtype: torch.dtype) -> bool:
+def _lookup_table(dtype: torch.dtype) -> np.ndarray[Any, Any] | None:
+    """float32 value of each of the 256 bit patterns of a one-byte float dtype (float8 variants)."""
     try:
-        torch.zeros(4, dtype=dtype).to(torch.complex64 if dtype.is_complex else torch.float64)
-        return True
+        return torch.arange(256, dtype=torch.uint8).view(dtype).to(torch.float32).numpy()
     except (RuntimeError, NotImplementedError):
-        return False
+        return None  # float4 and bits*: no numeric meaning torch can give
 
 
-# Dtypes torch can convert to a wide type (float4 and the bits* types cannot): only these get statistics.
-_MEASURABLE = frozenset(d for d in SUPPORTED_DTYPES.values() if _widens(d))
+_INTEGERS = {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32, torch.uint64}
+_TABLES = {
+    d: table
+    for d in SUPPORTED_DTYPES.values()
+    if d.is_floating_point and d.itemsize == 1 and (table := _lookup_table(d)) is not None
+}
 
 
 @dataclass(frozen=True)
@@ -48,45 +52,72 @@ class Moments:
     real: bool = True  # False for complex tensors: only the L2 norm and abs-max apply
 
 
+def _as_numpy(x: torch.Tensor) -> np.ndarray[Any, Any] | None:
+    """``x`` (flat, CPU) as a float32/float64/complex numpy array, or None for dtypes without
+    numeric meaning (float4, bits*). Statistics use numpy only: torch kernels on ckptrepo's
+    worker threads would start OpenMP thread teams there, and with more OpenMP threads than
+    cores every later parallel region of the training thread pays a wake-up (measured: steps
+    23-31% slower for as long as the repository stays open)."""
+    d = x.dtype
+    if d in (torch.float32, torch.float64, torch.complex64, torch.complex128):
+        return x.numpy()
+    if d == torch.float16:
+        return x.numpy().astype(np.float32)
+    if d == torch.bfloat16:  # bf16 is the high half of a float32: widen by shifting, exactly
+        widened: np.ndarray[Any, Any] = x.view(torch.int16).numpy().view(np.uint16).astype(np.uint32) << 16
+        return widened.view(np.float32)
+    if d == torch.complex32:
+        return x.view(torch.int16).numpy().view(np.float16).astype(np.float32).view(np.complex64)
+    if d in _TABLES:
+        decoded: np.ndarray[Any, Any] = _TABLES[d][x.view(torch.uint8).numpy()]
+        return decoded
+    if d == torch.bool or d in _INTEGERS:
+        return x.numpy().astype(np.float64)
+    return None
+
+
 def moments(x: torch.Tensor) -> Moments:
     """Summary of the elements of ``x`` (any supported dtype, CPU, any shape)."""
-    x = x.reshape(-1)
-    if x.numel() == 0 or x.dtype not in _MEASURABLE:
+    arr = _as_numpy(x.reshape(-1)) if x.numel() else None
+    if arr is None:
         return Moments(real=not x.dtype.is_complex)
-    if x.dtype.is_complex:
-        mag = (x.to(torch.complex64) if x.dtype == torch.complex32 else x).abs()
-        nan, inf = 0, 0
-        if not math.isfinite(float(mag.sum())):
-            nan, inf, mag = _drop_nonfinite(mag)
-        sumsq = _square(float(torch.linalg.vector_norm(mag.double()))) if mag.numel() else 0.0
-        hi = float(mag.max()) if mag.numel() else -math.inf
-        return Moments(n=mag.numel(), sumsq=sumsq, lo=0.0, hi=hi, nan=nan, inf=inf, real=False)
-    if x.dtype not in _NATIVE:
-        x = x.to(torch.float64 if not x.dtype.is_floating_point or x.dtype == torch.bool else torch.float32)
-    total = float(x.sum())
-    nan, inf = 0, 0
-    if not math.isfinite(total):  # a finite sum means no NaN or Inf: count only otherwise
-        nan, inf, x = _drop_nonfinite(x)
-        total = float(x.sum())
-    n = x.numel()
+    if np.iscomplexobj(arr):
+        nan, inf, mag = _drop_nonfinite(np.abs(arr))
+        hi = float(mag.max()) if mag.size else -math.inf
+        return Moments(n=mag.size, sumsq=_sumsq(mag), lo=0.0, hi=hi, nan=nan, inf=inf, real=False)
+    nan, inf, arr = _drop_nonfinite(arr)
+    n = arr.size
     if n == 0:
         return Moments(nan=nan, inf=inf)
-    mean = total / n
-    extremes = torch.aminmax(x)
-    sumsq = _square(float(torch.linalg.vector_norm(x)))
-    m2 = _square(float(torch.linalg.vector_norm(x - mean)))
-    return Moments(n=n, mean=mean, m2=m2, sumsq=sumsq, lo=float(extremes.min), hi=float(extremes.max), nan=nan,
-                   inf=inf)
+    # Finite elements near the float32 limit can overflow a float32 sum: redo those in float64.
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = float(arr.sum())
+        if not math.isfinite(total):
+            total = float(arr.sum(dtype=np.float64))
+        mean = total / n
+        centred = arr - arr.dtype.type(mean) if abs(mean) < np.finfo(arr.dtype).max else arr.astype(np.float64) - mean
+        return Moments(n=n, mean=mean, m2=_sumsq(centred), sumsq=_sumsq(arr),
+                       lo=float(arr.min()), hi=float(arr.max()), nan=nan, inf=inf)
 
 
-def _square(v: float) -> float:
-    return v * v  # inf past the float range, where ``v ** 2`` would raise OverflowError
+def _sumsq(a: np.ndarray[Any, Any]) -> float:
+    """Sum of squares in the array's precision (ufuncs, which release the GIL), redone in
+    float64 past its range."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = float(np.square(a).sum())
+        if not math.isfinite(total) and a.dtype != np.float64:
+            total = float(np.square(a, dtype=np.float64).sum())
+    return total
 
 
-def _drop_nonfinite(x: torch.Tensor) -> tuple[int, int, torch.Tensor]:
-    nan = int(torch.isnan(x).sum())
-    inf = int(torch.isinf(x).sum())
-    return nan, inf, x[torch.isfinite(x)]
+def _drop_nonfinite(a: np.ndarray[Any, Any]) -> tuple[int, int, np.ndarray[Any, Any]]:
+    """(NaN count, ±Inf count, the finite elements); a finite sum means there are none (cheap)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        if math.isfinite(float(a.sum())):
+            return 0, 0, a
+    finite = np.isfinite(a)
+    nan = int(np.isnan(a).sum())
+    return nan, int(a.size - finite.sum()) - nan, a[finite]
 
 
 def merge(a: Moments, b: Moments) -> Moments:
