@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -163,3 +166,15 @@ def quiet_run(
         if not load.noisy(max_share, max_write_mib_s) or thrown >= retries:
             return result, load, thrown
         thrown += 1
+
+
+@contextmanager
+def scratch_dir(parent: Path | None) -> Iterator[Path]:
+    """A fresh directory for one benchmark run (under ``parent``, else /work when it exists,
+    so writes hit the same disk as the repository), removed afterwards."""
+    default = Path("/work") if Path("/work").is_dir() else None
+    base = Path(tempfile.mkdtemp(prefix="ckptbench-", dir=parent or default))
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -45,7 +45,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -55,7 +54,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import fsync_dir, fsync_path, goal_note, median, quiet_run, report
+from _common import fsync_dir, fsync_path, goal_note, median, quiet_run, report, scratch_dir
 
 import ckptrepo
 
@@ -378,11 +377,8 @@ def main() -> None:
     if args.rss_child is not None:
         rss_child(args)
         return
-    base = Path(tempfile.mkdtemp(prefix="ckptbench-", dir=args.dir or ("/work" if Path("/work").is_dir() else None)))
-    try:
+    with scratch_dir(args.dir) as base:
         run(base, args)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":

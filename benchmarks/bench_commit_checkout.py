@@ -13,14 +13,13 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import drop_caches, fsync_path, raw_write, report, timed
+from _common import drop_caches, fsync_path, raw_write, report, scratch_dir, timed
 
 import ckptrepo
 
@@ -43,11 +42,8 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir under /work)")
     ap.add_argument("--cold", action="store_true", help="drop the page cache before every read (root only)")
     args = ap.parse_args()
-    base = Path(tempfile.mkdtemp(prefix="ckptbench-", dir=args.dir or ("/work" if Path("/work").is_dir() else None)))
-    try:
+    with scratch_dir(args.dir) as base:
         run(base, args)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def run(base: Path, args: argparse.Namespace) -> None:

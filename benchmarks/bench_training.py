@@ -41,7 +41,6 @@ import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +50,7 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ForeignLoad, fsync_path, goal_note, median, report, wait_quiet
+from _common import ForeignLoad, fsync_path, goal_note, median, report, scratch_dir, wait_quiet
 
 import ckptrepo
 
@@ -257,11 +256,8 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir under /work)")
     args = ap.parse_args()
     args.rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
-    base = Path(tempfile.mkdtemp(prefix="ckptbench-", dir=args.dir or ("/work" if Path("/work").is_dir() else None)))
-    try:
+    with scratch_dir(args.dir) as base:
         run(base, args)
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def run(base: Path, args: argparse.Namespace) -> None:

@@ -25,7 +25,8 @@ class Commit:
     Byte figures: ``logical_bytes`` is the state's tensor bytes, ``new_bytes`` the raw
     bytes of chunks this commit added to the store, ``stored_bytes`` what those chunks
     occupy encoded. Seconds: ``stall_s`` the caller was blocked, ``wait_s`` of that spent
-    waiting for an in-flight slot, ``persist_s`` from the end of the stall until durable.
+    waiting for an in-flight slot, ``persist_s`` from the end of the stall until the packs
+    are durable and the transaction that makes the commit visible begins.
     """
 
     id: str
