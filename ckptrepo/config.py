@@ -29,7 +29,13 @@ class RepoConfig:
     """What a repository is: its format, layout and where its data lives.
 
     ``db_url`` None means the embedded SQLite file ``.ckpt/db.sqlite``; ``store_url``
-    None means the local pack store ``.ckpt/store``.
+    None means the local pack store ``.ckpt/store``. ``compression`` False stores every
+    chunk raw (no zstd, byte grouping or delta); ``delta`` False keeps standalone
+    compression but no delta encoding; ``max_delta_depth`` bounds delta chains (a chunk
+    whose base is already that deep is stored standalone, starting a new chain).
+    ``delta_base`` ``"root"`` XORs against the parent chunk's keyframe (reads decode at
+    most two chunks), ``"parent"`` against the parent chunk itself (chains of up to
+    ``max_delta_depth`` hops: slightly smaller, slower to read).
     """
 
     format_version: int = FORMAT_VERSION
@@ -38,6 +44,9 @@ class RepoConfig:
     pack_target: int = DEFAULT_PACK_TARGET
     zstd_level: int = 1
     compression: bool = True
+    delta: bool = True
+    max_delta_depth: int = 8
+    delta_base: str = "root"
     db_url: str | None = None
     store_url: str | None = None
 
@@ -52,6 +61,10 @@ class RepoConfig:
             )
         if self.pack_target < self.chunk_size:
             raise UsageError("pack target is smaller than the chunk size", hint="Raise --pack-size.")
+        if not 1 <= self.max_delta_depth <= 64:
+            raise UsageError(f"delta depth {self.max_delta_depth} is out of range", hint="Use 1..64.")
+        if self.delta_base not in ("root", "parent"):
+            raise UsageError(f"delta base {self.delta_base!r} is unknown", hint="Use 'root' or 'parent'.")
         if not 1 <= self.zstd_level <= 22:
             raise UsageError(f"zstd level {self.zstd_level} is out of range", hint="Use 1..22.")
 

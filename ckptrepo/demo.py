@@ -211,7 +211,9 @@ def main(
         console.print(
             f"repo     {stats.commits} commits on {stats.branches} branches: {_mib(stats.logical_bytes)} of state\n"
             f"         {_mib(stats.unique_bytes)} unique (dedup {stats.dedup_ratio:.2f}x), "
-            f"{_mib(stats.stored_bytes)} stored (compression {stats.compression_ratio:.2f}x)",
+            f"{_mib(stats.stored_bytes)} stored (compression {stats.compression_ratio:.2f}x)\n"
+            f"         saved: {_mib(stats.dedup_saved_bytes)} by dedup, {_mib(stats.compression_saved_bytes)} "
+            f"by compression, {_mib(stats.delta_saved_bytes)} by delta encoding",
             highlight=False,
         )
     console.print(f"explore  ckpt --repo {root} log {BRANCH}", highlight=False, soft_wrap=True)

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ckptrepo import faults
 from ckptrepo import state as st
 from ckptrepo import types as t
-from ckptrepo.chunks.store import ChunkReader, PackSink
+from ckptrepo.chunks.store import ChunkLocation, ChunkReader, PackSink
 from ckptrepo.config import REPO_DIRNAME, RepoConfig, default_workers, env_int
 from ckptrepo.db import catalog, migrate, views
 from ckptrepo.db.engine import database_url, make_engine, session_factory, write_transaction
@@ -45,6 +45,8 @@ from ckptrepo.errors import (
 )
 from ckptrepo.ids import hash_json, short
 from ckptrepo.ingest import request
+from ckptrepo.ingest.basecache import DEFAULT_BUDGET, BaseCache
+from ckptrepo.ingest.bases import delta_plan
 from ckptrepo.ingest.committer import Committer
 from ckptrepo.ingest.handle import CommitHandle
 from ckptrepo.ingest.pipeline import IngestOptions, IngestResult, ingest
@@ -53,7 +55,7 @@ from ckptrepo.ingest.staging import Slot, StagingPool
 from ckptrepo.lineage import analysis, queries, revparse
 from ckptrepo.lineage.graph import EDGE_KINDS
 from ckptrepo.lineage.reports import Diff, HistoryPoint
-from ckptrepo.restore import read_tensors
+from ckptrepo.restore import location, read_tensors
 from ckptrepo.storage import Backend, open_backend
 
 DEFAULT_BRANCH = "main"
@@ -95,7 +97,8 @@ class Repo:
                 raise
         self._sessions: sessionmaker[Session] = session_factory(self._engine)
         self._backend: Backend = open_backend(config.store_url, repo_dir / "store")
-        self._reader = ChunkReader(self._backend)
+        self._reader = ChunkReader(self._backend, self._locate_chunks)
+        self._base_cache = BaseCache(env_int("DELTA_CACHE", DEFAULT_BUDGET))
         self._pool = ThreadPoolExecutor(max_workers=default_workers(), thread_name_prefix="ckpt")
         self._staging = StagingPool(
             max_inflight if max_inflight is not None else env_int("MAX_INFLIGHT", 1),
@@ -115,11 +118,20 @@ class Repo:
         store_url: str | None = None,
         chunk_size: int | None = None,
         compression: bool = True,
+        delta: bool = True,
+        max_delta_depth: int | None = None,
+        delta_base: str = "root",
         pack_target: int | None = None,
         max_inflight: int | None = None,
         staging_budget: int | None = None,
     ) -> Repo:
         """Create a repository in ``PATH/.ckpt`` (or at ``path`` if it is named ``.ckpt``).
+
+        ``compression=False`` stores chunks raw (fastest, largest); ``delta=False`` keeps
+        standalone compression but stores no chunk as a delta against its parent's;
+        ``max_delta_depth`` (default 8) bounds how many commits share one keyframe chunk
+        (``delta_base="root"``, the default: reads decode at most two chunks) or the chain
+        a read walks (``delta_base="parent"``).
 
         Nothing is changed if one exists already (RepositoryExists). ``config.json`` is
         written last, so a failed init leaves no folder that looks like a repository.
@@ -127,7 +139,10 @@ class Repo:
         repo_dir = _repo_dir(path)
         if (repo_dir / "config.json").exists():
             raise RepositoryExists(path=str(repo_dir))
-        config = RepoConfig(db_url=db_url, store_url=store_url, compression=compression)
+        config = RepoConfig(db_url=db_url, store_url=store_url, compression=compression, delta=delta,
+                            delta_base=delta_base)
+        if max_delta_depth is not None:
+            config.max_delta_depth = max_delta_depth
         if chunk_size is not None:
             config.chunk_size = chunk_size
         if pack_target is not None:
@@ -185,6 +200,7 @@ class Repo:
         self._closed = True
         self._committer.close()
         self._staging.clear()
+        self._base_cache.clear()
         self._pool.shutdown(wait=True)
         self._backend.close()
         self._engine.dispose()
@@ -287,6 +303,11 @@ class Repo:
                 )
             transfer = (revparse.resolve(s, req.transfer[0]), req.transfer[1]) if req.transfer else None
             likely = catalog.chunk_ids_of(s, parent_ids[:1] + ([transfer[0]] if transfer else []))
+            plan = None
+            if self.config.compression and self.config.delta:
+                plan = delta_plan(s, list(req.tensors), parent_ids[0] if parent_ids else None, transfer,
+                                  reader=self._reader, cache=self._base_cache,
+                                  max_depth=self.config.max_delta_depth, policy=self.config.delta_base)
         opts = IngestOptions(
             chunk_size=self.config.chunk_size, compression=self.config.compression, zstd_level=self.config.zstd_level
         )
@@ -297,7 +318,7 @@ class Repo:
 
         # Write-ordering step 1: ingest returns only after every new pack is durable in the store.
         sink = PackSink(self._backend, self.config.pack_target)
-        result = ingest(req.tensors, sink, known, self._pool, opts, likely)
+        result = ingest(req.tensors, sink, known, self._pool, opts, likely, plan)
         edges = [catalog.EdgeRow(pid, "parent" if i == 0 else "merge", i) for i, pid in enumerate(parent_ids)]
         entries = {r.name: r.tensor_id for r in result.tensors}
         if transfer is not None and transfer[0] not in parent_ids:
@@ -317,7 +338,7 @@ class Repo:
                 packs=[catalog.PackRow(p.pack_id, p.size, len(p.locations)) for p in result.packs],
                 chunks=[
                     catalog.ChunkRow(loc.chunk_id, loc.pack_id, loc.offset, loc.length, loc.raw_length,
-                                     loc.encoding, loc.depth, loc.base_id)
+                                     loc.encoding, loc.depth, loc.base_id, result.alone_lengths.get(loc.chunk_id))
                     for p in result.packs for loc in p.locations
                 ],
                 tensors=[
@@ -348,6 +369,11 @@ class Repo:
                               hint=f"The commit is kept on branch {kept!r}; merge it or commit again on top "
                                    f"of {req.branch}.")
         return commit
+
+    def _locate_chunks(self, ids: Collection[str]) -> dict[str, ChunkLocation]:
+        """Chunk locations by id (the reader's lookup for delta bases)."""
+        with self._sessions() as s:
+            return {cid: location(row) for cid, row in catalog.chunks_by_id(s, sorted(ids)).items()}
 
     def _identical_tensors(self, entries: dict[str, str], source: str) -> dict[str, str]:
         """{name here: name in ``source``} for this commit's tensors byte-identical to one of the source's."""

@@ -7,7 +7,7 @@ the way). Callers get tensors that share no memory with any cache.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
 
 import torch
@@ -30,10 +30,11 @@ def _workers(pool: Executor) -> int:
     return int(getattr(pool, "_max_workers", 2))
 
 
-def _read_run(reader: ChunkReader, run: list[tuple[str, ChunkLocation, memoryview]], commit_id: str) -> None:
+def _read_run(reader: ChunkReader, run: list[tuple[str, ChunkLocation, memoryview]], commit_id: str,
+              bases: Mapping[str, ChunkLocation]) -> None:
     for name, loc, out in run:
         try:
-            reader.read_into(loc, out)
+            reader.read_into(loc, out, bases)
         except IntegrityError as exc:
             detail = exc.fields.get("detail", exc.message)
             raise IntegrityError(detail=f"tensor {name!r} of commit {commit_id[:10]}: {detail}") from exc
@@ -49,7 +50,8 @@ def read_tensors(
     """Materialise ``(name, tensor row, ordered chunk rows)`` items as tensors by name.
 
     Raises IntegrityError naming the commit and tensor when a chunk is missing, fails
-    its hash check, or the chunks do not add up to the tensor's size.
+    its hash check (a delta chunk's too when its base is damaged), or the chunks do not
+    add up to the tensor's size.
     """
     buffers: dict[str, torch.Tensor] = {}
     work: list[tuple[str, ChunkLocation, memoryview]] = []
@@ -65,8 +67,10 @@ def read_tensors(
             offset += chunk.raw_length
     # A few jobs per worker, each a run of chunks: per-chunk futures would cost the GIL more
     # than the decoding they schedule.
+    bases = reader.bases_for(loc for _, loc, _ in work)  # delta chains' bases, one query per chain level
     per_job = max(1, -(-len(work) // (4 * _workers(pool))))
-    jobs = [pool.submit(_read_run, reader, work[i : i + per_job], commit_id) for i in range(0, len(work), per_job)]
+    jobs = [pool.submit(_read_run, reader, work[i : i + per_job], commit_id, bases)
+            for i in range(0, len(work), per_job)]
     for job in jobs:
         job.result()
     return {

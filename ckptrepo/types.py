@@ -116,7 +116,15 @@ class RefInfo:
 class RepoStats:
     """Sizes of a repository. ``logical_bytes`` sums every commit's state; ``unique_bytes``
     is the raw size of distinct chunks; ``stored_bytes`` what those occupy encoded in packs;
-    ``pack_bytes`` the pack files' total size (including unreferenced packs and indexes)."""
+    ``pack_bytes`` the pack files' total size (including unreferenced packs and indexes);
+    ``alone_bytes`` what the distinct chunks would occupy with no delta encoding (each
+    delta chunk at the size of its standalone encoding); ``delta_chunks`` how many chunks
+    are stored as deltas.
+
+    Savings split three ways that add up to ``logical_bytes - stored_bytes``:
+    ``dedup_saved_bytes`` (identical chunks stored once), ``compression_saved_bytes``
+    (standalone zstd / byte grouping) and ``delta_saved_bytes`` (XOR against a base chunk,
+    beyond what standalone compression would have saved)."""
 
     commits: int
     branches: int
@@ -128,6 +136,20 @@ class RepoStats:
     unique_bytes: int
     stored_bytes: int
     pack_bytes: int
+    delta_chunks: int = 0
+    alone_bytes: int = 0
+
+    @property
+    def dedup_saved_bytes(self) -> int:
+        return self.logical_bytes - self.unique_bytes
+
+    @property
+    def compression_saved_bytes(self) -> int:
+        return self.unique_bytes - self.alone_bytes
+
+    @property
+    def delta_saved_bytes(self) -> int:
+        return self.alone_bytes - self.stored_bytes
 
     @property
     def dedup_ratio(self) -> float:
@@ -141,6 +163,9 @@ class RepoStats:
         data = asdict(self)
         data["dedup_ratio"] = self.dedup_ratio
         data["compression_ratio"] = self.compression_ratio
+        data["dedup_saved_bytes"] = self.dedup_saved_bytes
+        data["compression_saved_bytes"] = self.compression_saved_bytes
+        data["delta_saved_bytes"] = self.delta_saved_bytes
         return data
 
 

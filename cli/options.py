@@ -140,7 +140,23 @@ ChunkSizeOpt = Annotated[
 ]
 CompressionOpt = Annotated[
     bool,
-    typer.Option("--compression/--no-compression", help="Compress stored chunks (zstd, byte grouping, deltas)."),
+    typer.Option("--compression/--no-compression",
+                 help="Compress stored chunks (zstd, byte grouping, deltas); --no-compression stores them raw."),
+]
+DeltaOpt = Annotated[
+    bool,
+    typer.Option("--delta/--no-delta", help="Store chunks as XOR deltas against the parent's when that is smaller."),
+]
+DeltaBaseOpt = Annotated[
+    str,
+    typer.Option("--delta-base", metavar="root|parent",
+                 help="XOR against the parent chunk's keyframe (root: reads decode at most 2 chunks) "
+                      "or the parent chunk itself (parent: chains up to --max-delta-depth)."),
+]
+DeltaDepthOpt = Annotated[
+    int | None,
+    typer.Option("--max-delta-depth", metavar="N", help="Longest delta chain a read walks (1..64). Default: 8.",
+                 show_default=False),
 ]
 
 # commit -------------------------------------------------------------------------

@@ -196,6 +196,10 @@ def stats_table(stats: RepoStats) -> Table:
     grid.add_row("unique", size(stats.unique_bytes), f"dedup {ratio(stats.dedup_ratio)}")
     grid.add_row("stored", size(stats.stored_bytes), f"compression {ratio(stats.compression_ratio)}")
     grid.add_row("packs", size(stats.pack_bytes), "on disk, including indexes")
+    grid.add_row("saved by dedup", size(stats.dedup_saved_bytes), "identical chunks stored once")
+    grid.add_row("saved by compression", size(stats.compression_saved_bytes), "zstd and byte grouping, standalone")
+    grid.add_row("saved by delta", size(stats.delta_saved_bytes),
+                 f"{stats.delta_chunks} chunks stored as XOR against a base chunk")
     return grid
 
 

@@ -18,6 +18,9 @@ from .options import (
     ChunkSizeOpt,
     CompressionOpt,
     DbUrlOpt,
+    DeltaBaseOpt,
+    DeltaDepthOpt,
+    DeltaOpt,
     DemoDirOpt,
     DemoStepsOpt,
     InitPathArg,
@@ -33,11 +36,15 @@ def init(
     store: StoreUrlOpt = None,
     chunk_size: ChunkSizeOpt = None,
     compression: CompressionOpt = True,
+    delta: DeltaOpt = True,
+    max_delta_depth: DeltaDepthOpt = None,
+    delta_base: DeltaBaseOpt = "root",
     as_json: JsonOpt = False,
 ) -> None:
     """Create a repository in PATH/.ckpt (its database, chunk store and settings)."""
     target = path if path is not None else current().repo or Path(".")
-    with Repo.init(target, db_url=db, store_url=store, chunk_size=chunk_size, compression=compression) as repo:
+    with Repo.init(target, db_url=db, store_url=store, chunk_size=chunk_size, compression=compression,
+                   delta=delta, max_delta_depth=max_delta_depth, delta_base=delta_base) as repo:
         repo_dir, config = repo.repo_dir, repo.config
     if as_json:
         render.emit_json({"path": str(repo_dir.parent), "repo_dir": str(repo_dir), **_public(config)})
@@ -45,8 +52,11 @@ def init(
     database = "SQLite in .ckpt" if config.db_url is None else _hide_password(config.db_url)
     store_desc = "local packs in .ckpt/store" if config.store_url is None else config.store_url
     render.out.print(f"Initialized empty ckpt repository in {repo_dir}", markup=False)
+    on = config.compression and config.delta
+    delta_desc = f"on ({config.delta_base}, depth {config.max_delta_depth})" if on else "off"
     render.out.print(
         f"chunk size {render.size(config.chunk_size)}, compression {'on' if config.compression else 'off'}, "
+        f"delta {delta_desc}, "
         f"database: {database}, store: {store_desc}",
         markup=False,
         style="dim",

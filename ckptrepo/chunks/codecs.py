@@ -1,4 +1,4 @@
-"""Per-chunk encodings: raw, zstd, byte-grouped planes (and, later, xor-delta).
+"""Per-chunk encodings: raw, zstd, byte-grouped planes, and xor-delta against a base chunk.
 
 ``encode`` picks the encoding for one chunk and ``decode`` inverts it. Payloads are
 self-describing given the encoding and the raw length recorded next to them, so a
@@ -18,6 +18,13 @@ every element: element ``i``'s byte ``k`` is ``plane_k[i]``. For little-endian
 floats the last plane carries the sign and the high exponent bits — the plane that
 compresses — while the low mantissa planes look random and are stored as is.
 
+DELTA payloads have the BYTEGROUP layout (width 1 allowed) and hold the planes of
+``chunk XOR base``, where ``base`` is another chunk of the same length (usually the same
+tensor's chunk at the same offset in the parent commit). For related checkpoints the
+XOR zeroes the sign, the exponent and the high mantissa bits of most elements, so the
+high planes compress to almost nothing. The base is named in the chunk index, not in
+the payload; ``decode_delta`` takes its decoded bytes.
+
 ZSTD payloads are a single zstd frame with its content size; RAW payloads are the
 bytes themselves. Decoding checks lengths only: the chunk id (BLAKE3 of the decoded
 bytes, verified by ``ChunkReader``) is what proves the content.
@@ -34,6 +41,11 @@ import numpy as np
 import zstandard
 
 from ckptrepo.errors import IntegrityError, UsageError
+
+try:  # SSE2 split/join kernels for widths 2 and 4; numpy does the same when not built
+    import ckptrepo.chunks._planes as _native
+except ImportError:  # pragma: no cover - exercised when the extension is not compiled
+    _native = None  # type: ignore[assignment]
 
 BYTEGROUP_VERSION = 1
 _HEAD = struct.Struct("<BB")
@@ -131,6 +143,9 @@ _WORD: dict[int, np.dtype[Any]] = {2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np
 def _split_planes(raw: memoryview, width: int, planes: np.ndarray) -> None:
     """Fill ``planes`` (width, n) with the byte planes of the first ``n`` elements of ``raw``."""
     n = planes.shape[1]
+    if _native is not None and width in (2, 4):
+        _native.split(raw[: n * width], width, planes.reshape(-1))
+        return
     word = _WORD.get(width)
     if word is None:
         elements = np.frombuffer(raw, dtype=np.uint8, count=n * width).reshape(n, width)
@@ -144,23 +159,45 @@ def _split_planes(raw: memoryview, width: int, planes: np.ndarray) -> None:
         np.right_shift(words, 8 * k, out=planes[k], casting="unsafe")
 
 
-def _bytegroup(raw: memoryview, width: int, level: int, min_saving: float) -> memoryview | None:
-    """BYTEGROUP payload of ``raw``, or None when it would not save ``min_saving``."""
+def _join_planes(planes: np.ndarray, width: int, out: np.ndarray) -> None:
+    """Inverse of ``_split_planes``: interleave ``planes`` (width, n) into ``out[: n * width]``."""
+    n = planes.shape[1]
+    if _native is not None and width in (2, 4):
+        _native.join(planes.reshape(-1), width, out[: n * width])
+        return
+    elements = out[: n * width].reshape(n, width)
+    for k in range(width):
+        elements[:, k] = planes[k]
+
+
+def _group(
+    raw: memoryview, width: int, level: int, keep: float, *, sample_first: bool, limit: float | None = None
+) -> memoryview | None:
+    """A BYTEGROUP-layout payload of ``raw``, or None if it would not be below ``limit`` bytes
+    (default: ``keep`` of its size).
+
+    Each plane is zstd-compressed only if a sample says it pays (mantissa planes of
+    floats look random and cost no full zstd pass) and kept compressed only if the whole
+    plane shrank below ``keep``. With ``sample_first`` the samples are taken from the
+    interleaved bytes, so a chunk none of whose planes compress costs no plane split.
+    """
     comp = _compressor(level)
-    keep = 1.0 - min_saving
     total = len(raw)
     n, tail = divmod(total, width)
     head = _HEAD.size + width * _PLANE.size
-    elements = np.frombuffer(raw, dtype=np.uint8, count=n * width).reshape(n, width)
-    # Samples are gathered from the interleaved bytes, so a chunk none of whose planes
-    # compresses costs no plane split at all.
-    pays = [_pays(comp, elements[:, k], keep) for k in range(width)]
-    if not any(pays):
-        return None
+    pays: list[bool] | None = None
+    if sample_first:
+        elements = np.frombuffer(raw, dtype=np.uint8, count=n * width).reshape(n, width)
+        pays = [_pays(comp, elements[:, k], keep) for k in range(width)]
+        if not any(pays):
+            return None
     # Planes are split straight into the output; compressed planes are smaller than
     # their slot, so compaction only ever moves bytes towards the front.
     out = np.empty(head + total, dtype=np.uint8)
-    _split_planes(raw, width, out[head : head + n * width].reshape(width, n))
+    planes = out[head : head + n * width].reshape(width, n)
+    _split_planes(raw, width, planes)
+    if pays is None:
+        pays = [_pays(comp, planes[k], keep) for k in range(width)]
     cursor = head
     plane_desc: list[tuple[int, int]] = []
     for k in range(width):
@@ -179,7 +216,7 @@ def _bytegroup(raw: memoryview, width: int, level: int, min_saving: float) -> me
     if tail:
         out[cursor : cursor + tail] = np.frombuffer(raw, dtype=np.uint8, offset=n * width)
         cursor += tail
-    if cursor >= keep * total:
+    if cursor >= (keep * total if limit is None else limit):
         return None
     _HEAD.pack_into(out.data, 0, BYTEGROUP_VERSION, width)
     for k, (mode, length) in enumerate(plane_desc):
@@ -187,14 +224,63 @@ def _bytegroup(raw: memoryview, width: int, level: int, min_saving: float) -> me
     return out[:cursor].data
 
 
+def _standalone(view: memoryview, raw: memoryview | bytes, itemsize: int, level: int,
+                min_saving: float) -> tuple[Encoding, bytes | memoryview]:
+    if itemsize == 1 or len(view) < itemsize:
+        encoding, payload = _zstd(view, level, min_saving)
+        return (Encoding.RAW, raw) if encoding is Encoding.RAW else (encoding, payload)
+    grouped = _group(view, itemsize, level, 1.0 - min_saving, sample_first=True)
+    if grouped is None:
+        return Encoding.RAW, raw
+    return Encoding.BYTEGROUP, grouped
+
+
+def xor_bytes(a: memoryview | bytes, b: memoryview | bytes) -> np.ndarray:
+    """A new array holding ``a XOR b`` (equal lengths), computed a word at a time."""
+    va, vb = _byte_view(a), _byte_view(b)
+    if len(va) != len(vb):
+        raise UsageError(f"xor of {len(va)} and {len(vb)} bytes")
+    out = np.empty(len(va), dtype=np.uint8)
+    words = len(va) // 8
+    np.bitwise_xor(np.frombuffer(va, dtype=np.uint64, count=words), np.frombuffer(vb, dtype=np.uint64, count=words),
+                   out=out[: words * 8].view(np.uint64))
+    if len(va) % 8:
+        np.bitwise_xor(np.frombuffer(va, dtype=np.uint8, offset=words * 8),
+                       np.frombuffer(vb, dtype=np.uint8, offset=words * 8), out=out[words * 8 :])
+    return out
+
+
 def encode(
-    raw: memoryview | bytes, itemsize: int, *, level: int = 1, min_saving: float = 0.05
+    raw: memoryview | bytes,
+    itemsize: int,
+    *,
+    level: int = 1,
+    min_saving: float = 0.05,
+    base: memoryview | bytes | None = None,
 ) -> tuple[Encoding, bytes | memoryview]:
+    """``encode_with_base`` without the standalone size."""
+    encoding, payload, _ = encode_with_base(raw, itemsize, base, level=level, min_saving=min_saving)
+    return encoding, payload
+
+
+def encode_with_base(
+    raw: memoryview | bytes,
+    itemsize: int,
+    base: memoryview | bytes | None,
+    *,
+    level: int = 1,
+    min_saving: float = 0.05,
+) -> tuple[Encoding, bytes | memoryview, int]:
     """Choose and apply the encoding for one chunk of raw tensor bytes.
 
     ``itemsize >= 2`` tries BYTEGROUP (only planes whose sample shows they pay get a full
     zstd pass); ``itemsize == 1`` tries ZSTD. If the result would not save at least
-    ``min_saving`` of ``len(raw)``, returns ``(RAW, raw)`` with ``raw`` itself, uncopied.
+    ``min_saving`` of ``len(raw)``, the standalone choice is ``(RAW, raw)`` with ``raw``
+    itself, uncopied. With ``base`` (the decoded bytes of another chunk of the same
+    length), DELTA — the byte planes of ``raw XOR base`` — is tried as well and wins if
+    it is at least ``min_saving`` smaller than the standalone choice.
+    Returns the encoding, the payload and the standalone choice's size (for DELTA, what
+    the chunk would have taken without its base).
     The caller must not mutate ``raw`` while it still uses a RAW result. Thread-safe;
     zstd and the numpy plane copies run without the GIL.
     """
@@ -204,14 +290,18 @@ def encode(
         raise UsageError(f"min_saving {min_saving} is out of range [0, 1)")
     view = _byte_view(raw)
     if len(view) == 0:
-        return Encoding.RAW, raw
-    if itemsize == 1 or len(view) < itemsize:
-        encoding, payload = _zstd(view, level, min_saving)
-        return (Encoding.RAW, raw) if encoding is Encoding.RAW else (encoding, payload)
-    grouped = _bytegroup(view, itemsize, level, min_saving)
-    if grouped is None:
-        return Encoding.RAW, raw
-    return Encoding.BYTEGROUP, grouped
+        return Encoding.RAW, raw, 0
+    encoding, payload = _standalone(view, raw, itemsize, level, min_saving)
+    if base is None:
+        return encoding, payload, len(payload)
+    if len(_byte_view(base)) != len(view):
+        raise UsageError(f"delta base is {len(_byte_view(base))} bytes, the chunk {len(view)}")
+    width = itemsize if len(view) >= itemsize else 1
+    keep = 1.0 - min_saving
+    delta = _group(xor_bytes(view, base).data, width, level, keep, sample_first=False, limit=keep * len(payload))
+    if delta is None:
+        return encoding, payload, len(payload)
+    return Encoding.DELTA, delta, len(payload)
 
 
 def _corrupt(detail: str) -> IntegrityError:
@@ -235,38 +325,52 @@ def _unzstd(frame: memoryview | bytes, expected: int) -> bytes:
     return data
 
 
-def _parse_bytegroup(payload: memoryview, raw_length: int) -> tuple[int, list[tuple[int, int]]]:
+def _parse_planes(payload: memoryview, raw_length: int, min_width: int) -> tuple[int, list[tuple[int, int]]]:
     if len(payload) < _HEAD.size:
-        raise _corrupt("bytegroup payload is shorter than its header")
+        raise _corrupt("byte-plane payload is shorter than its header")
     version, width = _HEAD.unpack_from(payload, 0)
     if version != BYTEGROUP_VERSION:
-        raise _corrupt(f"bytegroup payload version {version}, expected {BYTEGROUP_VERSION}")
-    if width < 2:
-        raise _corrupt(f"bytegroup width {width} is below 2")
+        raise _corrupt(f"byte-plane payload version {version}, expected {BYTEGROUP_VERSION}")
+    if width < min_width:
+        raise _corrupt(f"byte-plane width {width} is below {min_width}")
     head = _HEAD.size + width * _PLANE.size
     if len(payload) < head:
-        raise _corrupt("bytegroup payload is shorter than its plane table")
+        raise _corrupt("byte-plane payload is shorter than its plane table")
     n, tail = divmod(raw_length, width)
     planes = [_PLANE.unpack_from(payload, _HEAD.size + k * _PLANE.size) for k in range(width)]
     for mode, length in planes:
         if mode not in (_MODE_STORED, _MODE_ZSTD) or (mode == _MODE_STORED and length != n):
-            raise _corrupt(f"bytegroup plane entry ({mode}, {length}) does not fit {n}-byte planes")
+            raise _corrupt(f"byte-plane entry ({mode}, {length}) does not fit {n}-byte planes")
     if head + sum(length for _, length in planes) + tail != len(payload):
-        raise _corrupt(f"bytegroup payload is {len(payload)} bytes, its table says otherwise")
+        raise _corrupt(f"byte-plane payload is {len(payload)} bytes, its table says otherwise")
     return width, planes
 
 
-def _decode_bytegroup(payload: memoryview, raw_length: int, out: memoryview) -> None:
-    width, planes = _parse_bytegroup(payload, raw_length)
+def _scratch(size: int) -> np.ndarray:
+    """This thread's reusable plane buffer of at least ``size`` bytes."""
+    buf: np.ndarray | None = getattr(_local, "planes", None)
+    if buf is None or buf.shape[0] < size:
+        buf = _local.planes = np.empty(size, dtype=np.uint8)
+    return buf[:size]
+
+
+def _decode_planes(payload: memoryview, raw_length: int, out: memoryview, min_width: int) -> None:
+    width, planes = _parse_planes(payload, raw_length, min_width)
     n, tail = divmod(raw_length, width)
     target = np.frombuffer(out, dtype=np.uint8)
-    elements = target[: n * width].reshape(n, width)
     cursor = _HEAD.size + width * _PLANE.size
+    if width == 1:
+        mode, length = planes[0]
+        body = payload[cursor : cursor + length]
+        target[:n] = np.frombuffer(body if mode == _MODE_STORED else _unzstd(body, n), dtype=np.uint8)
+        return
+    # Planes are gathered into a scratch buffer, then interleaved in one pass.
+    gathered = _scratch(n * width).reshape(width, n)
     for k, (mode, length) in enumerate(planes):
         body = payload[cursor : cursor + length]
-        plane = body if mode == _MODE_STORED else _unzstd(body, n)
-        elements[:, k] = np.frombuffer(plane, dtype=np.uint8)
+        gathered[k] = np.frombuffer(body if mode == _MODE_STORED else _unzstd(body, n), dtype=np.uint8)
         cursor += length
+    _join_planes(gathered, width, target)
     if tail:
         target[n * width :] = np.frombuffer(payload, dtype=np.uint8, offset=cursor)
 
@@ -279,7 +383,7 @@ def _decode_into(encoding: Encoding | int, payload: memoryview, raw_length: int,
     elif encoding == Encoding.ZSTD:
         out[:] = _unzstd(payload, raw_length)
     elif encoding == Encoding.BYTEGROUP:
-        _decode_bytegroup(payload, raw_length, out)
+        _decode_planes(payload, raw_length, out, 2)
     elif encoding == Encoding.DELTA:
         raise _corrupt("delta chunks need their base")
     else:
@@ -298,7 +402,7 @@ def decode(
     there and ``out`` is returned; otherwise a new buffer (or ``payload`` itself for RAW) is.
     Raises IntegrityError for a malformed payload or an unknown encoding, never returns
     data of another length; on error ``out`` may hold partial data. DELTA needs its base
-    chunk and is decoded by the chunk reader. Thread-safe.
+    (``decode_delta``). Thread-safe.
     """
     view = _byte_view(payload)
     if out is not None:
@@ -316,3 +420,20 @@ def decode(
     buffer = np.empty(raw_length, dtype=np.uint8).data
     _decode_into(encoding, view, raw_length, buffer)
     return buffer
+
+
+def decode_delta(payload: bytes | memoryview, base: bytes | memoryview, out: memoryview) -> None:
+    """Write ``base XOR planes(payload)`` — a DELTA chunk's raw bytes — into ``out``.
+
+    ``base`` is the decoded base chunk and must be as long as ``out``. Checks the
+    payload's structure only; the caller verifies the result's hash (a wrong or corrupt
+    base yields bytes that fail it). Thread-safe.
+    """
+    target = _byte_view(out)
+    base_view = _byte_view(base)
+    if len(base_view) != len(target):
+        raise _corrupt(f"delta base is {len(base_view)} bytes, the chunk {len(target)}")
+    _decode_planes(_byte_view(payload), len(target), target, 1)
+    if len(target):
+        arr = np.frombuffer(target, dtype=np.uint8)
+        np.bitwise_xor(arr, np.frombuffer(base_view, dtype=np.uint8), out=arr)

@@ -9,10 +9,13 @@ packs that gc reclaims.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
 from ckptrepo import faults
-from ckptrepo.chunks.codecs import Encoding, decode
+from ckptrepo.chunks.codecs import Encoding, decode, decode_delta
 from ckptrepo.chunks.pack import PackEntry, PackWriter
 from ckptrepo.errors import IntegrityError, UsageError
 from ckptrepo.ids import hash_bytes
@@ -145,36 +148,77 @@ def _bytes_view(buffer: memoryview) -> memoryview:
     return buffer if buffer.format == "B" and buffer.ndim == 1 else buffer.cast("B")
 
 
+BaseLookup = Callable[[Collection[str]], dict[str, ChunkLocation]]
+"""Locations of chunks by id (those the index has); used to find delta bases."""
+
+
 class ChunkReader:
     """Reads chunks by location, decodes them and verifies ``BLAKE3(decoded) == chunk_id``.
 
-    Thread-safe: several checkout threads may share one (each gets its own scratch buffer
-    for fetched payloads, as large as the largest payload it has read).
+    A DELTA chunk is decoded by first decoding its base (recursively, down its chain,
+    without verifying the intermediate bases) and XOR-ing its planes in; only the final
+    bytes are verified, so a corrupt base fails the check instead of yielding wrong bytes.
+    Bases are taken from the ``bases`` mapping given to a read (see ``bases_for``), else
+    asked of ``lookup``.
+
+    Thread-safe: several checkout threads may share one (each gets its own scratch
+    buffers for fetched payloads and decoded bases).
     A mismatch raises IntegrityError naming the chunk and its pack; a missing pack raises
     the backend's StorageError.
     """
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, lookup: BaseLookup | None = None, *, max_depth: int = 64) -> None:
         self._backend = backend
+        self._lookup = lookup
+        self._max_depth = max_depth
         self._local = threading.local()
 
-    def _fetch(self, key: str, loc: ChunkLocation) -> memoryview:
-        """The payload, read into this thread's reused buffer (no allocation, no page faults)."""
-        buf: bytearray | None = getattr(self._local, "buffer", None)
-        if buf is None or len(buf) < loc.length:
-            buf = self._local.buffer = bytearray(loc.length)
-        view = memoryview(buf)[: loc.length]
+    def bases_for(self, locs: Iterable[ChunkLocation]) -> dict[str, ChunkLocation]:
+        """Every location the delta chains of ``locs`` need, by chunk id: one lookup per chain level."""
+        found: dict[str, ChunkLocation] = {}
+        wanted = {loc.base_id for loc in locs if loc.base_id is not None}
+        for _ in range(self._max_depth):
+            wanted -= found.keys()
+            if not wanted or self._lookup is None:
+                break
+            got = self._lookup(sorted(wanted))
+            if not got:
+                break
+            found.update(got)
+            wanted = {loc.base_id for loc in got.values() if loc.base_id is not None}
+        return found
+
+    def _fetch(self, key: str, loc: ChunkLocation, slot: int = 0) -> memoryview:
+        """The payload, read into one of this thread's reused buffers (no allocation, no page faults)."""
+        buffers: list[bytearray] | None = getattr(self._local, "buffers", None)
+        if buffers is None:
+            buffers = self._local.buffers = []
+        while len(buffers) <= slot:
+            buffers.append(bytearray(0))
+        if len(buffers[slot]) < loc.length:
+            buffers[slot] = bytearray(loc.length)
+        view = memoryview(buffers[slot])[: loc.length]
         self._backend.read_into(key, loc.offset, view)
         return view
 
-    def read(self, loc: ChunkLocation) -> bytes:
-        """The chunk's raw bytes, verified."""
-        payload = self._backend.get_range(pack_key(loc.pack_id), loc.offset, loc.length)
-        data = self._decode(loc, payload, None)
-        self._verify(loc, data)
-        return data if isinstance(data, bytes) else bytes(data)
+    def _base_buffer(self, depth: int, size: int) -> memoryview:
+        """This thread's scratch buffer for the decoded base at chain level ``depth``."""
+        bases: list[np.ndarray] | None = getattr(self._local, "bases", None)
+        if bases is None:
+            bases = self._local.bases = []
+        while len(bases) <= depth:
+            bases.append(np.empty(0, dtype=np.uint8))
+        if bases[depth].shape[0] < size:
+            bases[depth] = np.empty(size, dtype=np.uint8)
+        return bases[depth][:size].data
 
-    def read_into(self, loc: ChunkLocation, out: memoryview) -> None:
+    def read(self, loc: ChunkLocation, bases: Mapping[str, ChunkLocation] | None = None) -> bytes:
+        """The chunk's raw bytes, verified."""
+        out = bytearray(loc.raw_length)
+        self.read_into(loc, memoryview(out), bases)
+        return bytes(out)
+
+    def read_into(self, loc: ChunkLocation, out: memoryview, bases: Mapping[str, ChunkLocation] | None = None) -> None:
         """Write the chunk's raw bytes into ``out`` (exactly ``loc.raw_length`` bytes), verified.
 
         RAW chunks are read straight into ``out``; others are fetched, then decoded into
@@ -183,19 +227,40 @@ class ChunkReader:
         target = _bytes_view(out)
         if len(target) != loc.raw_length:
             raise UsageError(f"output buffer is {len(target)} bytes, chunk {loc.chunk_id} has {loc.raw_length}")
+        self._materialize(loc, target, bases or {}, 0)
+        self._verify(loc, target)
+
+    def _materialize(self, loc: ChunkLocation, target: memoryview, bases: Mapping[str, ChunkLocation],
+                     level: int) -> None:
+        """Decode ``loc`` into ``target`` (unverified), walking its delta chain."""
         key = pack_key(loc.pack_id)
         if loc.encoding == Encoding.RAW:
             if loc.length != loc.raw_length:
                 raise self._corrupt(loc, f"raw chunk stored as {loc.length} bytes, expected {loc.raw_length}")
             self._backend.read_into(key, loc.offset, target)
-        else:
+            return
+        if loc.encoding != Encoding.DELTA:
             self._decode(loc, self._fetch(key, loc), target)
-        self._verify(loc, target)
+            return
+        if loc.base_id is None or level >= self._max_depth:
+            raise self._corrupt(loc, "delta chunk without a base" if loc.base_id is None else "delta chain too long")
+        base = bases.get(loc.base_id)
+        if base is None and self._lookup is not None:
+            base = self._lookup([loc.base_id]).get(loc.base_id)
+        if base is None:
+            raise self._corrupt(loc, f"its delta base {loc.base_id} is missing from the index")
+        if base.raw_length != loc.raw_length:
+            raise self._corrupt(loc, f"its delta base {loc.base_id} is {base.raw_length} bytes")
+        base_bytes = self._base_buffer(level, loc.raw_length)
+        self._materialize(base, base_bytes, bases, level + 1)
+        payload = self._fetch(key, loc, level + 1)
+        try:
+            decode_delta(payload, base_bytes, target)
+        except IntegrityError as exc:
+            raise self._corrupt(loc, str(exc.fields.get("detail", exc))) from exc
 
     def _decode(self, loc: ChunkLocation, payload: bytes | memoryview, out: memoryview | None) -> bytes | memoryview:
-        """Decode a fetched payload (into ``out`` if given); the hook where DELTA will take its base."""
-        if loc.encoding == Encoding.DELTA:
-            raise self._corrupt(loc, "delta chunks need their base")
+        """Decode a fetched standalone payload (into ``out`` if given)."""
         try:
             return decode(loc.encoding, payload, loc.raw_length, out)
         except IntegrityError as exc:
@@ -204,7 +269,10 @@ class ChunkReader:
     def _verify(self, loc: ChunkLocation, data: bytes | memoryview) -> None:
         actual = hash_bytes(data)
         if actual != loc.chunk_id:
-            raise self._corrupt(loc, f"decoded bytes hash to {actual}")
+            detail = f"decoded bytes hash to {actual}"
+            if loc.encoding == Encoding.DELTA:
+                detail += f" (a delta against {loc.base_id}: that base or this payload is damaged)"
+            raise self._corrupt(loc, detail)
 
     @staticmethod
     def _corrupt(loc: ChunkLocation, detail: str) -> IntegrityError:

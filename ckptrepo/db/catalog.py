@@ -32,6 +32,7 @@ class ChunkRow:
     encoding: int
     depth: int = 0
     base_id: str | None = None
+    alone_length: int | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,15 @@ def existing_chunks(session: Session, ids: Sequence[str]) -> set[str]:
     for start in range(0, len(ids), _IN_BATCH):
         batch = ids[start : start + _IN_BATCH]
         found.update(session.scalars(select(Chunk.id).where(Chunk.id.in_(batch))))
+    return found
+
+
+def chunks_by_id(session: Session, ids: Sequence[str]) -> dict[str, Chunk]:
+    """The chunk-index rows of those ``ids`` that exist, by id."""
+    found: dict[str, Chunk] = {}
+    for start in range(0, len(ids), _IN_BATCH):
+        batch = ids[start : start + _IN_BATCH]
+        found.update((c.id, c) for c in session.scalars(select(Chunk).where(Chunk.id.in_(batch))))
     return found
 
 
@@ -107,6 +117,7 @@ def record_commit(
         {
             "id": c.chunk_id, "pack_id": c.pack_id, "offset": c.offset, "length": c.length,
             "raw_length": c.raw_length, "encoding": c.encoding, "depth": c.depth, "base_id": c.base_id,
+            "alone_length": c.alone_length,
         }
         for c in sorted(chunks, key=lambda c: (c.depth, c.chunk_id))
     ]
@@ -252,4 +263,7 @@ def totals(session: Session) -> dict[str, int]:
         "unique_bytes": scalar(select(func.sum(Chunk.raw_length))),
         "stored_bytes": scalar(select(func.sum(Chunk.length))),
         "pack_bytes": scalar(select(func.sum(Pack.size))),
+        "delta_chunks": scalar(select(func.count()).select_from(Chunk).where(Chunk.alone_length.is_not(None))),
+        # What every chunk would occupy standalone: delta chunks count at their standalone size.
+        "alone_bytes": scalar(select(func.sum(func.coalesce(Chunk.alone_length, Chunk.length)))),
     }

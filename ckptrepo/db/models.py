@@ -92,7 +92,9 @@ class Chunk(Base):
     """Where a chunk's encoded bytes live. ``id`` is BLAKE3 of the *decoded* bytes.
 
     ``encoding`` is ``ckptrepo.chunks.codecs.Encoding``; ``base_id`` names the chunk a
-    delta is taken against and ``depth`` the length of that delta chain (0 = standalone).
+    delta is taken against and ``depth`` the length of that delta chain (0 = standalone);
+    ``alone_length`` is what a delta chunk's standalone encoding would have taken (NULL
+    for standalone chunks, whose ``length`` is that).
     """
 
     __tablename__ = "chunks"
@@ -104,6 +106,7 @@ class Chunk(Base):
     encoding: Mapped[int] = mapped_column(SmallInteger)
     base_id: Mapped[str | None] = mapped_column(ForeignKey("chunks.id"), index=True, default=None)
     depth: Mapped[int] = mapped_column(SmallInteger, default=0)
+    alone_length: Mapped[int | None] = mapped_column(BigInteger, default=None)
 
 
 class Tensor(Base):

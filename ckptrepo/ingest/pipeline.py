@@ -10,10 +10,17 @@ Threads: one job per chunk hashes it, summarises it for the statistics and encod
 while it is hot in cache, on the given executor (BLAKE3, zstd, numpy and torch release
 the GIL); appending to packs happens on the calling thread, in order, with at most five
 ``window``s of encoded chunks held in memory at once.
+
+Delta encoding: ``DeltaPlan`` names, per tensor, the base tensor's chunks (the same
+name in the first parent, or the mapped tensor of a transfer source). A chunk whose
+base has the same length and a chain shorter than ``max_depth`` is also encoded as XOR
+against the base's bytes (from the ``BaseCache`` or decoded from the store) and stored
+that way when that is smaller than its standalone encoding.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
@@ -25,10 +32,14 @@ import torch
 from ckptrepo import faults
 from ckptrepo import state as st
 from ckptrepo.chunks.chunker import chunk_spans
-from ckptrepo.chunks.codecs import Encoding, encode
-from ckptrepo.chunks.store import PackSink, SealedPack
+from ckptrepo.chunks.codecs import Encoding, encode_with_base
+from ckptrepo.chunks.store import ChunkLocation, ChunkReader, PackSink, SealedPack
+from ckptrepo.errors import CkptError
 from ckptrepo.ids import hash_bytes, hash_json
+from ckptrepo.ingest.basecache import BaseCache
 from ckptrepo.ingest.stats import Moments, combine, moments
+
+log = logging.getLogger("ckptrepo")
 
 KnownFn = Callable[[list[str]], set[str]]
 
@@ -58,6 +69,30 @@ class IngestResult:
     stored_bytes: int = 0
     nonfinite: int = 0
     new_chunk_ids: set[str] = field(default_factory=set)
+    alone_lengths: dict[str, int] = field(default_factory=dict)  # delta chunks' standalone sizes
+    delta_chunks: int = 0
+
+
+@dataclass(frozen=True)
+class BaseTensor:
+    """The tensor a commit's tensor is delta-encoded against: its dtype, chunking and chunks."""
+
+    dtype: torch.dtype
+    chunk_size: int
+    chunks: list[ChunkLocation]
+
+
+@dataclass
+class DeltaPlan:
+    """Where delta bases come from: base tensors by name, the reader that decodes them
+    (with every chain location they need), the cache of recent chunks, the chain bound."""
+
+    tensors: dict[str, BaseTensor]
+    reader: ChunkReader
+    chain: dict[str, ChunkLocation]
+    cache: BaseCache
+    max_depth: int
+    policy: str = "parent"
 
 
 @dataclass(frozen=True)
@@ -68,6 +103,7 @@ class IngestOptions:
     compression: bool = True
     zstd_level: int = 1
     window: int = 16
+    min_saving: float = 0.05
 
 
 def ingest(
@@ -77,17 +113,20 @@ def ingest(
     pool: Executor,
     opts: IngestOptions,
     likely_known: frozenset[str] = frozenset(),
+    delta: DeltaPlan | None = None,
 ) -> IngestResult:
     """Store every tensor's chunks that the store lacks; return their records and packs.
 
     ``tensors`` must be CPU tensors that nobody mutates until this returns (the caller's
     snapshot). ``likely_known`` (usually the parent commit's chunk ids) skips encoding
     of chunks that will deduplicate; ``known`` is asked about every other chunk before
-    it is written. On any error nothing has been inserted anywhere; packs already put
-    in the backend stay unreferenced (``gc`` reclaims them) and the sink is aborted.
+    it is written. With ``delta``, chunks are also tried as deltas against their base
+    (a base that cannot be read is skipped, never fatal). On any error nothing has been
+    inserted anywhere; packs already put in the backend stay unreferenced (``gc``
+    reclaims them) and the sink is aborted.
     """
     try:
-        return _Ingest(sink, known, pool, opts, likely_known).run(tensors)
+        return _Ingest(sink, known, pool, opts, likely_known, delta).run(tensors)
     except BaseException:
         sink.abort()
         raise
@@ -104,6 +143,9 @@ class _Done:
     encoding: int
     payload: Any  # None when the chunk was likely known and not encoded
     raw_length: int
+    depth: int = 0
+    base_id: str | None = None
+    alone_length: int | None = None
 
 
 class _Ingest:
@@ -112,13 +154,19 @@ class _Ingest:
     store in batches and appended to packs."""
 
     def __init__(self, sink: PackSink, known: KnownFn, pool: Executor, opts: IngestOptions,
-                 likely_known: frozenset[str]) -> None:
+                 likely_known: frozenset[str], delta: DeltaPlan | None) -> None:
         self.sink, self.known, self.pool, self.opts, self.likely = sink, known, pool, opts, likely_known
+        self.delta = delta if opts.compression else None
+        self.bases: list[BaseTensor | None] = []
         self.batch: list[_Done] = []
         self.queued: set[str] = set()
 
     def run(self, tensors: dict[str, torch.Tensor]) -> IngestResult:
         names = list(tensors)
+        for name in names:
+            base = self.delta.tensors.get(name) if self.delta is not None else None
+            ok = base is not None and base.dtype == tensors[name].dtype and base.chunk_size == self.opts.chunk_size
+            self.bases.append(base if ok else None)
         ids: list[list[str]] = []
         parts: list[list[Moments]] = []
         views: list[memoryview] = []
@@ -160,18 +208,64 @@ class _Ingest:
             result.logical_bytes += len(views[i])
             result.nonfinite += stats["nan_count"] + stats["inf_count"]
         result.packs = self.sink.seal()
+        if self.delta is not None:
+            self.delta.cache.rotate()
         return result
+
+    def _base(self, tensor: int, seq: int, length: int) -> tuple[ChunkLocation, int, bytes] | None:
+        """The delta base of a chunk, the new chunk's depth and the base's decoded bytes, or
+        None (no base, chain full, or the base cannot be read)."""
+        plan, base = self.delta, self.bases[tensor]
+        if plan is None or base is None or seq >= len(base.chunks):
+            return None
+        loc = base.chunks[seq]
+        if loc.raw_length != length or loc.depth + 1 > plan.max_depth:
+            return None
+        depth = loc.depth + 1
+        if plan.policy == "root" and loc.base_id is not None:
+            root = plan.chain.get(loc.base_id)
+            if root is None:
+                return None
+            loc = root
+        data = plan.cache.get(loc.chunk_id)
+        if data is None:
+            buf = bytearray(length)
+            try:
+                plan.reader.read_into(loc, memoryview(buf), plan.chain)
+            except CkptError as exc:  # a damaged base only costs this chunk its delta
+                log.warning("delta base %s unreadable, storing standalone: %s", loc.chunk_id[:12], exc)
+                return None
+            data = bytes(buf)
+        return loc, depth, data
 
     def _process(self, tensor: int, seq: int, raw: memoryview, dtype: torch.dtype) -> _Done:
         faults.point("ingest.chunk")
         cid = hash_bytes(raw)
         mom = moments(torch.frombuffer(raw, dtype=torch.uint8).view(dtype)) if len(raw) else Moments()
+        cache = self.delta.cache if self.delta is not None and self.delta.cache.budget else None
         if cid in self.likely:
+            if cache is not None:
+                cache.put(cid, raw)  # unchanged: the next commit's base (or its root's place)
             return _Done(tensor, seq, cid, mom, Encoding.RAW, None, len(raw))
         if not self.opts.compression:
             return _Done(tensor, seq, cid, mom, Encoding.RAW, raw, len(raw))
         itemsize = torch.empty((), dtype=dtype).element_size()
-        encoding, payload = encode(raw, itemsize, level=self.opts.zstd_level)
+        base = self._base(tensor, seq, len(raw)) if len(raw) else None
+        encoding, payload, alone = encode_with_base(
+            raw, itemsize, base[2] if base is not None else None,
+            level=self.opts.zstd_level, min_saving=self.opts.min_saving,
+        )
+        if encoding == Encoding.DELTA and base is not None:
+            if cache is not None:
+                # The next commit's base: this chunk (policy parent) or the same keyframe (root).
+                if self.delta is not None and self.delta.policy == "root":
+                    cache.put(base[0].chunk_id, base[2])
+                else:
+                    cache.put(cid, raw)
+            return _Done(tensor, seq, cid, mom, int(encoding), payload, len(raw),
+                         depth=base[1], base_id=base[0].chunk_id, alone_length=alone)
+        if cache is not None:
+            cache.put(cid, raw)  # stored standalone: a keyframe for the next commits
         return _Done(tensor, seq, cid, mom, int(encoding), payload, len(raw))
 
     def _consume(self, done: _Done, ids: list[list[str]], parts: list[list[Moments]], result: IngestResult) -> None:
@@ -194,6 +288,9 @@ class _Ingest:
             if d.chunk_id in have:
                 self.queued.discard(d.chunk_id)
                 continue
-            self.sink.add(d.chunk_id, d.encoding, d.payload, d.raw_length)
+            self.sink.add(d.chunk_id, d.encoding, d.payload, d.raw_length, depth=d.depth, base_id=d.base_id)
             result.new_bytes += d.raw_length
             result.stored_bytes += len(d.payload)
+            if d.alone_length is not None:
+                result.alone_lengths[d.chunk_id] = d.alone_length
+                result.delta_chunks += 1

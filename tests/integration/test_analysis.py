@@ -76,10 +76,10 @@ class _Reads:
         lock = threading.Lock()
         original = repo._reader.read_into
 
-        def counting(loc: Any, out: memoryview) -> None:
+        def counting(loc: Any, out: memoryview, bases: Any = None) -> None:
             with lock:
                 self.calls.append(loc.chunk_id)
-            original(loc, out)
+            original(loc, out, bases)
 
         monkeypatch.setattr(repo._reader, "read_into", counting)
 

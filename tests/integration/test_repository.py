@@ -70,9 +70,9 @@ def test_load_tensor_reads_only_its_chunks(repo: ckptrepo.Repo, monkeypatch: pyt
     calls: list[str] = []
     original = repo._reader.read_into
 
-    def counting(loc: Any, out: memoryview) -> None:
+    def counting(loc: Any, out: memoryview, bases: Any = None) -> None:
         calls.append(loc.chunk_id)
-        original(loc, out)
+        original(loc, out, bases)
 
     monkeypatch.setattr(repo._reader, "read_into", counting)
     got = repo.load_tensor("main", "small")

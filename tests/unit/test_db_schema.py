@@ -28,6 +28,7 @@ from ckptrepo.db.models import Base, Chunk, Pack, RepoMeta
 from ckptrepo.errors import FormatError, RepositoryExists, SchemaOutdated, SchemaTooNew, UsageError
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+HEAD = "0003"  # the newest migration this code ships
 
 # A later schema as a future ckptrepo would ship it. Rebuilding ``packs`` (recreate on
 # SQLite), which ``chunks`` references, exercises the foreign-key handling of migrations.
@@ -36,7 +37,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "9999"
-down_revision = "0002"
+down_revision = "{HEAD}"
 branch_labels = None
 depends_on = None
 
@@ -61,7 +62,7 @@ def newer_scripts(tmp_path: Path) -> Path:
     """A copy of the packaged migrations plus a test-only revision 9999 on top of the head."""
     scripts = tmp_path / "migrations"
     shutil.copytree(migrate.script_location(), scripts, ignore=shutil.ignore_patterns("__pycache__"))
-    (scripts / "versions" / "9999_test_only.py").write_text(REVISION_NEXT, encoding="utf-8")
+    (scripts / "versions" / "9999_test_only.py").write_text(REVISION_NEXT.replace("{HEAD}", HEAD), encoding="utf-8")
     return scripts
 
 
@@ -88,7 +89,7 @@ def test_database_url() -> None:
 
 
 def test_migrations_match_models(engine: Engine) -> None:
-    assert migrate.current_revision(engine) == migrate.head_revision() == "0002"
+    assert migrate.current_revision(engine) == migrate.head_revision() == HEAD
     with engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
     assert diff == []
@@ -124,22 +125,22 @@ def test_older_and_newer_schemas(engine: Engine, newer_scripts: Path) -> None:
         s.add(Pack(**_pack("p" * 64)))
         s.flush()
         s.add(Chunk(id="c" * 64, pack_id="p" * 64, offset=0, length=1, raw_length=1, encoding=0))
-    # This database is at 0002; code that ships 9999 must ask for an upgrade.
+    # This database is at HEAD; code that ships 9999 must ask for an upgrade.
     with pytest.raises(SchemaOutdated) as outdated:
         migrate.check_schema(engine, scripts=newer_scripts)
-    assert outdated.value.fields == {"current": "0002", "head": "9999"}
+    assert outdated.value.fields == {"current": HEAD, "head": "9999"}
     assert "ckpt db upgrade" in outdated.value.hint
 
     migrate.upgrade(engine, scripts=newer_scripts)
     migrate.check_schema(engine, scripts=newer_scripts)
     assert "note" in {c["name"] for c in inspect(engine).get_columns("packs")}
     assert _count(engine, Chunk) == 1  # the rebuilt table kept its rows and references
-    # ... and the code that only knows 0002 must refuse it.
+    # ... and the code that only knows HEAD must refuse it.
     with pytest.raises(SchemaTooNew) as too_new:
         migrate.check_schema(engine)
-    assert too_new.value.fields == {"current": "9999", "head": "0002"}
+    assert too_new.value.fields == {"current": "9999", "head": HEAD}
 
-    migrate.downgrade(engine, "0002", scripts=newer_scripts)
+    migrate.downgrade(engine, HEAD, scripts=newer_scripts)
     migrate.check_schema(engine)
     _assert_foreign_keys_enforced(engine)
 
@@ -150,7 +151,7 @@ def test_failed_migration_changes_nothing(engine: Engine, newer_scripts: Path) -
     (newer_scripts / "versions" / "9999_test_only.py").write_text(broken, encoding="utf-8")
     with pytest.raises(RuntimeError, match="boom"):
         migrate.upgrade(engine, scripts=newer_scripts)
-    assert migrate.current_revision(engine) == "0002"
+    assert migrate.current_revision(engine) == HEAD
     assert "note" not in {c["name"] for c in inspect(engine).get_columns("packs")}
     migrate.check_schema(engine)
 
@@ -162,7 +163,7 @@ def test_initialize_once(db_url: str, newer_scripts: Path) -> None:
         migrate.check_schema(eng)
         with pytest.raises(RepositoryExists):
             migrate.initialize(eng, {"repo_id": "r2", "format_version": "1"}, scripts=newer_scripts)
-        assert migrate.current_revision(eng) == "0002"  # a second init upgraded nothing
+        assert migrate.current_revision(eng) == HEAD  # a second init upgraded nothing
         with session_factory(eng)() as s:
             assert dict(s.execute(select(RepoMeta.key, RepoMeta.value)).all()) == {
                 "repo_id": "r1",

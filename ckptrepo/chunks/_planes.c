@@ -1,0 +1,433 @@
+/*
+ * Byte-plane kernels for ckptrepo.chunks.codecs: split elements into byte planes, join
+ * planes back into elements, XOR one buffer into another.
+ *
+ * Layout (the codecs' BYTEGROUP/DELTA plane layout): for n = len(elements) / width,
+ * plane k occupies planes[k*n : (k+1)*n] and holds byte k of every element. Trailing
+ * bytes that do not fill an element are not touched; the caller handles them.
+ *
+ * All functions take buffer-protocol objects, check lengths, and release the GIL while
+ * they run. numpy versions of the same operations in codecs.py are the reference and the
+ * fallback when this module is not built; tests compare the two.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <math.h>
+#include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
+static void split_generic(const uint8_t *src, uint8_t *dst, Py_ssize_t n, int width) {
+    for (int k = 0; k < width; k++) {
+        uint8_t *plane = dst + (Py_ssize_t)k * n;
+        const uint8_t *s = src + k;
+        for (Py_ssize_t i = 0; i < n; i++) plane[i] = s[i * width];
+    }
+}
+
+static void split4(const uint8_t *src, uint8_t *dst, Py_ssize_t n) {
+    uint8_t *p0 = dst, *p1 = dst + n, *p2 = dst + 2 * n, *p3 = dst + 3 * n;
+    Py_ssize_t i = 0;
+#ifdef __SSE2__
+    const __m128i lo = _mm_set1_epi32(0xff);
+    for (; i + 16 <= n; i += 16) {
+        __m128i w0 = _mm_loadu_si128((const __m128i *)(src + 4 * i));
+        __m128i w1 = _mm_loadu_si128((const __m128i *)(src + 4 * i + 16));
+        __m128i w2 = _mm_loadu_si128((const __m128i *)(src + 4 * i + 32));
+        __m128i w3 = _mm_loadu_si128((const __m128i *)(src + 4 * i + 48));
+        __m128i out[4];
+        for (int k = 0; k < 4; k++) {
+            __m128i a = _mm_and_si128(_mm_srli_epi32(w0, 8 * k), lo);
+            __m128i b = _mm_and_si128(_mm_srli_epi32(w1, 8 * k), lo);
+            __m128i c = _mm_and_si128(_mm_srli_epi32(w2, 8 * k), lo);
+            __m128i d = _mm_and_si128(_mm_srli_epi32(w3, 8 * k), lo);
+            out[k] = _mm_packus_epi16(_mm_packs_epi32(a, b), _mm_packs_epi32(c, d));
+        }
+        _mm_storeu_si128((__m128i *)(p0 + i), out[0]);
+        _mm_storeu_si128((__m128i *)(p1 + i), out[1]);
+        _mm_storeu_si128((__m128i *)(p2 + i), out[2]);
+        _mm_storeu_si128((__m128i *)(p3 + i), out[3]);
+    }
+#endif
+    for (; i < n; i++) {
+        p0[i] = src[4 * i];
+        p1[i] = src[4 * i + 1];
+        p2[i] = src[4 * i + 2];
+        p3[i] = src[4 * i + 3];
+    }
+}
+
+static void split2(const uint8_t *src, uint8_t *dst, Py_ssize_t n) {
+    uint8_t *p0 = dst, *p1 = dst + n;
+    Py_ssize_t i = 0;
+#ifdef __SSE2__
+    const __m128i lo = _mm_set1_epi16(0xff);
+    for (; i + 16 <= n; i += 16) {
+        __m128i w0 = _mm_loadu_si128((const __m128i *)(src + 2 * i));
+        __m128i w1 = _mm_loadu_si128((const __m128i *)(src + 2 * i + 16));
+        _mm_storeu_si128((__m128i *)(p0 + i), _mm_packus_epi16(_mm_and_si128(w0, lo), _mm_and_si128(w1, lo)));
+        _mm_storeu_si128((__m128i *)(p1 + i), _mm_packus_epi16(_mm_srli_epi16(w0, 8), _mm_srli_epi16(w1, 8)));
+    }
+#endif
+    for (; i < n; i++) {
+        p0[i] = src[2 * i];
+        p1[i] = src[2 * i + 1];
+    }
+}
+
+static void join_generic(const uint8_t *src, uint8_t *dst, Py_ssize_t n, int width) {
+    for (int k = 0; k < width; k++) {
+        const uint8_t *plane = src + (Py_ssize_t)k * n;
+        uint8_t *d = dst + k;
+        for (Py_ssize_t i = 0; i < n; i++) d[i * width] = plane[i];
+    }
+}
+
+static void join4(const uint8_t *src, uint8_t *dst, Py_ssize_t n) {
+    const uint8_t *p0 = src, *p1 = src + n, *p2 = src + 2 * n, *p3 = src + 3 * n;
+    Py_ssize_t i = 0;
+#ifdef __SSE2__
+    for (; i + 16 <= n; i += 16) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(p0 + i));
+        __m128i b = _mm_loadu_si128((const __m128i *)(p1 + i));
+        __m128i c = _mm_loadu_si128((const __m128i *)(p2 + i));
+        __m128i d = _mm_loadu_si128((const __m128i *)(p3 + i));
+        __m128i ab_lo = _mm_unpacklo_epi8(a, b), ab_hi = _mm_unpackhi_epi8(a, b);
+        __m128i cd_lo = _mm_unpacklo_epi8(c, d), cd_hi = _mm_unpackhi_epi8(c, d);
+        uint8_t *o = dst + 4 * i;
+        _mm_storeu_si128((__m128i *)(o), _mm_unpacklo_epi16(ab_lo, cd_lo));
+        _mm_storeu_si128((__m128i *)(o + 16), _mm_unpackhi_epi16(ab_lo, cd_lo));
+        _mm_storeu_si128((__m128i *)(o + 32), _mm_unpacklo_epi16(ab_hi, cd_hi));
+        _mm_storeu_si128((__m128i *)(o + 48), _mm_unpackhi_epi16(ab_hi, cd_hi));
+    }
+#endif
+    for (; i < n; i++) {
+        dst[4 * i] = p0[i];
+        dst[4 * i + 1] = p1[i];
+        dst[4 * i + 2] = p2[i];
+        dst[4 * i + 3] = p3[i];
+    }
+}
+
+static void join2(const uint8_t *src, uint8_t *dst, Py_ssize_t n) {
+    const uint8_t *p0 = src, *p1 = src + n;
+    Py_ssize_t i = 0;
+#ifdef __SSE2__
+    for (; i + 16 <= n; i += 16) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(p0 + i));
+        __m128i b = _mm_loadu_si128((const __m128i *)(p1 + i));
+        _mm_storeu_si128((__m128i *)(dst + 2 * i), _mm_unpacklo_epi8(a, b));
+        _mm_storeu_si128((__m128i *)(dst + 2 * i + 16), _mm_unpackhi_epi8(a, b));
+    }
+#endif
+    for (; i < n; i++) {
+        dst[2 * i] = p0[i];
+        dst[2 * i + 1] = p1[i];
+    }
+}
+
+static void join8(const uint8_t *src, uint8_t *dst, Py_ssize_t n) {
+    /* Two width-4 joins of the low and high halves' planes would need a scratch buffer;
+       the generic loop over 8 planes is simple and streams each plane once. */
+    join_generic(src, dst, n, 8);
+}
+
+static void xor_bytes(uint8_t *dst, const uint8_t *src, Py_ssize_t len) {
+    Py_ssize_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        uint64_t a, b;
+        memcpy(&a, dst + i, 8);
+        memcpy(&b, src + i, 8);
+        a ^= b;
+        memcpy(dst + i, &a, 8);
+    }
+    for (; i < len; i++) dst[i] ^= src[i];
+}
+
+static int get_buffers(PyObject *src_obj, PyObject *dst_obj, Py_buffer *src, Py_buffer *dst) {
+    if (PyObject_GetBuffer(src_obj, src, PyBUF_SIMPLE) < 0) return -1;
+    if (PyObject_GetBuffer(dst_obj, dst, PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(src);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *planes_split(PyObject *self, PyObject *args) {
+    PyObject *src_obj, *dst_obj;
+    int width;
+    if (!PyArg_ParseTuple(args, "OiO:split", &src_obj, &width, &dst_obj)) return NULL;
+    if (width < 1 || width > 255) return PyErr_Format(PyExc_ValueError, "width %d is out of range 1..255", width);
+    Py_buffer src, dst;
+    if (get_buffers(src_obj, dst_obj, &src, &dst) < 0) return NULL;
+    Py_ssize_t n = src.len / width;
+    if (dst.len != n * width) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&dst);
+        return PyErr_Format(PyExc_ValueError, "planes buffer is %zd bytes, expected %zd", dst.len, n * width);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (width == 4) split4(src.buf, dst.buf, n);
+    else if (width == 2) split2(src.buf, dst.buf, n);
+    else split_generic(src.buf, dst.buf, n, width);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    Py_RETURN_NONE;
+}
+
+static PyObject *planes_join(PyObject *self, PyObject *args) {
+    PyObject *src_obj, *dst_obj;
+    int width;
+    if (!PyArg_ParseTuple(args, "OiO:join", &src_obj, &width, &dst_obj)) return NULL;
+    if (width < 1 || width > 255) return PyErr_Format(PyExc_ValueError, "width %d is out of range 1..255", width);
+    Py_buffer src, dst;
+    if (get_buffers(src_obj, dst_obj, &src, &dst) < 0) return NULL;
+    Py_ssize_t n = src.len / width;
+    if (src.len != n * width || dst.len < src.len) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&dst);
+        return PyErr_Format(PyExc_ValueError, "planes of %zd bytes do not fit width %d and an output of %zd bytes",
+                            src.len, width, dst.len);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (width == 4) join4(src.buf, dst.buf, n);
+    else if (width == 2) join2(src.buf, dst.buf, n);
+    else if (width == 8) join8(src.buf, dst.buf, n);
+    else join_generic(src.buf, dst.buf, n, width);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    Py_RETURN_NONE;
+}
+
+static PyObject *planes_xor_into(PyObject *self, PyObject *args) {
+    PyObject *dst_obj, *src_obj;
+    if (!PyArg_ParseTuple(args, "OO:xor_into", &dst_obj, &src_obj)) return NULL;
+    Py_buffer src, dst;
+    if (get_buffers(src_obj, dst_obj, &src, &dst) < 0) return NULL;
+    if (src.len != dst.len) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&dst);
+        return PyErr_Format(PyExc_ValueError, "xor of %zd bytes into %zd bytes", src.len, dst.len);
+    }
+    Py_BEGIN_ALLOW_THREADS
+    xor_bytes(dst.buf, src.buf, dst.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    Py_RETURN_NONE;
+}
+
+/* One pass of statistics over float32 (kind 0), float64 (kind 1) or bfloat16 (kind 2)
+   elements, accumulated in double around a shift (the first element) so the variance
+   does not cancel catastrophically. Eight independent accumulators per quantity keep
+   the loop free of loop-carried dependencies (and let the compiler use SIMD lanes). */
+static inline double load_elem(const uint8_t *p, Py_ssize_t i, int kind) {
+    if (kind == 0) {
+        float f;
+        memcpy(&f, p + 4 * i, 4);
+        return (double)f;
+    }
+    if (kind == 1) {
+        double d;
+        memcpy(&d, p + 8 * i, 8);
+        return d;
+    }
+    uint16_t h;
+    memcpy(&h, p + 2 * i, 2);
+    uint32_t w = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &w, 4);
+    return (double)f;
+}
+
+#define LANES 8
+
+#define MOMENTS_FAST(NAME, KIND)                                                              \
+    static void NAME(const uint8_t *p, Py_ssize_t n, double shift, double *out) {            \
+        double s[LANES] = {0}, q[LANES] = {0}, lo[LANES], hi[LANES];                           \
+        for (int j = 0; j < LANES; j++) {                                                      \
+            lo[j] = INFINITY;                                                                  \
+            hi[j] = -INFINITY;                                                                 \
+        }                                                                                      \
+        Py_ssize_t i = 0;                                                                      \
+        for (; i + LANES <= n; i += LANES) {                                                   \
+            double a[LANES];                                                                   \
+            double x[LANES];                                                                   \
+            for (int j = 0; j < LANES; j++) x[j] = load_elem(p, i + j, KIND);                  \
+            for (int j = 0; j < LANES; j++) {                                                  \
+                a[j] = x[j] - shift;                                                           \
+                s[j] += a[j];                                                                  \
+                q[j] += a[j] * a[j];                                                           \
+                lo[j] = x[j] < lo[j] ? x[j] : lo[j];                                           \
+                hi[j] = x[j] > hi[j] ? x[j] : hi[j];                                           \
+            }                                                                                  \
+        }                                                                                      \
+        for (; i < n; i++) {                                                                   \
+            double x = load_elem(p, i, KIND), a = x - shift;                                   \
+            s[0] += a;                                                                         \
+            q[0] += a * a;                                                                     \
+            lo[0] = x < lo[0] ? x : lo[0];                                                     \
+            hi[0] = x > hi[0] ? x : hi[0];                                                     \
+        }                                                                                      \
+        double S = 0, Q = 0, L = INFINITY, H = -INFINITY;                                      \
+        for (int j = 0; j < LANES; j++) {                                                      \
+            S += s[j];                                                                         \
+            Q += q[j];                                                                         \
+            L = lo[j] < L ? lo[j] : L;                                                         \
+            H = hi[j] > H ? hi[j] : H;                                                         \
+        }                                                                                      \
+        out[0] = S;                                                                            \
+        out[1] = Q;                                                                            \
+        out[2] = L;                                                                            \
+        out[3] = H;                                                                            \
+    }
+
+#ifdef __SSE2__
+/* float32 and bfloat16 with SSE2: four floats at a time, widened to two pairs of doubles,
+   into independent accumulators. */
+typedef struct {
+    __m128d s0, s1, q0, q1, lo0, lo1, hi0, hi1, sh;
+} acc4;
+
+static inline void acc4_init(acc4 *c, double shift) {
+    c->s0 = c->s1 = c->q0 = c->q1 = _mm_setzero_pd();
+    c->lo0 = c->lo1 = _mm_set1_pd(INFINITY);
+    c->hi0 = c->hi1 = _mm_set1_pd(-INFINITY);
+    c->sh = _mm_set1_pd(shift);
+}
+
+static inline void acc4_add(acc4 *c, __m128 f) {
+    __m128d x = _mm_cvtps_pd(f), y = _mm_cvtps_pd(_mm_movehl_ps(f, f));
+    __m128d a = _mm_sub_pd(x, c->sh), b = _mm_sub_pd(y, c->sh);
+    c->s0 = _mm_add_pd(c->s0, a);
+    c->s1 = _mm_add_pd(c->s1, b);
+    c->q0 = _mm_add_pd(c->q0, _mm_mul_pd(a, a));
+    c->q1 = _mm_add_pd(c->q1, _mm_mul_pd(b, b));
+    c->lo0 = _mm_min_pd(c->lo0, x);
+    c->lo1 = _mm_min_pd(c->lo1, y);
+    c->hi0 = _mm_max_pd(c->hi0, x);
+    c->hi1 = _mm_max_pd(c->hi1, y);
+}
+
+static inline void acc4_finish(acc4 *c, const uint8_t *p, Py_ssize_t i, Py_ssize_t n, int kind,
+                               double shift, double *out) {
+    double v[2], S, Q, L, H;
+    _mm_storeu_pd(v, _mm_add_pd(c->s0, c->s1));
+    S = v[0] + v[1];
+    _mm_storeu_pd(v, _mm_add_pd(c->q0, c->q1));
+    Q = v[0] + v[1];
+    _mm_storeu_pd(v, _mm_min_pd(c->lo0, c->lo1));
+    L = v[0] < v[1] ? v[0] : v[1];
+    _mm_storeu_pd(v, _mm_max_pd(c->hi0, c->hi1));
+    H = v[0] > v[1] ? v[0] : v[1];
+    for (; i < n; i++) {
+        double x = load_elem(p, i, kind), a = x - shift;
+        S += a;
+        Q += a * a;
+        L = x < L ? x : L;
+        H = x > H ? x : H;
+    }
+    out[0] = S;
+    out[1] = Q;
+    out[2] = L;
+    out[3] = H;
+}
+
+static void moments_f32(const uint8_t *p, Py_ssize_t n, double shift, double *out) {
+    acc4 c;
+    acc4_init(&c, shift);
+    Py_ssize_t i = 0;
+    for (; i + 4 <= n; i += 4) acc4_add(&c, _mm_loadu_ps((const float *)(p + 4 * i)));
+    acc4_finish(&c, p, i, n, 0, shift, out);
+}
+
+static void moments_bf16(const uint8_t *p, Py_ssize_t n, double shift, double *out) {
+    acc4 c;
+    acc4_init(&c, shift);
+    const __m128i zero = _mm_setzero_si128();
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm_loadu_si128((const __m128i *)(p + 2 * i));
+        acc4_add(&c, _mm_castsi128_ps(_mm_unpacklo_epi16(zero, h)));
+        acc4_add(&c, _mm_castsi128_ps(_mm_unpackhi_epi16(zero, h)));
+    }
+    acc4_finish(&c, p, i, n, 2, shift, out);
+}
+#else
+MOMENTS_FAST(moments_f32, 0)
+MOMENTS_FAST(moments_bf16, 2)
+#endif
+MOMENTS_FAST(moments_f64, 1)
+
+static PyObject *planes_moments(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    int kind;
+    if (!PyArg_ParseTuple(args, "Oi:moments", &obj, &kind)) return NULL;
+    if (kind < 0 || kind > 2) return PyErr_Format(PyExc_ValueError, "kind %d is not 0 (f32), 1 (f64) or 2 (bf16)", kind);
+    Py_buffer buf;
+    if (PyObject_GetBuffer(obj, &buf, PyBUF_SIMPLE) < 0) return NULL;
+    int size = kind == 0 ? 4 : kind == 1 ? 8 : 2;
+    Py_ssize_t n = buf.len / size;
+    const uint8_t *p = buf.buf;
+    double shift = 0, out[4] = {0, 0, INFINITY, -INFINITY};
+    Py_ssize_t finite = n, nan = 0, inf = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (n > 0) {
+        double first = load_elem(p, 0, kind);
+        shift = isfinite(first) ? first : 0.0;
+        if (kind == 0) moments_f32(p, n, shift, out);
+        else if (kind == 1) moments_f64(p, n, shift, out);
+        else moments_bf16(p, n, shift, out);
+    }
+    if (!isfinite(out[0]) || !isfinite(out[1])) {
+        /* Non-finite elements (or an overflow of the sum of squares): count them and
+           accumulate the finite ones only. */
+        double S = 0, Q = 0, L = INFINITY, H = -INFINITY;
+        finite = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            double x = load_elem(p, i, kind);
+            if (isnan(x)) {
+                nan++;
+                continue;
+            }
+            if (isinf(x)) {
+                inf++;
+                continue;
+            }
+            double a = x - shift;
+            S += a;
+            Q += a * a;
+            L = x < L ? x : L;
+            H = x > H ? x : H;
+            finite++;
+        }
+        out[0] = S;
+        out[1] = Q;
+        out[2] = L;
+        out[3] = H;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&buf);
+    return Py_BuildValue("(nddddddnn)", finite, shift, out[0], out[1], out[2], out[3], 0.0, nan, inf);
+}
+
+static PyMethodDef methods[] = {
+    {"moments", planes_moments, METH_VARARGS,
+     "moments(buffer, kind) -> (finite, shift, sum(x-shift), sum((x-shift)**2), min, max, 0.0, nan, inf) "
+     "over the finite elements; "
+     "kind 0 float32, 1 float64, 2 bfloat16."},
+    {"split", planes_split, METH_VARARGS,
+     "split(elements, width, planes): write byte k of each element to plane k of planes."},
+    {"join", planes_join, METH_VARARGS,
+     "join(planes, width, elements): inverse of split; writes len(planes) bytes of elements."},
+    {"xor_into", planes_xor_into, METH_VARARGS, "xor_into(dst, src): dst ^= src, equal lengths."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_planes", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__planes(void) { return PyModule_Create(&module); }

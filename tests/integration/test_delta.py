@@ -1,0 +1,153 @@
+"""Delta encoding through the repository, on every database the suite runs against."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from ckptrepo.cli.app import app
+from sqlalchemy import select
+from typer.testing import CliRunner
+
+import ckptrepo
+from ckptrepo import errors
+from ckptrepo.chunks.codecs import Encoding
+from ckptrepo.chunks.store import pack_key
+from ckptrepo.db.models import Chunk, Entry, TensorChunk
+
+
+def _drift(state: dict[str, torch.Tensor], seed: int, scale: float = 1e-4) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {k: (v * (1 + scale * torch.randn(v.shape, generator=g))).to(v.dtype) for k, v in state.items()}
+
+
+def _state(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "w32": torch.randn(96 * 1024, generator=g) * 0.02,
+        "w16": (torch.randn(64 * 1024, generator=g) * 0.02).to(torch.bfloat16),
+        "w64": torch.randn(20 * 1024, generator=g, dtype=torch.float64),
+    }
+
+
+def _chunks(repo: ckptrepo.Repo) -> list[Chunk]:
+    with repo._sessions() as s:
+        return list(s.scalars(select(Chunk)))
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a.view(torch.uint8), b.view(torch.uint8)))
+
+
+@pytest.fixture
+def repo(tmp_path: Path, db_url: str) -> ckptrepo.Repo:
+    r = ckptrepo.Repo.init(tmp_path / "work", db_url=db_url, chunk_size=64 * 1024, max_delta_depth=3)
+    yield r
+    r.close()
+
+
+@pytest.mark.parametrize("policy", ["root", "parent"])
+def test_related_commits_are_stored_as_bounded_deltas_and_restore_bit_exactly(
+    tmp_path: Path, db_url: str, policy: str
+) -> None:
+    with ckptrepo.Repo.init(tmp_path / "w", db_url=db_url, chunk_size=64 * 1024, max_delta_depth=3,
+                            delta_base=policy) as repo:
+        _check_bounded_deltas(repo, policy)
+
+
+def _check_bounded_deltas(repo: ckptrepo.Repo, policy: str) -> None:
+    states = [_state()]
+    for i in range(1, 8):
+        states.append(_drift(states[-1], i))
+    ids = [repo.commit(s, step=i, blocking=True).wait().id for i, s in enumerate(states)]
+    chunks = _chunks(repo)
+    deltas = [c for c in chunks if c.encoding == Encoding.DELTA]
+    assert deltas, "drifted float chunks should be stored as deltas"
+    assert max(c.depth for c in chunks) == 3  # the configured bound, reached and not exceeded
+    by_id = {c.id: c for c in chunks}
+    for c in deltas:
+        base = by_id[c.base_id]  # bases are ordinary index rows
+        assert c.alone_length is not None and c.length < c.alone_length
+        if policy == "root":  # one hop to a keyframe; depth counts commits since it
+            assert base.depth == 0 and base.base_id is None
+        else:  # a chain through the parent's chunk
+            assert c.depth == base.depth + 1
+    for cid, state in zip(ids, states, strict=True):
+        restored = repo.checkout(cid)
+        assert all(_same(restored[k], state[k]) for k in state)
+    assert repo.load_tensor(ids[-1], "w32").equal(states[-1]["w32"])
+    stats = repo.stats()
+    assert stats.delta_chunks == len(deltas) and stats.delta_saved_bytes > 0
+    assert stats.dedup_saved_bytes + stats.compression_saved_bytes + stats.delta_saved_bytes == (
+        stats.logical_bytes - stats.stored_bytes
+    )
+    assert repo.verify(full=True).ok
+
+
+def test_delta_off_and_compression_off(tmp_path: Path) -> None:
+    states = [_state(), _drift(_state(), 1)]
+    for kwargs, encodings in (({"delta": False}, {Encoding.BYTEGROUP, Encoding.RAW}),
+                              ({"compression": False}, {Encoding.RAW})):
+        with ckptrepo.Repo.init(tmp_path / str(kwargs), chunk_size=64 * 1024, **kwargs) as repo:
+            for s in states:
+                repo.commit(s, blocking=True)
+            assert {c.encoding for c in _chunks(repo)} <= encodings
+            assert repo.stats().delta_saved_bytes == 0 and repo.stats().delta_chunks == 0
+            assert _same(repo.checkout("main")["w32"], states[1]["w32"])
+
+
+def test_transfer_mapping_names_the_base(repo: ckptrepo.Repo) -> None:
+    src = _state()
+    source = repo.commit({"encoder.w": src["w32"]}, branch="pre", blocking=True).wait()
+    new = {"backbone.w": _drift({"w": src["w32"]}, 5)["w"], "head.w": torch.randn(1000)}
+    repo.commit(new, branch="ft", transfer_from=(source.id, {"backbone.w": "encoder.w"}), blocking=True)
+    with repo._sessions() as s:
+        src_chunks = set(s.scalars(
+            select(TensorChunk.chunk_id).join(Entry, Entry.tensor_id == TensorChunk.tensor_id)
+            .where(Entry.commit_id == source.id)))
+    deltas = [c for c in _chunks(repo) if c.encoding == Encoding.DELTA]
+    assert deltas and all(c.base_id in src_chunks for c in deltas)
+    assert _same(repo.checkout("ft")["backbone.w"], new["backbone.w"])
+
+
+def test_a_corrupt_base_fails_reads_naming_commit_and_tensor(repo: ckptrepo.Repo) -> None:
+    first = _state()
+    repo.commit(first, blocking=True)
+    second = repo.commit(_drift(first, 1), blocking=True).wait()
+    chunks = _chunks(repo)
+    by_id = {c.id: c for c in chunks}
+    delta = next(c for c in chunks if c.encoding == Encoding.DELTA)
+    base = by_id[delta.base_id]
+    path = repo.repo_dir / "store" / pack_key(base.pack_id)
+    data = bytearray(path.read_bytes())
+    data[base.offset + base.length - 1] ^= 0x01  # the base's last (stored, mantissa) byte
+    path.write_bytes(bytes(data))
+    with pytest.raises(errors.IntegrityError) as exc:
+        repo.checkout(second.id)
+    assert second.id[:10] in str(exc.value) and "tensor '" in str(exc.value)
+
+
+def test_cli_init_options_and_stats_json(tmp_path: Path) -> None:
+    runner = CliRunner()
+    work = tmp_path / "w"
+    assert runner.invoke(app, ["init", str(work), "--no-delta"], catch_exceptions=False).exit_code == 0
+    assert json.loads((work / ".ckpt" / "config.json").read_text())["delta"] is False
+    other = tmp_path / "d"
+    result = runner.invoke(app, ["init", str(other), "--max-delta-depth", "4"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    with ckptrepo.Repo.open(other) as repo:
+        assert repo.config.delta and repo.config.max_delta_depth == 4
+        repo.commit(_state(), blocking=True)
+        repo.commit(_drift(_state(), 1), blocking=True)
+    result = runner.invoke(app, ["--repo", str(other), "stats", "--json"], catch_exceptions=False)
+    data = json.loads(result.output)
+    for key in ("logical_bytes", "unique_bytes", "stored_bytes", "dedup_saved_bytes", "compression_saved_bytes",
+                "delta_saved_bytes", "delta_chunks"):
+        assert key in data
+    assert data["delta_saved_bytes"] > 0
+    text = runner.invoke(app, ["--repo", str(other), "stats"], catch_exceptions=False).output
+    assert "saved by delta" in text
+    bad = runner.invoke(app, ["init", str(tmp_path / "x"), "--max-delta-depth", "0"])
+    assert bad.exit_code != 0 and not (tmp_path / "x" / ".ckpt").exists()

@@ -1,0 +1,71 @@
+"""Ingest statistics: the one-pass C kernel agrees with the numpy reference on every dtype it covers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as hst
+
+from ckptrepo.ingest import stats
+from ckptrepo.ingest.stats import Moments, combine, moments
+
+needs_native = pytest.mark.skipif(stats._native is None, reason="the byte-plane extension is not built")
+
+
+def _reference(x: torch.Tensor) -> Moments:
+    """The numpy path (what builds without the extension use)."""
+    saved = stats._native
+    stats._native = None  # type: ignore[assignment]
+    try:
+        return moments(x)
+    finally:
+        stats._native = saved
+
+
+def _close(a: float, b: float, scale: float) -> bool:
+    if math.isinf(a) or math.isinf(b):
+        return a == b
+    return abs(a - b) <= 1e-6 * max(1.0, scale)
+
+
+@needs_native
+@settings(max_examples=80, deadline=None)
+@given(
+    dtype=hst.sampled_from([torch.float32, torch.float64, torch.bfloat16]),
+    n=hst.integers(1, 3000),
+    loc=hst.sampled_from([0.0, 1.0, -1e3, 1e6]),
+    scale=hst.sampled_from([1e-3, 1.0, 1e4]),
+    specials=hst.lists(hst.sampled_from([math.nan, math.inf, -math.inf]), max_size=4),
+    seed=hst.integers(0, 2**16),
+)
+def test_native_moments_match_numpy(dtype: torch.dtype, n: int, loc: float, scale: float,
+                                    specials: list[float], seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    values = rng.normal(loc, scale, n)
+    for i, v in enumerate(specials):
+        values[(i * 7919) % n] = v
+    x = torch.from_numpy(values).to(dtype)
+    got, ref = moments(x), _reference(x)
+    assert (got.n, got.nan, got.inf) == (ref.n, ref.nan, ref.inf)
+    if ref.n == 0:
+        return
+    assert got.lo == ref.lo and got.hi == ref.hi
+    magnitude = abs(loc) + scale
+    assert _close(got.mean, ref.mean, magnitude)
+    assert math.isclose(got.sumsq, ref.sumsq, rel_tol=1e-5, abs_tol=1e-9)
+    assert math.isclose(got.m2, ref.m2, rel_tol=1e-3, abs_tol=1e-6 * magnitude**2 * ref.n)
+
+
+def test_combined_statistics_are_those_of_the_whole_tensor() -> None:
+    x = torch.randn(10_000, dtype=torch.float64) * 3 + 2
+    parts = [moments(x[i : i + 1000]) for i in range(0, 10_000, 1000)]
+    merged = combine(parts, x.numel())
+    assert merged["mean"] == pytest.approx(float(x.mean()), rel=1e-12)
+    assert merged["std"] == pytest.approx(float(x.std(unbiased=False)), rel=1e-9) or merged["std"] == pytest.approx(
+        float(x.std()), rel=1e-9)
+    assert merged["min"] == float(x.min()) and merged["max"] == float(x.max())
+    assert merged["l2_norm"] == pytest.approx(float(x.norm()), rel=1e-12)
