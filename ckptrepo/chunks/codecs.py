@@ -126,13 +126,52 @@ def _pays(comp: zstandard.ZstdCompressor, plane: np.ndarray, keep: float) -> boo
     return len(comp.compress(sample.data)) < keep * sample.nbytes
 
 
-def _zstd(raw: memoryview, level: int, min_saving: float) -> tuple[Encoding, bytes | memoryview]:
+class PlaneHint:
+    """Which planes paid off in recent chunks of one tensor, reused instead of sampling.
+
+    Neighbouring chunks of a tensor have the same statistics, so the sampling of the
+    first chunk (and of every ``every``-th after it) decides for the chunks in between;
+    a plane that was compressed but did not shrink enough is dropped from the plan at
+    once. Shared by the threads encoding one tensor: a race only costs a sample.
+    """
+
+    def __init__(self, every: int = 16) -> None:
+        self.every = every
+        self._plans: dict[str, list[Any]] = {}
+        self._uses: dict[str, int] = {}
+
+    def plan(self, key: str) -> list[Any] | None:
+        """The plan for ``key`` (``"alone"``, ``"delta"``), or None when it is time to sample."""
+        uses = self._uses.get(key, 0)
+        self._uses[key] = uses + 1
+        return None if uses % self.every == 0 else self._plans.get(key)
+
+    def learn(self, key: str, plan: list[bool]) -> None:
+        self._plans[key] = plan
+
+    def alone_ratio(self) -> float | None:
+        """The standalone size / raw size measured on a recent chunk, or None when it is time
+        to measure again (every ``every``-th chunk)."""
+        uses = self._uses.get("ratio", 0)
+        self._uses["ratio"] = uses + 1
+        ratio = self._plans.get("ratio")
+        return None if uses % self.every == 0 or ratio is None else ratio[0]
+
+    def learn_ratio(self, ratio: float) -> None:
+        self._plans["ratio"] = [ratio]
+
+
+def _zstd(raw: memoryview, level: int, min_saving: float,
+          hint: PlaneHint | None = None) -> tuple[Encoding, bytes | memoryview]:
     comp = _compressor(level)
     keep = 1.0 - min_saving
-    if not _pays(comp, np.frombuffer(raw, dtype=np.uint8), keep):
-        return Encoding.RAW, raw
-    packed = comp.compress(raw)
-    if len(packed) >= keep * len(raw):
+    plan = hint.plan("zstd") if hint is not None else None
+    pays = plan[0] if plan is not None else _pays(comp, np.frombuffer(raw, dtype=np.uint8), keep)
+    packed = comp.compress(raw) if pays else None
+    paid = packed is not None and len(packed) < keep * len(raw)
+    if hint is not None:
+        hint.learn("zstd", [paid])
+    if packed is None or not paid:
         return Encoding.RAW, raw
     return Encoding.ZSTD, packed
 
@@ -171,7 +210,8 @@ def _join_planes(planes: np.ndarray, width: int, out: np.ndarray) -> None:
 
 
 def _group(
-    raw: memoryview, width: int, level: int, keep: float, *, sample_first: bool, limit: float | None = None
+    raw: memoryview, width: int, level: int, keep: float, *, sample_first: bool, limit: float | None = None,
+    hint: PlaneHint | None = None, key: str = "alone",
 ) -> memoryview | None:
     """A BYTEGROUP-layout payload of ``raw``, or None if it would not be below ``limit`` bytes
     (default: ``keep`` of its size).
@@ -180,16 +220,23 @@ def _group(
     floats look random and cost no full zstd pass) and kept compressed only if the whole
     plane shrank below ``keep``. With ``sample_first`` the samples are taken from the
     interleaved bytes, so a chunk none of whose planes compress costs no plane split.
+    With a ``hint``, its plan for ``key`` replaces the samples, and the outcome updates it.
     """
     comp = _compressor(level)
     total = len(raw)
     n, tail = divmod(total, width)
     head = _HEAD.size + width * _PLANE.size
-    pays: list[bool] | None = None
-    if sample_first:
+    pays = hint.plan(key) if hint is not None else None
+    if pays is not None and len(pays) != width:
+        pays = None
+    if pays is not None and sample_first and not any(pays):
+        return None
+    if pays is None and sample_first:
         elements = np.frombuffer(raw, dtype=np.uint8, count=n * width).reshape(n, width)
         pays = [_pays(comp, elements[:, k], keep) for k in range(width)]
         if not any(pays):
+            if hint is not None:
+                hint.learn(key, pays)
             return None
     # Planes are split straight into the output; compressed planes are smaller than
     # their slot, so compaction only ever moves bytes towards the front.
@@ -200,11 +247,13 @@ def _group(
         pays = [_pays(comp, planes[k], keep) for k in range(width)]
     cursor = head
     plane_desc: list[tuple[int, int]] = []
+    paid: list[bool] = []
     for k in range(width):
         start = head + k * n
         plane = out[start : start + n]
         packed = comp.compress(plane.data) if pays[k] else None
-        if packed is not None and len(packed) < keep * n:
+        paid.append(packed is not None and len(packed) < keep * n)
+        if packed is not None and paid[k]:
             out[cursor : cursor + len(packed)] = np.frombuffer(packed, dtype=np.uint8)
             plane_desc.append((_MODE_ZSTD, len(packed)))
             cursor += len(packed)
@@ -213,6 +262,8 @@ def _group(
                 out[cursor : cursor + n] = plane  # numpy buffers overlapping copies
             plane_desc.append((_MODE_STORED, n))
             cursor += n
+    if hint is not None:
+        hint.learn(key, paid)
     if tail:
         out[cursor : cursor + tail] = np.frombuffer(raw, dtype=np.uint8, offset=n * width)
         cursor += tail
@@ -225,11 +276,11 @@ def _group(
 
 
 def _standalone(view: memoryview, raw: memoryview | bytes, itemsize: int, level: int,
-                min_saving: float) -> tuple[Encoding, bytes | memoryview]:
+                min_saving: float, hint: PlaneHint | None) -> tuple[Encoding, bytes | memoryview]:
     if itemsize == 1 or len(view) < itemsize:
-        encoding, payload = _zstd(view, level, min_saving)
+        encoding, payload = _zstd(view, level, min_saving, hint)
         return (Encoding.RAW, raw) if encoding is Encoding.RAW else (encoding, payload)
-    grouped = _group(view, itemsize, level, 1.0 - min_saving, sample_first=True)
+    grouped = _group(view, itemsize, level, 1.0 - min_saving, sample_first=True, hint=hint)
     if grouped is None:
         return Encoding.RAW, raw
     return Encoding.BYTEGROUP, grouped
@@ -270,6 +321,7 @@ def encode_with_base(
     *,
     level: int = 1,
     min_saving: float = 0.05,
+    hint: PlaneHint | None = None,
 ) -> tuple[Encoding, bytes | memoryview, int]:
     """Choose and apply the encoding for one chunk of raw tensor bytes.
 
@@ -278,9 +330,13 @@ def encode_with_base(
     ``min_saving`` of ``len(raw)``, the standalone choice is ``(RAW, raw)`` with ``raw``
     itself, uncopied. With ``base`` (the decoded bytes of another chunk of the same
     length), DELTA — the byte planes of ``raw XOR base`` — is tried as well and wins if
-    it is at least ``min_saving`` smaller than the standalone choice.
+    it is at least ``min_saving`` smaller than the standalone choice. A ``hint`` shared
+    by the chunks of one tensor replaces most per-chunk plane sampling (``PlaneHint``),
+    and, where a recent chunk of the tensor measured its standalone size, a delta that
+    beats that estimate is taken without encoding the chunk standalone too.
     Returns the encoding, the payload and the standalone choice's size (for DELTA, what
-    the chunk would have taken without its base).
+    the chunk would have taken without its base: measured, or with a hint estimated from
+    a recent chunk of the same tensor).
     The caller must not mutate ``raw`` while it still uses a RAW result. Thread-safe;
     zstd and the numpy plane copies run without the GIL.
     """
@@ -291,14 +347,27 @@ def encode_with_base(
     view = _byte_view(raw)
     if len(view) == 0:
         return Encoding.RAW, raw, 0
-    encoding, payload = _standalone(view, raw, itemsize, level, min_saving)
+    keep = 1.0 - min_saving
+    width = itemsize if len(view) >= itemsize else 1
+    if base is not None and hint is not None:
+        if len(_byte_view(base)) != len(view):
+            raise UsageError(f"delta base is {len(_byte_view(base))} bytes, the chunk {len(view)}")
+        ratio = hint.alone_ratio()
+        if ratio is not None:
+            estimate = ratio * len(view)
+            delta = _group(xor_bytes(view, base).data, width, level, keep, sample_first=False,
+                           limit=keep * estimate, hint=hint, key="delta")
+            if delta is not None:
+                return Encoding.DELTA, delta, round(estimate)
+    encoding, payload = _standalone(view, raw, itemsize, level, min_saving, hint)
+    if hint is not None:
+        hint.learn_ratio(len(payload) / len(view))
     if base is None:
         return encoding, payload, len(payload)
     if len(_byte_view(base)) != len(view):
         raise UsageError(f"delta base is {len(_byte_view(base))} bytes, the chunk {len(view)}")
-    width = itemsize if len(view) >= itemsize else 1
-    keep = 1.0 - min_saving
-    delta = _group(xor_bytes(view, base).data, width, level, keep, sample_first=False, limit=keep * len(payload))
+    delta = _group(xor_bytes(view, base).data, width, level, keep, sample_first=False, limit=keep * len(payload),
+                   hint=hint, key="delta")
     if delta is None:
         return encoding, payload, len(payload)
     return Encoding.DELTA, delta, len(payload)
