@@ -8,8 +8,10 @@ packs that gc reclaims.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Collection, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,12 +69,15 @@ class PackSink:
     """Appends already-encoded chunks into packs of ~``pack_target`` bytes.
 
     Single-threaded: the caller serializes ``add``. When the open pack reaches
-    ``pack_target``, ``add`` finishes it and ``put_file``s it right away; ``seal`` does the
-    same for the open pack and returns every pack made durable since the last ``seal``.
-    Nothing is visible to the database until the caller inserts rows for the returned
-    locations. A chunk id added twice between two ``seal`` calls is stored once.
-    ``abort`` deletes the open pack's temporary file; packs already put stay, unreferenced,
-    for gc to reclaim.
+    ``pack_target``, ``add`` hands it to a background thread that finishes it (index,
+    fsync) and ``put_file``s it, while the caller goes on filling the next pack, so the
+    fsync of one pack overlaps the encoding and writing of the next. ``seal`` finishes
+    the open pack the same way, waits for every pack in flight and returns all packs made
+    durable since the last ``seal``, oldest first (or raises the first failure). Nothing
+    is visible to the database until the caller inserts rows for the returned locations.
+    A chunk id added twice between two ``seal`` calls is stored once. ``abort`` deletes
+    the open pack's temporary file and waits for packs in flight; packs already put stay,
+    unreferenced, for gc to reclaim.
     """
 
     def __init__(self, backend: Backend, pack_target: int) -> None:
@@ -81,7 +86,9 @@ class PackSink:
         self._backend = backend
         self._target = pack_target
         self._writer: PackWriter | None = None
-        self._sealed: list[SealedPack] = []
+        self._inflight: list[Future[SealedPack | None]] = []
+        self._sealer: ThreadPoolExecutor | None = None
+        self._failed = False  # a pack failed in the background: put no later one
         self._seen: set[str] = set()
 
     @property
@@ -103,19 +110,31 @@ class PackSink:
         if chunk_id in self._seen:
             return
         if self._writer is None:
+            self._raise_failures()
             self._writer = PackWriter(self._backend.staging_dir())
         self._writer.add(chunk_id, encoding, payload, raw_length, depth=depth, base_id=base_id)
         self._seen.add(chunk_id)
         if self._writer.size >= self._target:
-            self._put_open_pack()
+            self._hand_off_open_pack()
 
-    def _put_open_pack(self) -> None:
+    def _raise_failures(self) -> None:
+        """Re-raise the failure of a pack already finished in the background, if any."""
+        for future in self._inflight:
+            if future.done() and future.exception() is not None:
+                future.result()
+
+    def _hand_off_open_pack(self) -> None:
         writer, self._writer = self._writer, None
         if writer is None:
             return
-        if writer.count == 0:
+        if self._sealer is None:
+            self._sealer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-pack")
+        self._inflight.append(self._sealer.submit(self._put, writer))
+
+    def _put(self, writer: PackWriter) -> SealedPack | None:
+        if writer.count == 0 or self._failed:
             writer.abort()
-            return
+            return None
         pack_id, path, entries = writer.finish()
         try:
             # Step 1 of the write ordering: durable and named in the store before any row
@@ -124,23 +143,47 @@ class PackSink:
             self._backend.put_file(pack_key(pack_id), path)
             faults.point("pack.after_put")
         except BaseException:
+            self._failed = True
             writer.abort()
             raise
-        self._sealed.append(SealedPack(pack_id, writer.size, [_location(pack_id, e) for e in entries]))
+        return SealedPack(pack_id, writer.size, [_location(pack_id, e) for e in entries])
+
+    def _drain(self) -> list[SealedPack]:
+        """Wait for every pack in flight; their packs in order, or the first failure."""
+        inflight, self._inflight = self._inflight, []
+        failure: BaseException | None = None
+        sealed: list[SealedPack] = []
+        for future in inflight:
+            try:
+                pack = future.result()
+            except BaseException as exc:  # keep waiting: no thread may outlive the call
+                failure = failure or exc
+                continue
+            if pack is not None:
+                sealed.append(pack)
+        if self._sealer is not None:
+            self._sealer.shutdown(wait=True)
+            self._sealer = None
+        self._failed = False
+        if failure is not None:
+            raise failure
+        return sealed
 
     def seal(self) -> list[SealedPack]:
         """Make every pack written so far durable in the store and return them (oldest first)."""
-        self._put_open_pack()
-        sealed, self._sealed = self._sealed, []
-        self._seen.clear()
-        return sealed
+        self._hand_off_open_pack()
+        try:
+            return self._drain()
+        finally:
+            self._seen.clear()
 
     def abort(self) -> None:
-        """Drop the open pack and forget packs not yet returned by ``seal``; safe to repeat."""
+        """Drop the open pack, wait for packs in flight and forget them; safe to repeat."""
         writer, self._writer = self._writer, None
         if writer is not None:
             writer.abort()
-        self._sealed.clear()
+        with contextlib.suppress(BaseException):  # the commit is being abandoned anyway
+            self._drain()
         self._seen.clear()
 
 

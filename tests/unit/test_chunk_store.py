@@ -95,7 +95,7 @@ def test_packs_are_named_by_their_hash_and_rebuild_the_index(backend: Backend) -
         assert rebuilt == pack.locations
 
 
-def test_full_packs_are_put_by_add_the_rest_by_seal(backend: Backend) -> None:
+def test_full_packs_are_handed_off_by_add_the_rest_by_seal(backend: Backend) -> None:
     sink = PackSink(backend, 100_000)
     chunk = np.random.default_rng(1).integers(0, 256, 60_000, dtype=np.uint8).tobytes()
     sink.add(hash_bytes(chunk), Encoding.RAW, chunk, len(chunk))
@@ -103,11 +103,10 @@ def test_full_packs_are_put_by_add_the_rest_by_seal(backend: Backend) -> None:
     assert sink.pending_bytes == 10 + 60_000
     chunk2 = chunk[::-1]
     sink.add(hash_bytes(chunk2), Encoding.RAW, chunk2, len(chunk2))
-    assert len(list(backend.list("packs/"))) == 1
-    assert sink.pending_bytes == 0
+    assert sink.pending_bytes == 0  # the full pack is being finished and put in the background
     chunk3 = chunk[1:] + b"!"
     sink.add(hash_bytes(chunk3), Encoding.RAW, chunk3, len(chunk3))
-    assert len(list(backend.list("packs/"))) == 1
+    assert sink.pending_bytes > 0
     sealed = sink.seal()
     assert [len(p.locations) for p in sealed] == [2, 1]
     assert sorted(backend.list("packs/")) == sorted(pack_key(p.pack_id) for p in sealed)
@@ -136,9 +135,8 @@ def test_abort_removes_the_open_pack_and_keeps_put_ones(backend: Backend) -> Non
     for _ in range(3):
         raw = rng.integers(0, 256, 30_000, dtype=np.uint8).tobytes()
         sink.add(hash_bytes(raw), Encoding.RAW, raw, len(raw))
-    assert len(list(backend.list("packs/"))) == 1
     assert sink.pending_bytes > 0
-    sink.abort()
+    sink.abort()  # waits for the pack handed off before
     assert sink.pending_bytes == 0
     assert list(backend.staging_dir().iterdir()) == []
     assert len(list(backend.list("packs/"))) == 1

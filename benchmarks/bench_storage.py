@@ -1,0 +1,675 @@
+"""Storage efficiency on a real fine-tuning lineage: ckptrepo vs restic and borg, same files, same run.
+
+1. Lineage data (cached in ``--data``; reused when its manifest says it is complete and was made
+   with the same configuration, so reruns skip training). A transformer encoder (d_model 512,
+   6 layers, ffn 2048, vocab 8192, untied masked-LM head: 27.3M parameters) is really trained
+   on the CPU (2 threads) with fused AdamW on masked-token prediction over synthetic sequences
+   (motifs chained by a Markov process, 5% noise tokens). Checkpoints are safetensors files of
+   the model state plus the AdamW state (``model.<param>``, ``optim.<param>.exp_avg`` /
+   ``.exp_avg_sq`` / ``.step``):
+     - ``base``: pretraining (``--pretrain-steps``), one commit on main;
+     - ``finetune``: full fine-tune continuing base's weights and optimizer on another data
+       distribution, lr 1e-4, ``--commits`` commits ``--steps`` steps apart;
+     - ``transfer``: base's encoder frozen under a NEW classification head (new tensor names,
+       optimizer state for the head only), committed with ``transfer_from=`` base;
+     - ``fork``: from finetune's 2nd commit with lr 3e-4.
+2. Ingest: every file in lineage order, timed from reading the file to durable, into
+     - ckptrepo (``Repo.init``; load_file + ``commit(..., parents=, transfer_from=, blocking=True)``),
+       as configured by default (delta against keyframes), with ``delta_base="parent"`` (chains),
+       with ``delta=False`` and with ``compression=False``;
+     - restic (repository v2, ``--compression auto``, and ``max`` with ``--restic-max``), one
+       ``restic backup FILE`` (one snapshot) per file;
+     - borg (``-e none``; lz4, its default, and zstd,3), one ``borg create REPO::NAME FILE`` per file.
+   Stored bytes: disk usage (``du``) of the repository directory (ckptrepo: all of ``.ckpt``,
+   packs and database). The page cache is dropped before every tool's ingest and restore (when
+   running as root), so every tool reads cold.
+3. Restore: base and the last commit of every branch, into files, by each tool (ckptrepo:
+   ``checkout`` + the writer ``ckpt checkout -o x.safetensors`` uses). Each restored file is
+   fsynced inside the timing (ckptrepo's writer fsyncs; restic and borg are fsynced after
+   their command) and compared with the original byte for byte afterwards.
+4. Delta chain: ``checkout`` of the last fork commit (chain base → finetune 1, 2 → fork 1..N)
+   in the default repository vs the same commit in the ``delta=False`` repository, and vs the
+   base commit (no parent, stored standalone) of the default repository; warm cache, median of 3.
+
+Few training steps separate two commits here (real runs commit hundreds of steps apart), so
+consecutive checkpoints are closer to each other than in most real runs.
+
+    python benchmarks/bench_storage.py [--data DIR] [--dir PATH] [--restic-max] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import filecmp
+import inspect
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ForeignLoad, drop_caches, goal_note, report, scratch_dir, timed
+
+from ckptrepo import Repo
+from ckptrepo.formats import write_state
+
+MIB = 1 << 20
+MASK = 0  # token id reserved for masked positions; data tokens are 1..vocab-1
+MANIFEST = "manifest.json"
+
+
+# ----------------------------------------------------------------------------- lineage data
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    d_model: int = 512
+    layers: int = 6
+    ffn: int = 2048
+    heads: int = 8
+    vocab: int = 8192
+    seq: int = 32
+    batch: int = 4
+    classes: int = 8
+    pretrain_steps: int = 30
+    steps: int = 4  # training steps between two commits of a branch
+    commits: int = 5  # commits per branch
+    lr_pretrain: float = 5e-4
+    lr_finetune: float = 1e-4
+    lr_fork: float = 3e-4
+    lr_transfer: float = 1e-3
+    weight_decay: float = 0.01
+
+
+QUICK = TrainConfig(d_model=256, layers=2, ffn=1024, vocab=4096, pretrain_steps=6, steps=2, commits=3)
+
+
+@dataclass
+class Entry:
+    """One checkpoint file of the lineage; parent / transfer_from name earlier entries."""
+
+    name: str
+    file: str
+    branch: str
+    parent: str | None
+    transfer_from: str | None
+    step: int
+    loss: float
+    bytes: int = 0
+
+
+class Source:
+    """Synthetic sequences: motifs of ``motif_len`` tokens chained by a per-class Markov
+    process, 5% of tokens replaced by noise. Learnable (motifs and transitions), and another
+    seed is another distribution. With n_classes > 1 the class picks the transition matrix
+    (the first class's equals the one-class source of the same seed)."""
+
+    def __init__(self, seed: int, cfg: TrainConfig, n_classes: int = 1, motifs: int = 64, motif_len: int = 8) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.motifs = torch.randint(1, cfg.vocab, (motifs, motif_len), generator=g)
+        self.trans = torch.softmax(3.0 * torch.randn(n_classes, motifs, motifs, generator=g), dim=-1)
+        self.cfg = cfg
+
+    def sample(self, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg, (n_motifs, motif_len) = self.cfg, self.motifs.shape
+        labels = torch.randint(self.trans.shape[0], (cfg.batch,), generator=g)
+        n = -(-cfg.seq // motif_len)
+        idx = torch.empty(cfg.batch, n, dtype=torch.long)
+        idx[:, 0] = torch.randint(n_motifs, (cfg.batch,), generator=g)
+        for i in range(1, n):
+            idx[:, i] = torch.multinomial(self.trans[labels, idx[:, i - 1]], 1, generator=g).squeeze(1)
+        tokens = self.motifs[idx].reshape(cfg.batch, -1)[:, : cfg.seq]
+        noise = torch.rand(tokens.shape, generator=g) < 0.05
+        tokens = torch.where(noise, torch.randint(1, cfg.vocab, tokens.shape, generator=g), tokens)
+        return tokens, labels
+
+
+class Encoder(nn.Module):
+    def __init__(self, cfg: TrainConfig) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(cfg.vocab, cfg.d_model)
+        self.pos = nn.Parameter(0.02 * torch.randn(cfg.seq, cfg.d_model))
+        layer = nn.TransformerEncoderLayer(
+            cfg.d_model, cfg.heads, cfg.ffn, dropout=0.0, batch_first=True, norm_first=True
+        )
+        self.layers = nn.TransformerEncoder(layer, cfg.layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(cfg.d_model)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.norm(self.layers(self.embed(tokens) + self.pos[: tokens.shape[1]]))
+        return out
+
+
+class MaskedLM(nn.Module):
+    def __init__(self, cfg: TrainConfig) -> None:
+        super().__init__()
+        self.encoder = Encoder(cfg)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab)
+
+    def loss(self, tokens: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+        mask = torch.rand(tokens.shape, generator=g) < 0.15
+        mask[:, 0] = True  # never an empty selection
+        hidden = self.encoder(tokens.masked_fill(mask, MASK))
+        return F.cross_entropy(self.lm_head(hidden[mask]), tokens[mask])
+
+
+class Classifier(nn.Module):
+    """The transfer model: the (frozen) encoder under a new head with new tensor names."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        super().__init__()
+        self.encoder = Encoder(cfg)
+        d = cfg.d_model
+        self.cls_head = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, cfg.classes))
+
+    def loss(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            pooled = self.encoder(tokens).mean(dim=1)
+        return F.cross_entropy(self.cls_head(pooled), labels)
+
+
+def checkpoint(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """Model state plus AdamW state (only for the parameters the optimizer holds), flat."""
+    out = {f"model.{k}": v.detach() for k, v in model.state_dict().items()}
+    for name, p in model.named_parameters():
+        st = opt.state.get(p)
+        if st:
+            out[f"optim.{name}.exp_avg"] = st["exp_avg"]
+            out[f"optim.{name}.exp_avg_sq"] = st["exp_avg_sq"]
+            out[f"optim.{name}.step"] = torch.as_tensor(st["step"], dtype=torch.float32).reshape(())
+    return out
+
+
+def adamw(params: Iterator[nn.Parameter], lr: float, cfg: TrainConfig) -> torch.optim.AdamW:
+    return torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay, fused=True)
+
+
+def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
+    for group in opt.param_groups:
+        group["lr"] = lr
+
+
+def make_lineage(data: Path, cfg: TrainConfig) -> tuple[list[Entry], dict[str, Any]]:
+    """Train the lineage and write its files and manifest into ``data`` (or reuse them)."""
+    found = _cached(data, cfg)
+    if found is not None:
+        print(f"data: reusing {data} (trained in {found[1]['train_s']:.0f} s; delete it to retrain)")
+        return found
+    data.mkdir(parents=True, exist_ok=True)
+    (data / MANIFEST).unlink(missing_ok=True)
+    torch.set_num_threads(2)
+    torch.manual_seed(0)
+    started = time.perf_counter()
+    entries: list[Entry] = []
+
+    def save(name: str, branch: str, parent: str | None, transfer: str | None, step: int, loss: float,
+             state: dict[str, torch.Tensor]) -> None:
+        file = f"{len(entries):02d}_{name}.safetensors"
+        save_file(state, str(data / file), metadata={"format": "pt"})
+        entries.append(Entry(name, file, branch, parent, transfer, step, loss, (data / file).stat().st_size))
+        print(f"  {name:<12} step {step:4d}  loss {loss:6.3f}  {entries[-1].bytes / MIB:7.1f} MiB"
+              f"  ({time.perf_counter() - started:5.0f} s)", flush=True)
+
+    def train_lm(model: MaskedLM, opt: torch.optim.Optimizer, src: Source, g: torch.Generator, steps: int) -> float:
+        losses = []
+        for _ in range(steps):
+            tokens, _labels = src.sample(g)
+            loss = model.loss(tokens, g)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()  # type: ignore[no-untyped-call]
+            opt.step()
+            losses.append(loss.item())
+        return sum(losses) / len(losses)
+
+    lm = MaskedLM(cfg)
+    n_params = sum(p.numel() for p in lm.parameters())
+    print(f"data: training a {n_params / 1e6:.1f}M-parameter transformer encoder (d_model {cfg.d_model}, "
+          f"{cfg.layers} layers, ffn {cfg.ffn}, vocab {cfg.vocab}) on 2 CPU threads into {data}", flush=True)
+    pre, fine = Source(1, cfg), Source(2, cfg)
+    opt = adamw(lm.parameters(), cfg.lr_pretrain, cfg)
+    loss = train_lm(lm, opt, pre, torch.Generator().manual_seed(10), cfg.pretrain_steps)
+    step = cfg.pretrain_steps
+    save("base", "main", None, None, step, loss, checkpoint(lm, opt))
+    base_model = copy.deepcopy(lm.state_dict())
+
+    # finetune: continues base's weights and optimizer on another distribution, lower lr
+    set_lr(opt, cfg.lr_finetune)
+    g = torch.Generator().manual_seed(20)
+    fork_at: tuple[dict[str, Any], dict[str, Any], int] | None = None
+    parent = "base"
+    for i in range(1, cfg.commits + 1):
+        loss = train_lm(lm, opt, fine, g, cfg.steps)
+        step += cfg.steps
+        save(f"finetune_{i}", "finetune", parent, None, step, loss, checkpoint(lm, opt))
+        parent = f"finetune_{i}"
+        if i == 2:
+            fork_at = copy.deepcopy(lm.state_dict()), copy.deepcopy(opt.state_dict()), step
+
+    # transfer: base's encoder, frozen, under a new head; optimizer state for the head only
+    clf = Classifier(cfg)
+    clf.encoder.load_state_dict({k.removeprefix("encoder."): v for k, v in base_model.items()
+                                 if k.startswith("encoder.")})
+    clf.encoder.requires_grad_(False)
+    topt = adamw(clf.cls_head.parameters(), cfg.lr_transfer, cfg)
+    src, g = Source(1, cfg, n_classes=cfg.classes), torch.Generator().manual_seed(30)
+    step = cfg.pretrain_steps
+    parent_t: str | None = None
+    transfer: str | None = "base"
+    for i in range(1, cfg.commits + 1):
+        losses = []
+        for _ in range(cfg.steps):
+            tokens, labels = src.sample(g)
+            tl = clf.loss(tokens, labels)
+            topt.zero_grad(set_to_none=True)
+            tl.backward()  # type: ignore[no-untyped-call]
+            topt.step()
+            losses.append(tl.item())
+        step += cfg.steps
+        save(f"transfer_{i}", "transfer", parent_t, transfer, step, sum(losses) / len(losses), checkpoint(clf, topt))
+        parent_t, transfer = f"transfer_{i}", None
+
+    # fork: from finetune's 2nd commit, another learning rate
+    assert fork_at is not None
+    lm.load_state_dict(fork_at[0])
+    opt.load_state_dict(fork_at[1])
+    set_lr(opt, cfg.lr_fork)
+    g, step, parent = torch.Generator().manual_seed(40), fork_at[2], "finetune_2"
+    for i in range(1, cfg.commits + 1):
+        loss = train_lm(lm, opt, fine, g, cfg.steps)
+        step += cfg.steps
+        save(f"fork_{i}", "fork", parent, None, step, loss, checkpoint(lm, opt))
+        parent = f"fork_{i}"
+
+    info = {"complete": True, "config": asdict(cfg), "params": n_params, "train_s": time.perf_counter() - started,
+            "entries": [asdict(e) for e in entries]}
+    (data / MANIFEST).write_text(json.dumps(info, indent=1))
+    print(f"data: trained and saved in {info['train_s']:.0f} s", flush=True)
+    return entries, info
+
+
+def _cached(data: Path, cfg: TrainConfig) -> tuple[list[Entry], dict[str, Any]] | None:
+    try:
+        info = json.loads((data / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if not info.get("complete") or info.get("config") != asdict(cfg):
+        return None
+    entries = [Entry(**e) for e in info["entries"]]
+    if not all((data / e.file).is_file() and (data / e.file).stat().st_size == e.bytes for e in entries):
+        return None
+    return entries, info
+
+
+# ----------------------------------------------------------------------------- stores
+
+
+def disk_usage(path: Path) -> int:
+    """Bytes ``du`` counts for a directory tree (allocated blocks)."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            total += os.lstat(os.path.join(root, name)).st_blocks * 512
+    return total
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def run(args: list[str], env: dict[str, str], cwd: Path | None = None) -> str:
+    res = subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(args[:3])} … failed ({res.returncode}): {res.stderr.strip()[-1500:]}")
+    return res.stdout
+
+
+@dataclass
+class Result:
+    label: str
+    peer: bool
+    stored: int = 0
+    ingest_s: float = float("nan")
+    restore_s: float = float("nan")
+    restored_bytes: int = 0
+    verified: str = ""
+    notes: list[str] = field(default_factory=list)
+    foreign: list[float] = field(default_factory=list)
+
+
+class Store:
+    """One tool's repository: ingest the lineage, restore some of it into files."""
+
+    label = ""
+    peer = True
+
+    def ingest(self, entries: list[Entry], data: Path) -> list[str]:
+        raise NotImplementedError
+
+    def restore(self, names: list[str], target: Path) -> dict[str, Path]:
+        raise NotImplementedError
+
+    def path(self) -> Path:
+        raise NotImplementedError
+
+
+class CkptStore(Store):
+    peer = False
+
+    def __init__(self, label: str, root: Path, **init_kw: Any) -> None:
+        self.label, self.root, self.init_kw = label, root, init_kw
+        self.ids: dict[str, str] = {}
+        self.per_branch: dict[str, list[int]] = {}
+
+    def path(self) -> Path:
+        return self.root / ".ckpt"
+
+    def ingest(self, entries: list[Entry], data: Path) -> list[str]:
+        load_s = commit_s = persist_s = 0.0
+        repo = Repo.init(self.root, **self.init_kw)
+        try:
+            for e in entries:
+                t0 = time.perf_counter()
+                state = load_file(str(data / e.file))
+                t1 = time.perf_counter()
+                c = repo.commit(
+                    state, branch=e.branch, parents=[self.ids[e.parent]] if e.parent else None,
+                    transfer_from=self.ids[e.transfer_from] if e.transfer_from else None,
+                    step=e.step, metrics={"loss": e.loss}, message=e.name, blocking=True,
+                ).wait()
+                load_s += t1 - t0
+                commit_s += time.perf_counter() - t1
+                persist_s += c.persist_s
+                self.ids[e.name] = c.id
+                acc = self.per_branch.setdefault(e.branch, [0, 0, 0])
+                acc[0] += c.logical_bytes
+                acc[1] += c.new_bytes
+                acc[2] += c.stored_bytes
+            stats = repo.stats()
+        finally:
+            repo.close()
+        return [
+            f"time: load_file {load_s:.1f} s, commit {commit_s:.1f} s (of which persist {persist_s:.1f} s)",
+            f"dedup {stats.dedup_ratio:.2f}x, then compression {stats.compression_ratio:.2f}x; "
+            f"{stats.chunks} chunks in {stats.packs} packs",
+            "per branch (new / logical, stored / logical): " + ", ".join(
+                f"{b} {v[1] / v[0]:.2f} {v[2] / v[0]:.2f}" for b, v in self.per_branch.items()),
+        ]
+
+    def restore(self, names: list[str], target: Path) -> dict[str, Path]:
+        out = {}
+        with Repo.open(self.root) as repo:
+            for name in names:
+                out[name] = target / f"{name}.safetensors"
+                write_state(repo.checkout(self.ids[name]), out[name])  # what `ckpt checkout -o` does; fsyncs
+        return out
+
+
+class ResticStore(Store):
+    def __init__(self, label: str, root: Path, compression: str) -> None:
+        self.label, self.root, self.compression = label, root, compression
+        self.env = {**os.environ, "RESTIC_PASSWORD": "bench", "RESTIC_REPOSITORY": str(root / "repo"),
+                    "RESTIC_CACHE_DIR": str(root / "cache"), "RESTIC_PROGRESS_FPS": "0.1"}
+        self.snaps: dict[str, str] = {}
+
+    def path(self) -> Path:
+        return self.root / "repo"
+
+    def ingest(self, entries: list[Entry], data: Path) -> list[str]:
+        run(["restic", "init", "--repository-version", "2"], self.env)
+        for e in entries:
+            out = run(["restic", "backup", "--json", "--compression", self.compression, "--host", "bench",
+                       "--tag", e.name, str(data / e.file)], self.env)
+            summary = [json.loads(line) for line in out.splitlines() if '"summary"' in line][-1]
+            self.snaps[e.name] = summary["snapshot_id"]
+        return []
+
+    def restore(self, names: list[str], target: Path) -> dict[str, Path]:
+        out = {}
+        for name in names:
+            dest = target / name
+            run(["restic", "restore", self.snaps[name], "--target", str(dest)], self.env)
+            (out[name],) = (p for p in dest.rglob("*.safetensors"))
+            fsync_file(out[name])
+        return out
+
+
+class BorgStore(Store):
+    def __init__(self, label: str, root: Path, compression: str) -> None:
+        self.label, self.root, self.compression = label, root, compression
+        self.env = {**os.environ, "BORG_BASE_DIR": str(root / "home"), "BORG_PASSPHRASE": "",
+                    "BORG_UNKNOWN_UNENCRYPTED_REPO_ACCESS_IS_OK": "yes", "BORG_RELOCATED_REPO_ACCESS_IS_OK": "yes"}
+        self.repo = str(root / "repo")
+
+    def path(self) -> Path:
+        return self.root / "repo"
+
+    def ingest(self, entries: list[Entry], data: Path) -> list[str]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        run(["borg", "init", "-e", "none", self.repo], self.env)
+        for e in entries:
+            run(["borg", "create", "--compression", self.compression, f"{self.repo}::{e.name}", e.file], self.env, data)
+        return []
+
+    def restore(self, names: list[str], target: Path) -> dict[str, Path]:
+        out = {}
+        for name in names:
+            dest = target / name
+            dest.mkdir(parents=True)
+            run(["borg", "extract", f"{self.repo}::{name}"], self.env, dest)
+            (out[name],) = (p for p in dest.rglob("*.safetensors"))
+            fsync_file(out[name])
+        return out
+
+
+def same_content(original: Path, restored: Path) -> str:
+    """``bytes`` if the files are identical, ``tensors`` if only the tensors are, else ``DIFFERENT``."""
+    if filecmp.cmp(original, restored, shallow=False):
+        return "bytes"
+    a, b = load_file(str(original)), load_file(str(restored))
+    if a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a):
+        return "tensors"
+    return "DIFFERENT"
+
+
+def foreign_share(load: ForeignLoad, before: os.times_result, after: os.times_result, wall: float) -> float:
+    """CPU share other processes took: ForeignLoad's figure less our own child processes (restic, borg)."""
+    children = (after.children_user + after.children_system) - (before.children_user + before.children_system)
+    return max(0.0, load.share - children / (wall * (os.cpu_count() or 1)))
+
+
+def measure(store: Store, entries: list[Entry], data: Path, restore_names: list[str], scratch: Path,
+            by_name: dict[str, Entry]) -> Result:
+    res = Result(store.label, store.peer)
+    cold = drop_caches()
+    with ForeignLoad() as load:
+        c0, t0 = os.times(), time.perf_counter()
+        res.notes = store.ingest(entries, data)
+        res.ingest_s = time.perf_counter() - t0
+    res.foreign.append(foreign_share(load, c0, os.times(), res.ingest_s))
+    res.stored = disk_usage(store.path())
+    target = scratch / "restored"
+    target.mkdir()
+    cold = drop_caches() and cold
+    with ForeignLoad() as load:
+        c0, t0 = os.times(), time.perf_counter()
+        files = store.restore(restore_names, target)
+        res.restore_s = time.perf_counter() - t0
+    res.foreign.append(foreign_share(load, c0, os.times(), res.restore_s))
+    res.restored_bytes = sum(by_name[n].bytes for n in restore_names)
+    checks = {same_content(data / by_name[n].file, p) for n, p in files.items()}
+    res.verified = "/".join(sorted(checks))
+    shutil.rmtree(target)
+    if not cold:
+        res.notes.append("page cache NOT dropped (not root): reads may be warm")
+    if "DIFFERENT" in checks:
+        raise SystemExit(f"{store.label}: a restored file differs from the original")
+    return res
+
+
+def tool_available(name: str) -> bool:
+    if shutil.which(name) is None:
+        print(f"skip: {name} not found on PATH (apt-get install {name})")
+        return False
+    return True
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, default=None,
+                    help="lineage files (default: <tmp>/ckptrepo-bench-storage[-quick]); reused when complete")
+    ap.add_argument("--dir", type=Path, default=None, help="where repositories go (default: a temp dir under /work)")
+    ap.add_argument("--restic-max", action="store_true", help="also restic --compression max (slow)")
+    ap.add_argument("--quick", action="store_true", help="a small model and 3 commits per branch (smoke run)")
+    args = ap.parse_args()
+    cfg = QUICK if args.quick else TrainConfig()
+    data = args.data or Path(tempfile.gettempdir()) / ("ckptrepo-bench-storage" + ("-quick" if args.quick else ""))
+    entries, info = make_lineage(data, cfg)
+    with scratch_dir(args.dir) as base:
+        bench(base, data, entries, info, args)
+
+
+def bench(base: Path, data: Path, entries: list[Entry], info: dict[str, Any], args: argparse.Namespace) -> None:
+    by_name = {e.name: e for e in entries}
+    raw = sum(e.bytes for e in entries)
+    last = {e.branch: e.name for e in entries}
+    restore_names = ["base", *(n for b, n in last.items() if b != "main")]
+    counts = {b: sum(e.branch == b for e in entries) for b in last}
+    print(f"lineage: {len(entries)} files, {raw / MIB:.0f} MiB ({info['params'] / 1e6:.1f}M parameters, "
+          f"trained in {info['train_s']:.0f} s); commits per branch {counts}")
+    print(f"restore set: {', '.join(restore_names)} ({sum(by_name[n].bytes for n in restore_names) / MIB:.0f} MiB); "
+          f"repositories in {base}")
+    has_delta = "delta" in inspect.signature(Repo.init).parameters
+    stores: list[Store] = [CkptStore("ckptrepo", base / "ckpt")]
+    if has_delta:
+        stores.append(CkptStore("ckptrepo delta_base=parent", base / "ckpt-parent", delta_base="parent"))
+        stores.append(CkptStore("ckptrepo delta=False", base / "ckpt-nodelta", delta=False))
+    else:
+        print("skip: Repo.init has no delta= keyword yet: no delta=False row (the default row has no deltas)")
+    stores.append(CkptStore("ckptrepo compression=False", base / "ckpt-nocomp", compression=False))
+    if tool_available("restic"):
+        stores.append(ResticStore("restic (auto)", base / "restic-auto", "auto"))
+        if args.restic_max:
+            stores.append(ResticStore("restic (max)", base / "restic-max", "max"))
+    if tool_available("borg"):
+        stores.append(BorgStore("borg (lz4)", base / "borg-lz4", "lz4"))
+        stores.append(BorgStore("borg (zstd,3)", base / "borg-zstd3", "zstd,3"))
+
+    results: list[Result] = []
+    for store in stores:
+        print(f"\n-- {store.label}: ingest {len(entries)} files, restore {len(restore_names)}", flush=True)
+        try:
+            r = measure(store, entries, data, restore_names, base, by_name)
+        except (RuntimeError, OSError) as e:
+            print(f"skip: {store.label} failed: {e}")
+            continue
+        results.append(r)
+        print(f"   stored {r.stored / MIB:.0f} MiB ({r.stored / raw:.3f}x raw); ingest {r.ingest_s:.1f} s, "
+              f"restore {r.restore_s:.1f} s; restored files equal the originals: {r.verified}; "
+              f"foreign CPU {r.foreign[0]:.0%} / {r.foreign[1]:.0%}", flush=True)
+        for note in r.notes:
+            print(f"   {note}")
+        if store.peer:
+            shutil.rmtree(store.path().parent, ignore_errors=True)  # its bytes are counted; free the disk
+
+    chain = chain_restore(stores, by_name, restore_names)
+    not_cold = any("NOT dropped" in n for r in results for n in r.notes)
+
+    # ---- table and goals
+    print(f"\n== storage of a {len(entries)}-checkpoint fine-tuning lineage ({raw / MIB:.0f} MiB raw); "
+          + ("page cache NOT dropped (not root)" if not_cold else "page cache dropped before every ingest and restore"))
+    print(f"  {'tool':<28} {'stored/raw':>10} {'stored MiB':>10} {'ingest MiB/s':>12} {'restore MiB/s':>13}")
+    for r in results:
+        print(f"  {r.label:<28} {r.stored / raw:10.3f} {r.stored / MIB:10.0f} {raw / MIB / r.ingest_s:12.1f} "
+              f"{r.restored_bytes / MIB / r.restore_s:13.1f}")
+    ckpt = next((r for r in results if r.label == "ckptrepo"), None)
+    peers = [r for r in results if r.peer]
+    rows: list[tuple[str, float, str]] = []
+    if ckpt is not None:
+        rows.append(("RATIO ckptrepo stored / raw", ckpt.stored / raw, goal_note(ckpt.stored / raw, 0.40)))
+        if peers:
+            best_store = min(peers, key=lambda r: r.stored)
+            fast_in = max(peers, key=lambda r: 1 / r.ingest_s)
+            fast_out = max(peers, key=lambda r: r.restored_bytes / r.restore_s)
+            v = ckpt.stored / best_store.stored
+            rows.append((f"RATIO ckptrepo stored / {best_store.label}", v, goal_note(v, 0.70)))
+            v = fast_in.ingest_s / ckpt.ingest_s
+            rows.append((f"RATIO ckptrepo ingest speed / {fast_in.label}", v, goal_note(v, 2.0, at_most=False)))
+            v = (ckpt.restored_bytes / ckpt.restore_s) / (fast_out.restored_bytes / fast_out.restore_s)
+            rows.append((f"RATIO ckptrepo restore speed / {fast_out.label}", v, goal_note(v, 2.0, at_most=False)))
+    if "nodelta" in chain:
+        rows.append(("RATIO chain restore / same commit delta=False", chain["nodelta"],
+                     goal_note(chain["nodelta"], 1.5)))
+    if "base" in chain:
+        rows.append(("RATIO chain restore / base commit (standalone)", chain["base"],
+                     "" if "nodelta" in chain else goal_note(chain["base"], 1.5) + " (no delta=False repo)"))
+    tools = {r.label: {"stored_bytes": r.stored, "stored_ratio": r.stored / raw, "ingest_mib_s": raw / MIB / r.ingest_s,
+                       "restore_mib_s": r.restored_bytes / MIB / r.restore_s, "ingest_s": r.ingest_s,
+                       "restore_s": r.restore_s, "verified": r.verified, "foreign_cpu": r.foreign} for r in results}
+    report(
+        "storage goals (ratios)",
+        rows or [("no ckptrepo result", float("nan"), "")],
+        {"raw_bytes": raw, "files": len(entries), "params": info["params"], "train_s": info["train_s"],
+         "restore_set": restore_names, "delta_keyword": has_delta, "tools": tools, "chain_s": chain},
+    )
+
+
+def chain_restore(stores: list[Store], by_name: dict[str, Entry], restore_names: list[str]) -> dict[str, float]:
+    """Checkout time of the last fork commit (longest delta chain) against a commit stored without deltas."""
+    ckpts = {s.label: s for s in stores if isinstance(s, CkptStore) and s.ids}
+    default = ckpts.get("ckptrepo")
+    if default is None:
+        return {}
+    tip = next(n for n in reversed(restore_names) if by_name[n].branch == "fork")
+    chain_len = 1
+    e = by_name[tip]
+    while e.parent is not None:
+        chain_len, e = chain_len + 1, by_name[e.parent]
+
+    def time_checkout(store: CkptStore, name: str) -> float:
+        with Repo.open(store.root) as repo:
+            repo.checkout(store.ids[name])  # warm-up: page cache and database
+            secs, _ = timed(lambda: repo.checkout(store.ids[name]), 3)
+        return secs
+
+    out: dict[str, float] = {}
+    t_tip = time_checkout(default, tip)
+    out["tip_s"] = t_tip
+    msg = f"\n-- delta chain: checkout of {tip} ({chain_len} commits from base), warm, median of 3: {t_tip:.3f} s"
+    nodelta = ckpts.get("ckptrepo delta=False")
+    if nodelta is not None:
+        t_nd = time_checkout(nodelta, tip)
+        out["tip_nodelta_s"], out["nodelta"] = t_nd, t_tip / t_nd
+        msg += f"; delta=False repository {t_nd:.3f} s ({t_tip / t_nd:.2f}x)"
+    parent = ckpts.get("ckptrepo delta_base=parent")
+    if parent is not None and nodelta is not None:
+        t_par = time_checkout(parent, tip)
+        out["tip_parent_s"], out["parent_chain"] = t_par, t_par / out["tip_nodelta_s"]
+        msg += f"; delta_base=parent (a {chain_len - 1}-hop chain) {t_par:.3f} s ({t_par / out['tip_nodelta_s']:.2f}x)"
+    t_base = time_checkout(default, "base")
+    out["base_s"], out["base"] = t_base, t_tip / t_base
+    print(msg + f"; base commit {t_base:.3f} s ({t_tip / t_base:.2f}x)")
+    return out
+
+
+if __name__ == "__main__":
+    main()
