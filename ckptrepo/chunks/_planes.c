@@ -85,8 +85,8 @@ static void join_generic(const uint8_t *src, uint8_t *dst, Py_ssize_t n, int wid
     }
 }
 
-static void join4(const uint8_t *src, uint8_t *dst, Py_ssize_t n) {
-    const uint8_t *p0 = src, *p1 = src + n, *p2 = src + 2 * n, *p3 = src + 3 * n;
+static void join4p(const uint8_t *p0, const uint8_t *p1, const uint8_t *p2, const uint8_t *p3, uint8_t *dst,
+                   Py_ssize_t n) {
     Py_ssize_t i = 0;
 #ifdef __SSE2__
     for (; i + 16 <= n; i += 16) {
@@ -111,8 +111,11 @@ static void join4(const uint8_t *src, uint8_t *dst, Py_ssize_t n) {
     }
 }
 
-static void join2(const uint8_t *src, uint8_t *dst, Py_ssize_t n) {
-    const uint8_t *p0 = src, *p1 = src + n;
+static void join4(const uint8_t *src, uint8_t *dst, Py_ssize_t n) {
+    join4p(src, src + n, src + 2 * n, src + 3 * n, dst, n);
+}
+
+static void join2p(const uint8_t *p0, const uint8_t *p1, uint8_t *dst, Py_ssize_t n) {
     Py_ssize_t i = 0;
 #ifdef __SSE2__
     for (; i + 16 <= n; i += 16) {
@@ -127,6 +130,8 @@ static void join2(const uint8_t *src, uint8_t *dst, Py_ssize_t n) {
         dst[2 * i + 1] = p1[i];
     }
 }
+
+static void join2(const uint8_t *src, uint8_t *dst, Py_ssize_t n) { join2p(src, src + n, dst, n); }
 
 static void join8(const uint8_t *src, uint8_t *dst, Py_ssize_t n) {
     /* Two width-4 joins of the low and high halves' planes would need a scratch buffer;
@@ -415,7 +420,61 @@ static PyObject *planes_moments(PyObject *self, PyObject *args) {
     return Py_BuildValue("(nddddddnn)", finite, shift, out[0], out[1], out[2], out[3], 0.0, nan, inf);
 }
 
+/* join_list(planes, elements): like join, with each plane its own buffer (no gathering copy). */
+static PyObject *planes_join_list(PyObject *self, PyObject *args) {
+    PyObject *seq_obj, *dst_obj;
+    if (!PyArg_ParseTuple(args, "OO:join_list", &seq_obj, &dst_obj)) return NULL;
+    PyObject *seq = PySequence_Fast(seq_obj, "planes must be a sequence of buffers");
+    if (seq == NULL) return NULL;
+    Py_ssize_t width = PySequence_Fast_GET_SIZE(seq);
+    if (width < 1 || width > 255) {
+        Py_DECREF(seq);
+        return PyErr_Format(PyExc_ValueError, "%zd planes is out of range 1..255", width);
+    }
+    Py_buffer bufs[255], dst;
+    Py_ssize_t got = 0, n = -1;
+    PyObject *result = NULL;
+    for (; got < width; got++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, got), &bufs[got], PyBUF_SIMPLE) < 0) goto done;
+        if (n < 0) n = bufs[got].len;
+        if (bufs[got].len != n) {
+            PyErr_Format(PyExc_ValueError, "plane %zd is %zd bytes, plane 0 is %zd", got, bufs[got].len, n);
+            got++;
+            goto done;
+        }
+    }
+    if (PyObject_GetBuffer(dst_obj, &dst, PyBUF_WRITABLE) < 0) goto done;
+    if (dst.len < n * width) {
+        PyErr_Format(PyExc_ValueError, "output of %zd bytes is shorter than %zd", dst.len, n * width);
+        PyBuffer_Release(&dst);
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    uint8_t *out = dst.buf;
+    if (width == 4) {
+        join4p(bufs[0].buf, bufs[1].buf, bufs[2].buf, bufs[3].buf, out, n);
+    } else if (width == 2) {
+        join2p(bufs[0].buf, bufs[1].buf, out, n);
+    } else {
+        for (Py_ssize_t k = 0; k < width; k++) {
+            const uint8_t *plane = bufs[k].buf;
+            uint8_t *d = out + k;
+            for (Py_ssize_t i = 0; i < n; i++) d[i * width] = plane[i];
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&dst);
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    for (Py_ssize_t k = 0; k < got; k++) PyBuffer_Release(&bufs[k]);
+    Py_DECREF(seq);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"join_list", planes_join_list, METH_VARARGS,
+     "join_list(planes, elements): interleave equal-length plane buffers into elements."},
     {"moments", planes_moments, METH_VARARGS,
      "moments(buffer, kind) -> (finite, shift, sum(x-shift), sum((x-shift)**2), min, max, 0.0, nan, inf) "
      "over the finite elements; "

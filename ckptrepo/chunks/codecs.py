@@ -433,13 +433,18 @@ def _decode_planes(payload: memoryview, raw_length: int, out: memoryview, min_wi
         body = payload[cursor : cursor + length]
         target[:n] = np.frombuffer(body if mode == _MODE_STORED else _unzstd(body, n), dtype=np.uint8)
         return
-    # Planes are gathered into a scratch buffer, then interleaved in one pass.
-    gathered = _scratch(n * width).reshape(width, n)
-    for k, (mode, length) in enumerate(planes):
+    bodies: list[bytes | memoryview] = []
+    for mode, length in planes:
         body = payload[cursor : cursor + length]
-        gathered[k] = np.frombuffer(body if mode == _MODE_STORED else _unzstd(body, n), dtype=np.uint8)
+        bodies.append(body if mode == _MODE_STORED else _unzstd(body, n))
         cursor += length
-    _join_planes(gathered, width, target)
+    if _native is not None:  # interleaved straight from the payload and the decompressed planes
+        _native.join_list(bodies, target[: n * width])
+    else:  # gathered into a scratch buffer, then interleaved in one pass
+        gathered = _scratch(n * width).reshape(width, n)
+        for k, body in enumerate(bodies):
+            gathered[k] = np.frombuffer(body, dtype=np.uint8)
+        _join_planes(gathered, width, target)
     if tail:
         target[n * width :] = np.frombuffer(payload, dtype=np.uint8, offset=cursor)
 

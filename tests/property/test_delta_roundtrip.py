@@ -157,3 +157,19 @@ def test_native_split_and_join_match_numpy(width: int, data: bytes) -> None:
     out = np.zeros(n * width, dtype=np.uint8)
     codecs._join_planes(planes, width, out)
     assert out.tobytes() == data[: n * width]
+
+
+@pytest.mark.parametrize("width", [2, 3, 4, 8])
+def test_numpy_fallback_round_trips(width: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Builds without the C extension take the numpy paths: same payloads, same bytes."""
+    rng = np.random.default_rng(width)
+    base = (rng.normal(0, 0.02, 3001).astype(np.float32)).tobytes()[: 3001 * width // 4 * 4]
+    raw = bytearray(base)
+    raw[10] ^= 1
+    native = encode_with_base(bytes(raw), width, base)
+    monkeypatch.setattr(codecs, "_native", None)
+    fallback = encode_with_base(bytes(raw), width, base)
+    assert (fallback[0], bytes(fallback[1])) == (native[0], bytes(native[1]))
+    assert _decode_any(fallback[0], fallback[1], base, len(raw)) == bytes(raw)
+    standalone, payload, _ = encode_with_base(base, width, None)
+    assert _decode_any(standalone, payload, None, len(base)) == base
