@@ -9,8 +9,9 @@ difference over identical chunks is zero, and their share of the norms is recove
 the stored L2 norms (``ckptrepo.lineage.exact``). Result types are in ``reports``.
 
 Query budget: ``diff`` runs two queries whatever the number of tensors; ``history`` one
-recursive CTE over first-parent edges (``edges.position == 0``) joined with entries and
-tensors, plus one query for close name matches when the tensor is nowhere on the chain.
+recursive CTE over first-parent edges (``edges.position == 0``) that looks the tensor up in
+``entries`` at each step, joined with commits and tensors, plus one query for close name
+matches when the tensor is nowhere on the chain.
 Functions take the ``Repo`` and open their own short read session; they never write.
 """
 
@@ -19,10 +20,11 @@ from __future__ import annotations
 import difflib
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from sqlalchemy import String, and_, case, func, literal, or_, select, type_coerce
+from sqlalchemy import ColumnElement, String, and_, case, func, literal, or_, select, type_coerce
 from sqlalchemy.orm import Session, aliased
 
 from ckptrepo.chunks.store import ChunkLocation
@@ -51,8 +53,7 @@ _CHUNK_FIELDS = ("id", "pack_id", "offset", "length", "raw_length", "encoding", 
 # -- shared helpers ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Side:
+class _Side(NamedTuple):  # a tuple: history makes one per distinct tensor, thousands
     info: TensorInfo
     chunk_size: int
 
@@ -63,13 +64,18 @@ def _tensor_cols(entity: Any) -> list[Any]:
     return [type_coerce(entity.shape, String) if f == "shape" else getattr(entity, f) for f in _TENSOR_FIELDS]
 
 
-def _side(name: str, values: Sequence[Any]) -> _Side | None:
-    """A tensor from ``_TENSOR_FIELDS`` column values (None for an outer join's missing row)."""
+def _side(name: str, values: Sequence[Any], shapes: dict[Any, tuple[int, ...]] | None = None) -> _Side | None:
+    """A tensor from ``_TENSOR_FIELDS`` column values (None for an outer join's missing row);
+    ``shapes`` keeps the shapes parsed so far by their JSON text."""
     tid, dtype, shape, nbytes, chunk_size, n_chunks, *stats = values
     if tid is None:
         return None
-    dims = json.loads(shape) if isinstance(shape, str | bytes) else shape
-    info = TensorInfo(name=name, tensor_id=tid, dtype=dtype, shape=tuple(int(d) for d in dims), nbytes=nbytes,
+    dims = shapes.get(shape) if shapes is not None and isinstance(shape, str | bytes) else None
+    if dims is None:
+        dims = tuple(int(d) for d in (json.loads(shape) if isinstance(shape, str | bytes) else shape))
+        if shapes is not None and isinstance(shape, str | bytes):
+            shapes[shape] = dims
+    info = TensorInfo(name=name, tensor_id=tid, dtype=dtype, shape=dims, nbytes=nbytes,
                       n_chunks=n_chunks, stats=TensorStats(*stats))
     return _Side(info, chunk_size)
 
@@ -258,10 +264,15 @@ def history(repo: Repo, name: str, *, along: str = "main", limit: int | None = N
     """
     repo._check_open()
     _check_limit(limit)
+    # One commit further than is shown: the last one shown is compared with its first parent.
+    walked = None if limit is None else limit + 1
     with repo._sessions() as s:
         head = revparse.resolve(s, along)
-        rows = s.execute(_history_query(head, name, None if limit is None else limit + 1)).all()
-        if not any(row.tid is not None for row in rows[:limit]):
+        # Core rows, not ORM ones: one per commit of the chain, 10,000 for a long run. Sorted
+        # head first here: the query promises no order, and the rows mostly come in order already.
+        rows = sorted(s.connection().execute(_history_query(head, name, walked)).all(), key=itemgetter(0))
+        tensors = _history_tensors(name, rows)
+        if not any(tensors[:limit]):
             names = s.scalars(select(Entry.name).where(Entry.commit_id == head))
             which = f"None of the last {limit} commits" if limit is not None and len(rows) > limit else "No commit"
             raise UnknownTensor(
@@ -269,55 +280,90 @@ def history(repo: Repo, name: str, *, along: str = "main", limit: int | None = N
                 hint=unknown_name_hint("tensor", name, names, f"`ckpt show {along}`"),
                 commit=short(head), name=name,
             )
-    # A tensor is usually the same over many commits: describe each distinct one once.
-    sides: dict[str | None, _Side | None] = {}
-    for row in rows:
-        if row[7] is not None and row[4] not in sides:
-            sides[row[4]] = _side(name, row[7:])
     points: list[HistoryPoint] = []
-    for depth, cid, step, created_at, tid, prev_tid, differing, *_ in rows[:limit]:
-        this, prev = sides.get(tid), sides.get(prev_tid)
-        status, changed, n = _compare(prev, this, differing or 0)
-        points.append(HistoryPoint(cid, step, created_at, depth, status, this.info if this else None,
+    for i, row in enumerate(rows[:limit]):
+        this, prev = tensors[i], tensors[i + 1] if i + 1 < len(rows) else None
+        status, changed, n = _compare(prev, this, row[5])
+        points.append(HistoryPoint(row[1], row[2], row[3], row[0], status, this.info if this else None,
                                    prev.info if prev else None, changed, n))
     return points
 
 
-def _history_query(head: str, name: str, limit: int | None) -> Any:
-    """Rows (depth, id, step, created_at, tid, prev, differing, tensor columns...) of the chain,
-    head first. ``prev`` is the first parent's tensor id: the next row's, so the chain is walked
-    one commit further than is shown; ``differing`` counts positions with other chunk ids.
-    Tensor columns are only filled where ``tid`` differs from ``prev``."""
-    chain = _first_parent_chain(head, limit)
-    e = aliased(Entry)
-    walk = (
-        select(chain.c.depth, chain.c.id, e.tensor_id.label("tid"))
-        .select_from(chain)
-        .outerjoin(e, and_(e.commit_id == chain.c.id, e.name == name))
-        .cte("walk")
-    )
-    paired = select(
-        walk.c.depth, walk.c.id, walk.c.tid, func.lead(walk.c.tid).over(order_by=walk.c.depth).label("prev")
-    ).cte("paired")
+def _history_tensors(name: str, rows: Sequence[Any]) -> list[_Side | None]:
+    """The tensor of each row of ``_history_query`` (head first): a row holds tensor columns only
+    where its ``fresh`` flag is set, and otherwise has its first parent's tensor, the next row's."""
+    out: list[_Side | None] = [None] * len(rows)
+    side: _Side | None = None
+    shapes: dict[Any, tuple[int, ...]] = {}  # usually one shape for thousands of tensors
+    for i in range(len(rows) - 1, -1, -1):
+        row = rows[i]
+        if row[4]:
+            side = _side(name, row[6:], shapes)
+        out[i] = side
+    return out
+
+
+def _history_query(head: str, name: str, walked: int | None) -> Any:
+    """Rows (depth, id, step, created_at, fresh, differing, tensor columns...) of ``head``'s
+    first-parent chain, at most ``walked`` commits, in no particular order.
+
+    One recursive CTE walks the chain and looks up, at each step, the first parent and its
+    tensor ``name``, so every row holds its own tensor id and its parent's (``tid``, ``prev``)
+    and nothing is paired up afterwards; the chain is joined with ``commits`` and ``tensors``
+    once. ``fresh``: the tensor differs from the first parent's (or the row is the last walked),
+    and only such rows carry the tensor's columns (NULL when the commit has no such tensor);
+    ``differing`` counts the positions whose chunk ids differ from the parent's tensor."""
+    chain = _tensor_chain(head, name, walked)
+    fresh: ColumnElement[bool] = chain.c.tid.is_distinct_from(chain.c.prev)
+    if walked is not None:
+        fresh = or_(fresh, chain.c.depth == walked - 1)
     tc1, tc2 = aliased(TensorChunk), aliased(TensorChunk)
     differing = (
         select(func.count())
         .select_from(tc1)
-        .join(tc2, and_(tc2.tensor_id == paired.c.prev, tc2.seq == tc1.seq))
-        .where(tc1.tensor_id == paired.c.tid, tc1.chunk_id != tc2.chunk_id)
-        .correlate(paired)
+        .join(tc2, and_(tc2.tensor_id == chain.c.prev, tc2.seq == tc1.seq))
+        .where(tc1.tensor_id == chain.c.tid, tc1.chunk_id != tc2.chunk_id)
+        .correlate(chain)
         .scalar_subquery()
     )
     return (
-        select(paired.c.depth, Commit.id, Commit.step, Commit.created_at, paired.c.tid, paired.c.prev,
-               case((paired.c.tid != paired.c.prev, differing), else_=0).label("differing"),
-               *_tensor_cols(Tensor))
-        .select_from(paired)
-        .join(Commit, Commit.id == paired.c.id)
-        # A tensor's row is needed once per run of commits holding it: at the run's oldest commit.
-        .outerjoin(Tensor, and_(Tensor.id == paired.c.tid, or_(paired.c.prev.is_(None), paired.c.prev != paired.c.tid)))
-        .order_by(paired.c.depth)
+        select(chain.c.depth, chain.c.id, Commit.step, Commit.created_at, fresh.label("fresh"),
+               case((chain.c.tid != chain.c.prev, differing), else_=0).label("differing"), *_tensor_cols(Tensor))
+        .select_from(chain)
+        .join(Commit, Commit.id == chain.c.id)
+        # Not ``and_(Tensor.id == tid, fresh)``: SQLite would look every row's tensor up, then test.
+        .outerjoin(Tensor, Tensor.id == case((fresh, chain.c.tid)))
     )
+
+
+def _tensor_chain(head: str, name: str, limit: int | None) -> Any:
+    """Recursive CTE (depth, id, tid, pid, prev) of ``head`` and its first parents, depth 0 =
+    head, at most ``limit`` rows: ``tid`` is the commit's tensor ``name``, ``pid`` its first
+    parent and ``prev`` that parent's tensor ``name`` (NULL where there is none).
+
+    Each step looks the next first parent up through scalar subqueries, twice (once for
+    ``pid``, once inside ``prev``): a join there would make SQLite build a Bloom filter of
+    the whole edges table and read edge rows instead of ``ix_edges_child_walk`` alone,
+    which costs it more than the second lookup (about twice as much per step)."""
+
+    # Correlated past the next enclosing query too: ``prev`` nests one lookup in the other.
+    def first_parent(child: Any) -> Any:
+        return (select(Edge.parent_id).where(Edge.child_id == child, Edge.position == 0, Edge.kind == "parent")
+                .correlate_except(Edge).scalar_subquery())
+
+    def tensor_of(commit: Any) -> Any:
+        return (select(Entry.tensor_id).where(Entry.commit_id == commit, Entry.name == name)
+                .correlate_except(Entry).scalar_subquery())
+
+    start = literal(head, Edge.parent_id.type)
+    chain = select(literal(0).label("depth"), start.label("id"), tensor_of(start).label("tid"),
+                   first_parent(start).label("pid"), tensor_of(first_parent(start)).label("prev")
+                   ).cte("chain", recursive=True)
+    step = select(chain.c.depth + 1, chain.c.pid, chain.c.prev, first_parent(chain.c.pid),
+                  tensor_of(first_parent(chain.c.pid))).where(chain.c.pid.is_not(None))
+    if limit is not None:
+        step = step.where(chain.c.depth < limit - 1)
+    return chain.union_all(step)
 
 
 # -- metrics -----------------------------------------------------------------------------------

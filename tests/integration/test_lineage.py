@@ -22,7 +22,7 @@ import pytest
 import torch
 from ckptrepo.cli.app import app
 from ckptrepo.cli.lineage_render import graph_rows
-from sqlalchemy import func, insert, inspect, select
+from sqlalchemy import func, insert, inspect, select, update
 from typer.testing import CliRunner, Result
 
 import ckptrepo
@@ -118,6 +118,26 @@ def test_ancestors(hand: Hand) -> None:
     assert anc(hand["t1"], kinds=("transfer",)) == ["r2"]
     assert anc(hand["r0"]) == [] and anc("other") == []
     assert anc(hand["C"]) == ["A2", "B2", "A", "B", "p", "q", "o"]
+
+
+def test_ancestors_along_one_line(hand: Hand) -> None:
+    """Ancestors that form one line of parents come from the walk without UNION; a walk that
+    branches, or that ``generation`` cuts short, leaves the answer to the edge walk."""
+    with hand.repo._sessions() as s:
+        def line(label: str, kinds: tuple[str, ...] = graph.EDGE_KINDS, depth: int | None = None) -> Any:
+            found = graph._line_of_parents(s, hand[label], kinds, depth)
+            return None if found is None else hand.labels(found)
+
+        assert line("r3") == ["r2", "r1", "r0"] and line("r0") == []
+        assert line("f2", depth=1) == ["f1"]
+        assert line("t2") == ["t1", "r2", "r1", "r0"]  # through the transfer edge
+        assert line("r5") is None and line("C") is None  # m and C have two parents
+        assert line("r5", ("parent",)) == ["m", "r3", "r2", "r1", "r0"]
+    with write_connection(hand.repo._engine) as conn:  # a generation too low: the walk is cut short
+        conn.execute(update(Commit).where(Commit.id == hand["r3"]).values(generation=2))
+    with hand.repo._sessions() as s:
+        assert graph._line_of_parents(s, hand["r3"], graph.EDGE_KINDS, None) is None
+    assert hand.labels(queries.ancestors(hand.repo, hand["r3"])) == ["r2", "r1", "r0"]
 
 
 def _levels(found: list[str], *levels: set[str]) -> bool:
