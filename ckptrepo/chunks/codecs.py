@@ -160,6 +160,17 @@ class PlaneHint:
     def learn_ratio(self, ratio: float) -> None:
         self._plans["ratio"] = [ratio]
 
+    def try_delta(self) -> bool:
+        """Whether to try a delta for the next chunk: yes, unless the last try for this tensor
+        lost to standalone encoding (then only every ``every``-th chunk tries again)."""
+        uses = self._uses.get("delta-try", 0)
+        self._uses["delta-try"] = uses + 1
+        lost = self._plans.get("delta-lost")
+        return uses % self.every == 0 or not (lost and lost[0])
+
+    def delta_result(self, won: bool) -> None:
+        self._plans["delta-lost"] = [not won]
+
 
 def _zstd(raw: memoryview, level: int, min_saving: float,
           hint: PlaneHint | None = None) -> tuple[Encoding, bytes | memoryview]:
@@ -358,6 +369,7 @@ def encode_with_base(
             delta = _group(xor_bytes(view, base).data, width, level, keep, sample_first=False,
                            limit=keep * estimate, hint=hint, key="delta")
             if delta is not None:
+                hint.delta_result(True)
                 return Encoding.DELTA, delta, round(estimate)
     encoding, payload = _standalone(view, raw, itemsize, level, min_saving, hint)
     if hint is not None:
@@ -368,6 +380,8 @@ def encode_with_base(
         raise UsageError(f"delta base is {len(_byte_view(base))} bytes, the chunk {len(view)}")
     delta = _group(xor_bytes(view, base).data, width, level, keep, sample_first=False, limit=keep * len(payload),
                    hint=hint, key="delta")
+    if hint is not None:
+        hint.delta_result(delta is not None)
     if delta is None:
         return encoding, payload, len(payload)
     return Encoding.DELTA, delta, len(payload)

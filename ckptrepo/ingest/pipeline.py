@@ -252,7 +252,10 @@ class _Ingest:
         if not self.opts.compression:
             return _Done(tensor, seq, cid, mom, Encoding.RAW, raw, len(raw))
         itemsize = torch.empty((), dtype=dtype).element_size()
-        base = self._base(tensor, seq, len(raw)) if len(raw) else None
+        # A tensor whose chunks lately lost as deltas (e.g. Adam's first moments) skips the
+        # base fetch and the delta encode, except for a periodic retry.
+        try_delta = len(raw) > 0 and self.hints[tensor].try_delta()
+        base = self._base(tensor, seq, len(raw)) if try_delta else None
         encoding, payload, alone = encode_with_base(
             raw, itemsize, base[2] if base is not None else None,
             level=self.opts.zstd_level, min_saving=self.opts.min_saving, hint=self.hints[tensor],
