@@ -3,17 +3,22 @@
 A commit's delta base for a chunk is usually the same chunk position of the previous
 commit on the branch — exactly the chunks the previous ingest just hashed. Keeping
 their bytes saves decoding them (down their delta chains) from the store. The cache is
-bounded by a byte budget (``CKPT_DELTA_CACHE``, default 128 MiB): chunks are admitted
+bounded by a byte budget (``CKPT_DELTA_CACHE``, default 0: off): chunks are admitted
 in ingest order while there is room and never evicted by newer ones within a commit, so
 a state larger than the budget still gets hits on its first ``budget`` bytes instead of
 none (plain LRU over a sequential scan would keep only chunks nobody asks for next).
+
+Off by default, by measurement: with keyframe bases (the default) a base is one standalone
+chunk, cheap to decode from the store, and a 128 MiB cache saved ~3% of ingest CPU while
+adding its size to the peak memory of training-loop commits. With ``delta_base="parent"``
+a base is a chain, and the cache saves decoding it.
 """
 
 from __future__ import annotations
 
 import threading
 
-DEFAULT_BUDGET = 128 << 20
+DEFAULT_BUDGET = 0
 
 
 class BaseCache:

@@ -151,3 +151,18 @@ def test_cli_init_options_and_stats_json(tmp_path: Path) -> None:
     assert "saved by delta" in text
     bad = runner.invoke(app, ["init", str(tmp_path / "x"), "--max-delta-depth", "0"])
     assert bad.exit_code != 0 and not (tmp_path / "x" / ".ckpt").exists()
+
+
+@pytest.mark.parametrize("policy", ["root", "parent"])
+def test_with_a_base_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: str) -> None:
+    monkeypatch.setenv("CKPT_DELTA_CACHE", str(8 << 20))
+    states = [_state()]
+    for i in range(1, 5):
+        states.append(_drift(states[-1], i))
+    with ckptrepo.Repo.init(tmp_path / "w", chunk_size=64 * 1024, delta_base=policy, max_delta_depth=3) as repo:
+        assert repo._base_cache.budget == 8 << 20
+        ids = [repo.commit(s, blocking=True).wait().id for s in states]
+        assert repo._base_cache.nbytes > 0 and repo.stats().delta_chunks > 0
+        for cid, state in zip(ids, states, strict=True):
+            restored = repo.checkout(cid)
+            assert all(_same(restored[k], state[k]) for k in state)
