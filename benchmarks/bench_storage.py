@@ -50,7 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,7 +61,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ForeignLoad, drop_caches, goal_note, report, scratch_dir, timed
+from _common import ForeignLoad, drop_caches, fsync_path, goal_note, report, scratch_dir, timed
 
 from ckptrepo import Repo
 from ckptrepo.formats import write_state
@@ -223,16 +223,19 @@ def make_lineage(data: Path, cfg: TrainConfig) -> tuple[list[Entry], dict[str, A
         print(f"  {name:<12} step {step:4d}  loss {loss:6.3f}  {entries[-1].bytes / MIB:7.1f} MiB"
               f"  ({time.perf_counter() - started:5.0f} s)", flush=True)
 
-    def train_lm(model: MaskedLM, opt: torch.optim.Optimizer, src: Source, g: torch.Generator, steps: int) -> float:
+    def train(opt: torch.optim.Optimizer, loss_of: Callable[[], torch.Tensor], steps: int) -> float:
+        """``steps`` optimizer steps on ``loss_of()``; the mean loss."""
         losses = []
         for _ in range(steps):
-            tokens, _labels = src.sample(g)
-            loss = model.loss(tokens, g)
+            loss = loss_of()
             opt.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
             opt.step()
             losses.append(loss.item())
         return sum(losses) / len(losses)
+
+    def train_lm(model: MaskedLM, opt: torch.optim.Optimizer, src: Source, g: torch.Generator, steps: int) -> float:
+        return train(opt, lambda: model.loss(src.sample(g)[0], g), steps)
 
     lm = MaskedLM(cfg)
     n_params = sum(p.numel() for p in lm.parameters())
@@ -269,16 +272,9 @@ def make_lineage(data: Path, cfg: TrainConfig) -> tuple[list[Entry], dict[str, A
     parent_t: str | None = None
     transfer: str | None = "base"
     for i in range(1, cfg.commits + 1):
-        losses = []
-        for _ in range(cfg.steps):
-            tokens, labels = src.sample(g)
-            tl = clf.loss(tokens, labels)
-            topt.zero_grad(set_to_none=True)
-            tl.backward()  # type: ignore[no-untyped-call]
-            topt.step()
-            losses.append(tl.item())
+        loss = train(topt, lambda: clf.loss(*src.sample(g)), cfg.steps)
         step += cfg.steps
-        save(f"transfer_{i}", "transfer", parent_t, transfer, step, sum(losses) / len(losses), checkpoint(clf, topt))
+        save(f"transfer_{i}", "transfer", parent_t, transfer, step, loss, checkpoint(clf, topt))
         parent_t, transfer = f"transfer_{i}", None
 
     # fork: from finetune's 2nd commit, another learning rate
@@ -323,14 +319,6 @@ def disk_usage(path: Path) -> int:
         for name in files:
             total += os.lstat(os.path.join(root, name)).st_blocks * 512
     return total
-
-
-def fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def run(args: list[str], env: dict[str, str], cwd: Path | None = None) -> str:
@@ -446,7 +434,7 @@ class ResticStore(Store):
             dest = target / name
             run(["restic", "restore", self.snaps[name], "--target", str(dest)], self.env)
             (out[name],) = (p for p in dest.rglob("*.safetensors"))
-            fsync_file(out[name])
+            fsync_path(out[name])
         return out
 
 
@@ -474,7 +462,7 @@ class BorgStore(Store):
             dest.mkdir(parents=True)
             run(["borg", "extract", f"{self.repo}::{name}"], self.env, dest)
             (out[name],) = (p for p in dest.rglob("*.safetensors"))
-            fsync_file(out[name])
+            fsync_path(out[name])
         return out
 
 
