@@ -155,7 +155,8 @@ DeltaBaseOpt = Annotated[
 ]
 DeltaDepthOpt = Annotated[
     int | None,
-    typer.Option("--max-delta-depth", metavar="N", help="Longest delta chain a read walks (1..64). Default: 8.",
+    typer.Option("--max-delta-depth", metavar="N",
+                 help="Commits per keyframe (root) or longest chain (parent), 1..64. Default: 8.",
                  show_default=False),
 ]
 
