@@ -25,6 +25,25 @@ def timed(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
     return statistics.median(times), result
 
 
+def timed_rounds(fns: dict[str, Callable[[], Any]], repeat: int) -> tuple[dict[str, float], dict[str, Any]]:
+    """Median wall seconds of each of ``fns`` over ``repeat`` rounds, and each one's last result.
+
+    Every round calls every function once, in an order rotated from round to round, so a
+    drift of the shared machine (another process, the page cache, memory compaction)
+    falls on all of them alike instead of on whichever ran during it.
+    """
+    names = list(fns)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    results: dict[str, Any] = {}
+    for r in range(repeat):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            start = time.perf_counter()
+            results[name] = fns[name]()
+            times[name].append(time.perf_counter() - start)
+            results[name] = results[name] if r == repeat - 1 else None
+    return {name: statistics.median(t) for name, t in times.items()}, results
+
+
 def fsync_path(path: Path) -> None:
     """fsync a file and its directory, as a durable save must."""
     fd = os.open(path, os.O_RDONLY)

@@ -2,7 +2,8 @@
 
 Peers on the same data and disk: torch.save + fsync, torch.load(weights_only=True),
 safetensors save + fsync / load, and the raw write + fsync of the same bytes (the floor).
-Each measurement is the median of --repeat runs; every ckptrepo commit goes into a
+Each measurement is the median of --repeat rounds (every peer once per round, in rotating
+order, so drift of the shared machine falls on all alike); every ckptrepo commit goes into a
 fresh repository, so no run profits from deduplication against an earlier one.
 
     python benchmarks/bench_commit_checkout.py [--gib 1.0] [--repeat 3] [--dir PATH]
@@ -19,7 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import drop_caches, fsync_path, raw_write, report, scratch_dir, timed
+from _common import drop_caches, fsync_path, raw_write, report, scratch_dir, timed_rounds
 
 import ckptrepo
 
@@ -76,10 +77,14 @@ def run(base: Path, args: argparse.Namespace) -> None:
         finally:
             repo.close()
 
-    t_raw, _ = timed(lambda: raw_write(raw, memoryview(flat.numpy()).cast("B")), args.repeat)
-    t_save, _ = timed(torch_save, args.repeat)
-    t_st_save, _ = timed(st_save, args.repeat)
-    t_commit, commit = timed(ckpt_commit, args.repeat)
+    saves, saved = timed_rounds({
+        "raw": lambda: raw_write(raw, memoryview(flat.numpy()).cast("B")),
+        "torch.save": torch_save,
+        "safetensors": st_save,
+        "commit": ckpt_commit,
+    }, args.repeat)
+    t_raw, t_save, t_st_save, t_commit = (saves[k] for k in ("raw", "torch.save", "safetensors", "commit"))
+    commit = saved["commit"]
     last_repo = base / f"repo{args.repeat - 1}"
     for i in range(args.repeat - 1):
         shutil.rmtree(base / f"repo{i}", ignore_errors=True)
@@ -102,9 +107,10 @@ def run(base: Path, args: argparse.Namespace) -> None:
         cold()
         return repo.checkout("main")  # type: ignore[no-any-return]
 
-    t_load, _ = timed(torch_load, args.repeat)
-    t_st_load, _ = timed(st_load, args.repeat)
-    t_checkout, restored = timed(ckpt_checkout, args.repeat)
+    loads, loaded = timed_rounds({"torch.load": torch_load, "safetensors": st_load, "checkout": ckpt_checkout},
+                                 args.repeat)
+    t_load, t_st_load, t_checkout = (loads[k] for k in ("torch.load", "safetensors", "checkout"))
+    restored = loaded["checkout"]
     ok = all(torch.equal(restored[k], v) for k, v in state.items())
     stats = repo.stats()
     repo.close()
