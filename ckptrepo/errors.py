@@ -116,6 +116,27 @@ class InvalidRefName(CkptError):
     hint = "Names may use letters, digits and . _ - /, must not start with - or look like a revision expression."
 
 
+class ConcurrentChange(CkptError):
+    """The {what} conflicted with a {other} running at the same time ({detail})."""
+
+    exit_code = 4
+    hint = "Nothing was changed; run it again."
+
+
+class UnreachableCommits(CkptError):
+    """Deleting {kind} {name!r} would leave {count} commit(s) that no ref reaches; gc would remove them."""
+
+    exit_code = 4
+    hint = "Pass --force (force=True) to delete it anyway, or first put a branch or tag on what you keep."
+
+
+class UnknownRef(CkptError):
+    """No {kind} named {name!r}."""
+
+    exit_code = 3
+    hint = "List them with `ckpt branch` or `ckpt tag`."
+
+
 class NoPath(CkptError):
     """No lineage path between {a} and {b}: they share no ancestor."""
 

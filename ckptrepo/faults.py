@@ -32,6 +32,9 @@ POINTS = (
     "db.before_commit",
     "db.after_commit",
 )
+"""The points a commit passes, in order."""
+GC_POINTS = ("gc.after_commit",)
+"""The points a gc passes."""
 
 
 class InjectedFault(RuntimeError):
@@ -48,8 +51,9 @@ def _parse(spec: str) -> dict[str, tuple[str, int]]:
     for item in filter(None, (part.strip() for part in spec.split(","))):
         name, _, action = item.partition("=")
         action, _, nth = action.partition("@")
-        if name not in POINTS or action not in ("kill", "raise"):
-            raise ValueError(f"{ENV}: bad fault {item!r}; points: {', '.join(POINTS)}; actions: kill, raise")
+        if name not in POINTS + GC_POINTS or action not in ("kill", "raise"):
+            known = ", ".join(POINTS + GC_POINTS)
+            raise ValueError(f"{ENV}: bad fault {item!r}; points: {known}; actions: kill, raise")
         armed[name] = (action, int(nth or 1))
     return armed
 
@@ -77,7 +81,7 @@ def point(name: str) -> None:
 @contextmanager
 def inject(name: str, action: str = "raise", nth: int = 1) -> Iterator[None]:
     """Arm ``name`` for the duration of the block (in this process)."""
-    if name not in POINTS:
+    if name not in POINTS + GC_POINTS:
         raise ValueError(f"unknown fault point {name!r}")
     with _lock:
         _armed[name] = (action, nth)

@@ -20,10 +20,12 @@ from types import TracebackType
 from typing import Any
 
 import torch
-from sqlalchemy import select
+from sqlalchemy import delete, select
+from sqlalchemy.exc import IntegrityError as DbIntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ckptrepo import faults
+from ckptrepo import gc as collector
 from ckptrepo import state as st
 from ckptrepo import types as t
 from ckptrepo.chunks.store import ChunkLocation, ChunkReader, PackSink
@@ -35,12 +37,15 @@ from ckptrepo.db.models import Ref
 from ckptrepo.errors import (
     CommitFailed,
     CommitReadFailed,
+    ConcurrentChange,
     NotARepository,
     RefConflict,
     RefExists,
     RepositoryExists,
+    UnknownRef,
     UnknownRevision,
     UnknownTensor,
+    UnreachableCommits,
     UsageError,
 )
 from ckptrepo.ids import hash_json, short
@@ -331,33 +336,13 @@ class Repo:
         conflict: str | None = None
         # Write-ordering step 2: one transaction inserts the chunk index, tensors, the commit,
         # its edges and moves the branch; nothing of this commit is visible before it commits.
-        with write_transaction(self._sessions) as s:
-            row["generation"] = 1 + max((_generation(s, p) for p in {e.parent_id for e in edges}), default=0)
-            catalog.record_commit(
-                s,
-                packs=[catalog.PackRow(p.pack_id, p.size, len(p.locations)) for p in result.packs],
-                chunks=[
-                    catalog.ChunkRow(loc.chunk_id, loc.pack_id, loc.offset, loc.length, loc.raw_length,
-                                     loc.encoding, loc.depth, loc.base_id, result.alone_lengths.get(loc.chunk_id))
-                    for p in result.packs for loc in p.locations
-                ],
-                tensors=[
-                    catalog.TensorRow(r.tensor_id, r.dtype, r.shape, r.nbytes, r.chunk_size, r.chunk_ids, r.stats)
-                    for r in result.tensors
-                ],
-                commit=row,
-                entries=entries,
-                edges=edges,
-                metrics=req.metrics,
-                now=now,
-            )
-            conflict = catalog.move_branch(s, req.branch, row["id"], head, now)
-            if conflict is not None:
-                # The branch moved under us: keep the commit reachable under its own branch
-                # rather than lose it, and tell the caller.
-                kept = f"conflicts/{req.branch}/{short(row['id'])}"
-                catalog.move_branch(s, kept, row["id"], None, now)
-            faults.point("db.before_commit")
+        try:
+            with write_transaction(self._sessions) as s:
+                conflict, kept = self._record(s, result, row, edges, entries, req, head, now)
+        except DbIntegrityError as exc:
+            # A foreign key names a row that is gone: a gc in another process removed chunks or
+            # tensors this commit deduplicated against after it looked them up.
+            raise ConcurrentChange(what="commit", other="gc", detail=str(exc.orig).splitlines()[0]) from exc
         try:
             faults.point("db.after_commit")
             commit = self.get_commit(row["id"])
@@ -369,6 +354,43 @@ class Repo:
                               hint=f"The commit is kept on branch {kept!r}; merge it or commit again on top "
                                    f"of {req.branch}.")
         return commit
+
+    def _record(self, s: Session, result: IngestResult, row: dict[str, Any], edges: list[catalog.EdgeRow],
+                entries: dict[str, str], req: CommitRequest, head: str | None,
+                now: datetime) -> tuple[str | None, str]:
+        """Insert one commit's rows and move its branch, inside the caller's transaction.
+
+        Returns ``(conflict, kept)``: the branch head found instead of ``head`` (None when the
+        branch moved as expected) and the ``conflicts/`` branch that then keeps the commit.
+        """
+        kept = ""
+        row["generation"] = 1 + max((_generation(s, p) for p in {e.parent_id for e in edges}), default=0)
+        catalog.record_commit(
+            s,
+            packs=[catalog.PackRow(p.pack_id, p.size, len(p.locations)) for p in result.packs],
+            chunks=[
+                catalog.ChunkRow(loc.chunk_id, loc.pack_id, loc.offset, loc.length, loc.raw_length,
+                                 loc.encoding, loc.depth, loc.base_id, result.alone_lengths.get(loc.chunk_id))
+                for p in result.packs for loc in p.locations
+            ],
+            tensors=[
+                catalog.TensorRow(r.tensor_id, r.dtype, r.shape, r.nbytes, r.chunk_size, r.chunk_ids, r.stats)
+                for r in result.tensors
+            ],
+            commit=row,
+            entries=entries,
+            edges=edges,
+            metrics=req.metrics,
+            now=now,
+        )
+        conflict = catalog.move_branch(s, req.branch, row["id"], head, now)
+        if conflict is not None:
+            # The branch moved under us: keep the commit reachable under its own branch
+            # rather than lose it, and tell the caller.
+            kept = f"conflicts/{req.branch}/{short(row['id'])}"
+            catalog.move_branch(s, kept, row["id"], None, now)
+        faults.point("db.before_commit")
+        return conflict, kept
 
     def _locate_chunks(self, ids: Collection[str]) -> dict[str, ChunkLocation]:
         """Chunk locations by id (the reader's lookup for delta bases)."""
@@ -534,6 +556,44 @@ class Repo:
             else:
                 s.add(Ref(kind=kind, name=name, commit_id=target, updated_at=_now()))
         return t.RefInfo(name=name, kind=kind, commit_id=target)
+
+    def delete_branch(self, name: str, *, force: bool = False) -> t.RefInfo:
+        """Delete branch ``name``; returns what it named. Its commits stay until ``gc``.
+
+        Refused (UnreachableCommits) when no other ref reaches some of its commits, unless
+        ``force``: those commits are then garbage that the next ``gc`` removes.
+        """
+        return self._delete_ref("branch", name, force=force)
+
+    def delete_tag(self, name: str, *, force: bool = False) -> t.RefInfo:
+        """Delete tag ``name``, on the same terms as ``delete_branch``."""
+        return self._delete_ref("tag", name, force=force)
+
+    def _delete_ref(self, kind: str, name: str, *, force: bool) -> t.RefInfo:
+        self._check_open()
+        with write_transaction(self._sessions) as s:
+            ref = s.get(Ref, (kind, name))
+            if ref is None:
+                raise UnknownRef(kind=kind, name=name)
+            info = t.RefInfo(name=name, kind=kind, commit_id=ref.commit_id)
+            if not force:
+                count = collector.orphaned_by_removing(s, kind, name)
+                if count:
+                    raise UnreachableCommits(kind=kind, name=name, count=count)
+            s.execute(delete(Ref).where(Ref.kind == kind, Ref.name == name))
+        return info
+
+    def gc(self, *, grace: float = collector.DEFAULT_GRACE_S, dry_run: bool = False) -> t.GcReport:
+        """Remove commits no ref reaches and every row, pack and file only they needed.
+
+        Waits for this repository's pending commits first. Objects younger than ``grace``
+        seconds are kept (a commit of another process may be writing them); see
+        ``ckptrepo.gc`` for the order of deletions and what a crash leaves.
+        ``dry_run`` reports the same figures and changes nothing.
+        """
+        self._check_open()
+        self._committer.drain()
+        return collector.collect(self._sessions, self._backend, grace=grace, dry_run=dry_run)
 
     def branches(self) -> list[t.RefInfo]:
         """Every branch, by name."""

@@ -279,3 +279,37 @@ class VerifyReport:
             "warnings": [p.to_json() for p in self.warnings],
             "damaged_commits": list(self.damaged_commits),
         }
+
+
+@dataclass(frozen=True)
+class GcReport:
+    """What ``Repo.gc`` removed (or, with ``dry_run``, would remove).
+
+    Rows: ``commits_removed`` (no ref reaches them), ``tensors_removed`` and ``chunks_removed``
+    (no live commit needs them). Store: ``packs_removed`` (their chunk rows all went),
+    ``unreferenced_packs_removed`` (no row named them: left by interrupted commits),
+    ``temporary_files_removed`` (staging leftovers); ``bytes_freed`` is all of that on disk,
+    ``pack_bytes_freed`` the part from ``packs_removed``. ``young_objects_kept`` /
+    ``young_bytes_kept``: garbage younger than ``grace_s``, kept for a later run.
+    ``partial_packs`` hold live and dead chunks and are kept whole;
+    ``dead_bytes_in_partial_packs`` is what their dead chunks occupy.
+    """
+
+    dry_run: bool
+    grace_s: float
+    commits_removed: int
+    tensors_removed: int
+    chunks_removed: int
+    packs_removed: int
+    unreferenced_packs_removed: int
+    temporary_files_removed: int
+    bytes_freed: int
+    pack_bytes_freed: int
+    young_objects_kept: int
+    young_bytes_kept: int
+    partial_packs: int
+    dead_bytes_in_partial_packs: int
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)

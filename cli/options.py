@@ -270,7 +270,30 @@ AtRevArg = Annotated[
         show_default=False,
     ),
 ]
-ForceOpt = Annotated[bool, typer.Option("--force", "-f", help="Move the branch if it already exists.")]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force", "-f",
+        help="Move an existing branch to REV; with --delete, delete even when commits only it reaches become garbage.",
+    ),
+]
+TagForceOpt = Annotated[
+    bool, typer.Option("--force", "-f", help="With --delete: delete even when commits only it reaches become garbage.")
+]
+DeleteOpt = Annotated[bool, typer.Option("--delete", "-d", help="Delete NAME (its commits stay until `ckpt gc`).")]
+
+# gc -----------------------------------------------------------------------------
+
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", "-n", help="Report what would be removed; change nothing.")]
+GraceOpt = Annotated[
+    float,
+    typer.Option(
+        "--grace",
+        min=0,
+        metavar="SECONDS",
+        help="Keep packs and temporary files younger than this (a commit in flight may be writing them).",
+    ),
+]
 
 # demo ---------------------------------------------------------------------------
 

@@ -7,33 +7,59 @@ from ckptrepo.ids import short
 from ckptrepo.types import RefInfo
 
 from . import render
-from .options import AtRevArg, BranchNameArg, ForceOpt, JsonOpt, TagNameArg
+from .options import AtRevArg, BranchNameArg, DeleteOpt, ForceOpt, JsonOpt, TagForceOpt, TagNameArg
 from .session import branch_head, current, current_branch
 
 
-def branch(name: BranchNameArg = None, rev: AtRevArg = None, force: ForceOpt = False, as_json: JsonOpt = False) -> None:
-    """List branches (* marks the current one), or create branch NAME at REV.
+def branch(name: BranchNameArg = None, rev: AtRevArg = None, force: ForceOpt = False, delete: DeleteOpt = False,
+           as_json: JsonOpt = False) -> None:
+    """List branches (* marks the current one), create branch NAME at REV, or delete it (-d).
 
     REV defaults to the head of the current branch. Creating a branch does
-    not switch to it: `ckpt checkout -b NAME` does both."""
-    if name is None and force:
-        raise errors.UsageError("--force needs a branch NAME", hint="Run `ckpt branch --force NAME REV`.")
+    not switch to it: `ckpt checkout -b NAME` does both. Deleting refuses the current
+    branch, and a branch whose commits no other ref reaches unless --force; `ckpt gc`
+    then removes those commits."""
+    if name is None and (force or delete):
+        flag = "--delete" if delete else "--force"
+        raise errors.UsageError(f"{flag} needs a branch NAME", hint=f"Run `ckpt branch {flag} NAME`.")
     with current().open() as repo:
         if name is None:
             _list(repo, repo.branches(), as_json, empty="no branches yet", current=current_branch(repo))
             return
-        ref = repo.branch(name, at=_default_at(repo, rev), force=force)
-    _created(ref, as_json)
+        if delete:
+            _check_no_rev(rev)
+            if name == current_branch(repo):
+                raise errors.UsageError(f"branch {name!r} is the current branch",
+                                        hint="Switch to another one first: `ckpt checkout BRANCH`.")
+            ref = repo.delete_branch(name, force=force)
+        else:
+            ref = repo.branch(name, at=_default_at(repo, rev), force=force)
+    _done(ref, as_json, deleted=delete)
 
 
-def tag(name: TagNameArg = None, rev: AtRevArg = None, as_json: JsonOpt = False) -> None:
-    """List tags, or create tag NAME at REV (default: the head of the current branch)."""
+def tag(name: TagNameArg = None, rev: AtRevArg = None, delete: DeleteOpt = False, force: TagForceOpt = False,
+        as_json: JsonOpt = False) -> None:
+    """List tags, create tag NAME at REV (default: the head of the current branch), or delete it (-d)."""
+    if name is None and (force or delete):
+        raise errors.UsageError("--delete needs a tag NAME", hint="Run `ckpt tag --delete NAME`.")
+    if force and not delete:
+        raise errors.UsageError("tags never move; --force only goes with --delete",
+                                hint="Delete the tag (`ckpt tag -d NAME`), then create it again.")
     with current().open() as repo:
         if name is None:
             _list(repo, repo.tags(), as_json, empty="no tags yet")
             return
-        ref = repo.tag(name, at=_default_at(repo, rev))
-    _created(ref, as_json)
+        if delete:
+            _check_no_rev(rev)
+            ref = repo.delete_tag(name, force=force)
+        else:
+            ref = repo.tag(name, at=_default_at(repo, rev))
+    _done(ref, as_json, deleted=delete)
+
+
+def _check_no_rev(rev: str | None) -> None:
+    if rev is not None:
+        raise errors.UsageError("--delete takes a NAME only, no REV", hint="Drop the revision argument.")
 
 
 def _default_at(repo: Repo, rev: str | None) -> str | None:
@@ -55,8 +81,10 @@ def _list(repo: Repo, refs: list[RefInfo], as_json: bool, *, empty: str, current
         render.out.print(render.ref_table(refs, commits, current=current))
 
 
-def _created(ref: RefInfo, as_json: bool) -> None:
+def _done(ref: RefInfo, as_json: bool, *, deleted: bool) -> None:
     if as_json:
-        render.emit_json(ref.to_json())
+        render.emit_json({**ref.to_json(), **({"deleted": True} if deleted else {})})
+    elif deleted:
+        render.out.print(f"deleted {ref.kind} {ref.name} (was {short(ref.commit_id)})", markup=False)
     else:
         render.out.print(f"{ref.kind} {ref.name} -> {short(ref.commit_id)}", markup=False)

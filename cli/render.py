@@ -20,7 +20,7 @@ from rich.text import Text
 
 from ckptrepo.ids import short
 from ckptrepo.lineage.reports import Diff, HistoryPoint, TensorDelta
-from ckptrepo.types import Commit, Problem, RefInfo, RepoStats, TensorInfo, VerifyReport
+from ckptrepo.types import Commit, GcReport, Problem, RefInfo, RepoStats, TensorInfo, VerifyReport
 
 # file=None: rich writes to whatever sys.stdout / sys.stderr is at print time.
 out = Console(highlight=False)
@@ -218,6 +218,30 @@ def verify_summary(report: VerifyReport) -> Table:
     grid.add_row("commits", str(c.commits), f"{c.refs} refs; entries, tensors and parents present")
     grid.add_row("store objects", str(c.store_objects), "each named by a pack row, else listed as unreferenced")
     grid.add_row("time", seconds(c.seconds), "")
+    return grid
+
+
+def gc_summary(report: GcReport) -> Table:
+    """``ckpt gc``: what was (or, with --dry-run, would be) removed, and what was kept."""
+    would = "would remove" if report.dry_run else "removed"
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column(justify="right")
+    grid.add_column(style="dim")
+    grid.add_row("commits", str(report.commits_removed), f"{would}: no branch or tag reaches them")
+    grid.add_row("tensors", str(report.tensors_removed), f"{would}: no remaining commit has them")
+    grid.add_row("chunks", str(report.chunks_removed), f"{would}: no remaining tensor or delta needs them")
+    grid.add_row("packs", str(report.packs_removed), f"{would}: all their chunks went")
+    grid.add_row("unreferenced packs", str(report.unreferenced_packs_removed), f"{would}: left by interrupted commits")
+    grid.add_row("temporary files", str(report.temporary_files_removed), f"{would}: left by interrupted writes")
+    grid.add_row("freed" if not report.dry_run else "would free", size(report.bytes_freed), "")
+    if report.young_objects_kept:
+        grid.add_row("kept (young)", str(report.young_objects_kept),
+                     f"{size(report.young_bytes_kept)} younger than {report.grace_s:g} s: a later gc removes them")
+    if report.partial_packs:
+        grid.add_row("kept (partly live)", str(report.partial_packs),
+                     f"packs also holding live chunks; {size(report.dead_bytes_in_partial_packs)} of dead ones")
+    grid.add_row("time", seconds(report.seconds), "")
     return grid
 
 

@@ -1,11 +1,11 @@
-"""``ckpt verify``: check the database against the pack store, read-only."""
+"""``ckpt verify`` (check the database against the pack store, read-only) and ``ckpt gc``."""
 
 from __future__ import annotations
 
 from ckptrepo import errors
 
 from . import render
-from .options import FullOpt, JsonOpt
+from .options import DryRunOpt, FullOpt, GraceOpt, JsonOpt
 from .session import current
 
 
@@ -35,3 +35,19 @@ def verify(full: FullOpt = False, as_json: JsonOpt = False) -> None:
             hint="Restore the packs named above from a backup (or copy them back from where they came); "
             "`ckpt verify --json` lists every problem and commit for scripts.",
         )
+
+
+def gc(dry_run: DryRunOpt = False, grace: GraceOpt = 3600.0, as_json: JsonOpt = False) -> None:
+    """Remove commits no branch or tag reaches, and the tensors, chunks, packs and leftover files only they used.
+
+    Packs and temporary files younger than --grace seconds stay (a commit in flight may be
+    writing them). Delete branches or tags first (`ckpt branch -d NAME`) to make their
+    commits garbage; `--dry-run` shows what would go.
+    """
+    with current().open() as repo, render.phases(enabled=not as_json) as phase:
+        phase("finding what no ref reaches" if dry_run else "removing what no ref reaches")
+        report = repo.gc(grace=grace, dry_run=dry_run)
+    if as_json:
+        render.emit_json(report.to_json())
+    else:
+        render.out.print(render.gc_summary(report))

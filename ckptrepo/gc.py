@@ -1,0 +1,251 @@
+"""Garbage collection: remove what no ref reaches, then the packs and files nothing needs.
+
+What is live: every commit reachable from a ref (branches, tags, ``conflicts/`` branches)
+through edges of any kind (parent, merge, transfer); the tensors of live commits; their
+chunks, and transitively the delta bases of those chunks; every pack holding a live chunk.
+Everything else is garbage.
+
+Order (the write-ordering invariant run backwards):
+
+1. One write transaction deletes the rows of unreachable commits (metrics, entries, edges,
+   commit), then tensors no live commit names, chunks no live tensor or live delta needs,
+   and packs left without chunk rows. On SQLite the transaction takes the write lock first,
+   so commits of other processes wait for it or it waits for them.
+2. After it commits, the pack objects whose rows went are deleted from the store. A crash
+   in between leaves unreferenced packs, which the next run deletes.
+3. Store objects no ``packs`` row names (packs of interrupted or in-flight commits) and
+   temporary files in a local store's staging folder are deleted once older than the
+   grace period.
+
+No object younger than ``grace`` seconds is deleted: a commit in flight writes its packs
+before its transaction names them, and must not lose them. Its age is looked at again
+right before the deletion, because pack ids are content hashes and a commit may have
+just written the same pack again. A commit in another process that deduplicated
+against chunks this run removes fails at its transaction (foreign keys) with
+``ConcurrentChange`` and leaves nothing behind; committing again succeeds.
+
+Chunks are never rewritten here: a pack that holds live and dead chunks is kept whole, and
+the report says how many bytes such packs hold for dead chunks.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import CTE, delete, func, select
+from sqlalchemy.exc import IntegrityError as DbIntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from ckptrepo import faults
+from ckptrepo.chunks.store import pack_key
+from ckptrepo.db.engine import write_transaction
+from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Metric, Pack, Ref, Tensor, TensorChunk
+from ckptrepo.errors import CkptError, ConcurrentChange, UsageError
+from ckptrepo.storage import Backend, LocalBackend
+from ckptrepo.storage.local import STAGING_NAME
+from ckptrepo.types import GcReport
+
+DEFAULT_GRACE_S = 3600.0
+"""Objects younger than this are never deleted: longer than any commit's phase 2 should take."""
+
+_PACK_KEY = re.compile(r"packs/([0-9a-f]{2})/([0-9a-f]{64})\.pack")
+_BATCH = 2000
+
+
+def live_commits(exclude_ref: tuple[str, str] | None = None) -> CTE:
+    """Ids of every commit some ref reaches (all edge kinds), as a recursive CTE with column ``id``.
+
+    ``exclude_ref`` = ``(kind, name)`` leaves that ref out of the roots.
+    """
+    roots = select(Ref.commit_id.label("id"))
+    if exclude_ref is not None:
+        roots = roots.where((Ref.kind != exclude_ref[0]) | (Ref.name != exclude_ref[1]))
+    live = roots.cte("live_commits", recursive=True)
+    return live.union(select(Edge.parent_id.label("id")).where(Edge.child_id == live.c.id))
+
+
+def reachable_from(commit_id: str) -> CTE:
+    """``commit_id`` and all its ancestors (all edge kinds), as a recursive CTE with column ``id``."""
+    start = select(Commit.id.label("id")).where(Commit.id == commit_id).cte("reach", recursive=True)
+    return start.union(select(Edge.parent_id.label("id")).where(Edge.child_id == start.c.id))
+
+
+def orphaned_by_removing(s: Session, kind: str, name: str) -> int:
+    """How many commits no ref would reach any more if ref ``(kind, name)`` were deleted."""
+    ref = s.get(Ref, (kind, name))
+    if ref is None:
+        return 0
+    mine = reachable_from(ref.commit_id)
+    others = live_commits(exclude_ref=(kind, name))
+    return int(s.scalar(select(func.count()).select_from(mine).where(mine.c.id.not_in(select(others.c.id)))) or 0)
+
+
+def _batches(ids: Sequence[Any]) -> Iterable[Sequence[Any]]:
+    for i in range(0, len(ids), _BATCH):
+        yield ids[i : i + _BATCH]
+
+
+class _Plan:
+    """What one run removes from the database, computed inside its write transaction."""
+
+    def __init__(self, s: Session) -> None:
+        live = live_commits()
+        self.commits: list[str] = list(s.scalars(select(Commit.id).where(Commit.id.not_in(select(live.c.id)))))
+        live_tensors = select(Entry.tensor_id).where(Entry.commit_id.in_(select(live.c.id)))
+        self.tensors: list[str] = list(s.scalars(select(Tensor.id).where(Tensor.id.not_in(live_tensors))))
+        seed = select(TensorChunk.chunk_id.label("id")).where(TensorChunk.tensor_id.in_(live_tensors))
+        needed = seed.cte("live_chunks", recursive=True)
+        needed = needed.union(
+            select(Chunk.base_id.label("id")).where(Chunk.id == needed.c.id, Chunk.base_id.is_not(None))
+        )
+        dead = select(Chunk.id, Chunk.pack_id, Chunk.length, Chunk.depth).where(
+            Chunk.id.not_in(select(needed.c.id))
+        )
+        rows = [(str(r[0]), str(r[1]), int(r[2]), int(r[3])) for r in s.execute(dead)]
+        # Deltas before their bases: each batch deletes no chunk that a later batch's rows still name.
+        rows.sort(key=lambda r: -r[3])
+        self.chunks: list[str] = [r[0] for r in rows]
+        dead_in_pack = Counter(r[1] for r in rows)
+        dead_bytes_in_pack: Counter[str] = Counter()
+        for r in rows:
+            dead_bytes_in_pack[r[1]] += int(r[2])
+        per_pack = select(Chunk.pack_id, func.count()).group_by(Chunk.pack_id)
+        rows_in_pack = {str(r[0]): int(r[1]) for r in s.execute(per_pack)}
+        sizes = {str(r[0]): int(r[1]) for r in s.execute(select(Pack.id, Pack.size))}
+        self.packs: list[str] = sorted(p for p in sizes if rows_in_pack.get(p, 0) == dead_in_pack.get(p, 0))
+        self.pack_bytes = sum(int(sizes[p]) for p in self.packs)
+        partly = [p for p in dead_in_pack if p not in set(self.packs)]
+        self.partial_packs = len(partly)
+        self.dead_bytes_in_partial_packs = sum(dead_bytes_in_pack[p] for p in partly)
+
+    def apply(self, s: Session) -> None:
+        for ids in _batches(self.commits):
+            s.execute(delete(Metric).where(Metric.commit_id.in_(ids)))
+            s.execute(delete(Entry).where(Entry.commit_id.in_(ids)))
+            s.execute(delete(Edge).where(Edge.child_id.in_(ids)))
+        for ids in _batches(self.commits):
+            s.execute(delete(Commit).where(Commit.id.in_(ids)))
+        for ids in _batches(self.tensors):
+            s.execute(delete(TensorChunk).where(TensorChunk.tensor_id.in_(ids)))
+            s.execute(delete(Tensor).where(Tensor.id.in_(ids)))
+        for ids in _batches(self.chunks):
+            s.execute(delete(Chunk).where(Chunk.id.in_(ids)))
+        for ids in _batches(self.packs):
+            s.execute(delete(Pack).where(Pack.id.in_(ids)))
+
+
+class _Sweep:
+    """Deletes store objects and staging files, never one younger than the cutoff."""
+
+    def __init__(self, backend: Backend, cutoff: float, dry_run: bool) -> None:
+        self.backend = backend
+        self.cutoff = cutoff
+        self.dry_run = dry_run
+        self.deleted = 0
+        self.deleted_bytes = 0
+        self.kept_young = 0
+        self.kept_young_bytes = 0
+        self._seen: set[str] = set()
+
+    def delete(self, key: str) -> None:
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        try:
+            size, mtime = self.backend.size(key), self.backend.mtime(key)
+        except CkptError:
+            return  # gone already (another gc, or never fully put)
+        if mtime > self.cutoff:
+            self.kept_young += 1
+            self.kept_young_bytes += size
+            return
+        if not self.dry_run:
+            self.backend.delete(key)
+        self.deleted += 1
+        self.deleted_bytes += size
+
+    def unreferenced_packs(self, s_factory: sessionmaker[Session]) -> None:
+        """Delete pack objects that no ``packs`` row names (rechecked just before each deletion)."""
+        candidates: list[tuple[str, str]] = []
+        for key in self.backend.list("packs/"):
+            match = _PACK_KEY.fullmatch(key)
+            if match is not None and match.group(2).startswith(match.group(1)):
+                candidates.append((match.group(2), key))
+        for chunk in _batches(candidates):
+            with s_factory() as s:
+                named = set(s.scalars(select(Pack.id).where(Pack.id.in_([pid for pid, _ in chunk]))))
+            for pid, key in chunk:
+                if pid not in named:
+                    self.delete(key)
+
+    def staging_files(self) -> tuple[int, int]:
+        """Delete temporary files older than the cutoff from a local store's staging folder."""
+        if not isinstance(self.backend, LocalBackend):
+            return 0, 0
+        staging: Path = self.backend.root / STAGING_NAME
+        count = size = 0
+        if not staging.is_dir():
+            return 0, 0
+        for path in sorted(staging.rglob("*")):
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue  # renamed into place or removed by its writer meanwhile
+            if not path.is_file() or st.st_mtime > self.cutoff:
+                continue
+            if not self.dry_run:
+                path.unlink(missing_ok=True)
+            count += 1
+            size += st.st_size
+        return count, size
+
+
+def collect(sessions: sessionmaker[Session], backend: Backend, *, grace: float = DEFAULT_GRACE_S,
+            dry_run: bool = False) -> GcReport:
+    """Remove everything no ref reaches; see the module docstring for the order and guarantees.
+
+    ``dry_run`` computes the same report and changes nothing. Raises ConcurrentChange when a
+    commit of another process inserted rows that name what this run was deleting (nothing
+    is changed then; run gc again).
+    """
+    if grace < 0:
+        raise UsageError(f"grace period {grace} s is negative", hint="Pass --grace 0 or more seconds.")
+    started = time.perf_counter()
+    cutoff = time.time() - grace
+    try:
+        with write_transaction(sessions) as s:
+            plan = _Plan(s)
+            if not dry_run:
+                plan.apply(s)
+    except DbIntegrityError as exc:
+        raise ConcurrentChange(what="gc", other="commit", detail=str(exc.orig).splitlines()[0]) from exc
+    faults.point("gc.after_commit")
+    sweep = _Sweep(backend, cutoff, dry_run)
+    # Step 2: only now, with no row naming them, may the objects go.
+    for pid in plan.packs:
+        sweep.delete(pack_key(pid))
+    removed_with_rows, removed_bytes_with_rows = sweep.deleted, sweep.deleted_bytes
+    sweep.unreferenced_packs(sessions)
+    temp_files, temp_bytes = sweep.staging_files()
+    return GcReport(
+        dry_run=dry_run,
+        grace_s=grace,
+        commits_removed=len(plan.commits),
+        tensors_removed=len(plan.tensors),
+        chunks_removed=len(plan.chunks),
+        packs_removed=removed_with_rows,
+        unreferenced_packs_removed=sweep.deleted - removed_with_rows,
+        temporary_files_removed=temp_files,
+        bytes_freed=sweep.deleted_bytes + temp_bytes,
+        pack_bytes_freed=removed_bytes_with_rows,
+        young_objects_kept=sweep.kept_young,
+        young_bytes_kept=sweep.kept_young_bytes,
+        partial_packs=plan.partial_packs,
+        dead_bytes_in_partial_packs=plan.dead_bytes_in_partial_packs,
+        seconds=time.perf_counter() - started,
+    )
