@@ -94,6 +94,7 @@ def build(n_commits: int, depth: int, seed: int = 0) -> Lineage:
             "created_at": T0 + timedelta(minutes=gen, microseconds=len(lin.commits)),
             "author": "bench", "host": "bench", "branch": branch, "step": step, "epoch": step // 1000,
             "generation": gen, "config": None, "code_version": None,
+            "first_parent_id": parents[0][0] if parents and parents[0][1] == "parent" else None,
             "skeleton": {"d": [x for n in sorted(tensors) for x in (n, {"t": n})]},
             "n_tensors": len(tensors), "logical_bytes": 0, "new_bytes": 0, "stored_bytes": 0,
             "stall_s": 0.0, "wait_s": 0.0, "persist_s": 0.0, "nonfinite": 0,

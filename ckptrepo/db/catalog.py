@@ -104,7 +104,10 @@ def record_commit(
     now: datetime,
 ) -> None:
     """Insert everything one commit adds. Rows another commit inserted concurrently
-    (same chunk, same tensor) are kept as they are: content ids make them equal."""
+    (same chunk, same tensor) are kept as they are: content ids make them equal.
+    The commit's ``first_parent_id`` is taken from ``edges`` (its ``parent`` edge at
+    position 0), whatever ``commit`` says."""
+    edge_list = list(edges)
     # Rows go in key order: two transactions inserting overlapping keys then lock them in the
     # same order and cannot deadlock (PostgreSQL); base chunks sort before their deltas.
     pack_rows = [
@@ -143,14 +146,15 @@ def record_commit(
                 for i, cid in enumerate(t.chunk_ids)
             ],
         )
-    session.add(Commit(**commit))
+    first = next((e.parent_id for e in edge_list if e.kind == "parent" and e.position == 0), None)
+    session.add(Commit(**{**commit, "first_parent_id": first}))
     session.flush()
     if entries:
         session.execute(
             insert_ignore(Entry),
             [{"commit_id": commit["id"], "name": n, "tensor_id": tid} for n, tid in entries.items()],
         )
-    for e in edges:
+    for e in edge_list:
         session.add(
             Edge(child_id=commit["id"], parent_id=e.parent_id, kind=e.kind, position=e.position, mapping=e.mapping)
         )

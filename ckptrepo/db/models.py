@@ -66,6 +66,23 @@ class UtcDateTime(TypeDecorator[datetime]):
         return value.astimezone(timezone.utc)
 
 
+def utc_datetime(value: str | datetime) -> datetime:
+    """A ``UtcDateTime`` column's value as the driver returns it (SQLite's stored text, or
+    psycopg's datetime; ``engine.fetch_tuples``), converted to what ``UtcDateTime`` reads
+    back: timezone-aware, in UTC. For queries of thousands of rows, where SQLAlchemy's
+    per-row processing costs more."""
+    if isinstance(value, str):
+        try:
+            # SQLite's text has no offset (stored in UTC); parsing it with one is ~6x faster
+            # than ``replace(tzinfo=...)`` after parsing.
+            return datetime.fromisoformat(value + "+00:00")
+        except ValueError:
+            value = datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        return value.replace(tzinfo=timezone.utc)
+    return value if value.tzinfo is timezone.utc else value.astimezone(timezone.utc)
+
+
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
@@ -149,7 +166,10 @@ class Commit(Base):
 
     ``skeleton`` is the state's structure with non-tensor values inline and tensors
     as references to ``entries`` names (see ``ckptrepo.state``). Ingest figures are
-    bytes and seconds measured while committing.
+    bytes and seconds measured while committing. ``generation`` (1 + the highest
+    generation of the parents) and ``first_parent_id`` (the parent of the commit's
+    ``parent`` edge at position 0; NULL for a root) are derived from ``edges`` and
+    written once, with the commit, so that first-parent chains walk ``commits`` alone.
     """
 
     __tablename__ = "commits"
@@ -162,6 +182,7 @@ class Commit(Base):
     step: Mapped[int | None] = mapped_column(BigInteger, index=True, default=None)
     epoch: Mapped[int | None] = mapped_column(Integer, default=None)
     generation: Mapped[int] = mapped_column(Integer, default=1)
+    first_parent_id: Mapped[str | None] = mapped_column(Id, default=None)
     config: Mapped[Any | None] = mapped_column(JsonType, default=None)
     code_version: Mapped[str | None] = mapped_column(String(255), default=None)
     skeleton: Mapped[Any] = mapped_column(JsonType)

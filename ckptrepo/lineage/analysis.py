@@ -9,8 +9,8 @@ difference over identical chunks is zero, and their share of the norms is recove
 the stored L2 norms (``ckptrepo.lineage.exact``). Result types are in ``reports``.
 
 Query budget: ``diff`` runs two queries whatever the number of tensors; ``history`` one
-recursive CTE over first-parent edges (``edges.position == 0``) that looks the tensor up in
-``entries`` at each step, joined with commits and tensors, plus one query for close name
+recursive CTE along ``commits.first_parent_id`` that looks the tensor up in ``entries`` at
+each step, joined with tensors where the tensor changes, plus one query for close name
 matches when the tensor is nowhere on the chain.
 Functions take the ``Repo`` and open their own short read session; they never write.
 """
@@ -24,12 +24,13 @@ from dataclasses import replace
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from sqlalchemy import ColumnElement, String, and_, case, func, literal, or_, select, type_coerce
+from sqlalchemy import ColumnElement, String, and_, case, cast, func, literal, null, select, type_coerce
 from sqlalchemy.orm import Session, aliased
 
 from ckptrepo.chunks.store import ChunkLocation
 from ckptrepo.db import catalog
-from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Metric, Tensor, TensorChunk
+from ckptrepo.db.engine import fetch_tuples
+from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Metric, Tensor, TensorChunk, utc_datetime
 from ckptrepo.errors import UnknownTensor, UsageError
 from ckptrepo.ids import short
 from ckptrepo.lineage import revparse
@@ -268,9 +269,10 @@ def history(repo: Repo, name: str, *, along: str = "main", limit: int | None = N
     walked = None if limit is None else limit + 1
     with repo._sessions() as s:
         head = revparse.resolve(s, along)
-        # Core rows, not ORM ones: one per commit of the chain, 10,000 for a long run. Sorted
-        # head first here: the query promises no order, and the rows mostly come in order already.
-        rows = sorted(s.connection().execute(_history_query(head, name, walked)).all(), key=itemgetter(0))
+        # The driver's tuples, not ORM or Core rows: one per commit of the chain, 10,000 for a long
+        # run. Sorted head first here: the query promises no order, and the rows mostly come in
+        # order already.
+        rows = sorted(fetch_tuples(s.connection(), _history_query(head, name, walked)), key=itemgetter(0))
         tensors = _history_tensors(name, rows)
         if not any(tensors[:limit]):
             names = s.scalars(select(Entry.name).where(Entry.commit_id == head))
@@ -281,86 +283,82 @@ def history(repo: Repo, name: str, *, along: str = "main", limit: int | None = N
                 commit=short(head), name=name,
             )
     points: list[HistoryPoint] = []
+    last = len(rows) - 1
     for i, row in enumerate(rows[:limit]):
-        this, prev = tensors[i], tensors[i + 1] if i + 1 < len(rows) else None
-        status, changed, n = _compare(prev, this, row[5])
-        points.append(HistoryPoint(row[1], row[2], row[3], row[0], status, this.info if this else None,
-                                   prev.info if prev else None, changed, n))
+        this = tensors[i]
+        # The first parent's row carries how many chunk positions differ from its child's tensor.
+        prev, differing = (tensors[i + 1], rows[i + 1][5]) if i < last else (None, 0)
+        status, changed, n = _compare(prev, this, differing)
+        points.append(HistoryPoint(row[1], row[2], utc_datetime(row[3]), row[0], status,
+                                   this.info if this else None, prev.info if prev else None, changed, n))
     return points
 
 
 def _history_tensors(name: str, rows: Sequence[Any]) -> list[_Side | None]:
     """The tensor of each row of ``_history_query`` (head first): a row holds tensor columns only
-    where its ``fresh`` flag is set, and otherwise has its first parent's tensor, the next row's."""
-    out: list[_Side | None] = [None] * len(rows)
+    where its ``fresh`` flag is set, and otherwise has its child's tensor, the previous row's."""
+    out: list[_Side | None] = []
     side: _Side | None = None
     shapes: dict[Any, tuple[int, ...]] = {}  # usually one shape for thousands of tensors
-    for i in range(len(rows) - 1, -1, -1):
-        row = rows[i]
+    for row in rows:
         if row[4]:
             side = _side(name, row[6:], shapes)
-        out[i] = side
+        out.append(side)
     return out
 
 
 def _history_query(head: str, name: str, walked: int | None) -> Any:
     """Rows (depth, id, step, created_at, fresh, differing, tensor columns...) of ``head``'s
-    first-parent chain, at most ``walked`` commits, in no particular order.
+    first-parent chain, at most ``walked`` commits, in no particular order (to be fetched with
+    ``fetch_tuples``: ``utc_datetime`` reads ``created_at``, ``_side`` the tensor columns).
 
-    One recursive CTE walks the chain and looks up, at each step, the first parent and its
-    tensor ``name``, so every row holds its own tensor id and its parent's (``tid``, ``prev``)
-    and nothing is paired up afterwards; the chain is joined with ``commits`` and ``tensors``
-    once. ``fresh``: the tensor differs from the first parent's (or the row is the last walked),
-    and only such rows carry the tensor's columns (NULL when the commit has no such tensor);
-    ``differing`` counts the positions whose chunk ids differ from the parent's tensor."""
+    One recursive CTE walks ``commits`` along ``first_parent_id`` and looks up, at each step,
+    the commit's tensor ``name`` (``tid``), carrying its child's (``ctid``) along, so nothing
+    is paired up afterwards. ``fresh``: the tensor differs from the child's (always true for
+    the head when it has the tensor), and only such rows carry the tensor's columns (NULL
+    when the commit has no such tensor); ``differing`` counts the positions whose chunk ids
+    differ between the two tensors when both exist and differ, else 0."""
     chain = _tensor_chain(head, name, walked)
-    fresh: ColumnElement[bool] = chain.c.tid.is_distinct_from(chain.c.prev)
-    if walked is not None:
-        fresh = or_(fresh, chain.c.depth == walked - 1)
+    fresh: ColumnElement[bool] = chain.c.tid.is_distinct_from(chain.c.ctid)
     tc1, tc2 = aliased(TensorChunk), aliased(TensorChunk)
     differing = (
         select(func.count())
         .select_from(tc1)
-        .join(tc2, and_(tc2.tensor_id == chain.c.prev, tc2.seq == tc1.seq))
+        .join(tc2, and_(tc2.tensor_id == chain.c.ctid, tc2.seq == tc1.seq))
         .where(tc1.tensor_id == chain.c.tid, tc1.chunk_id != tc2.chunk_id)
         .correlate(chain)
         .scalar_subquery()
     )
     return (
-        select(chain.c.depth, chain.c.id, Commit.step, Commit.created_at, fresh.label("fresh"),
-               case((chain.c.tid != chain.c.prev, differing), else_=0).label("differing"), *_tensor_cols(Tensor))
+        select(chain.c.depth, chain.c.id, chain.c.step, chain.c.created_at, fresh.label("fresh"),
+               case((chain.c.tid != chain.c.ctid, differing), else_=0).label("differing"), *_tensor_cols(Tensor))
         .select_from(chain)
-        .join(Commit, Commit.id == chain.c.id)
         # Not ``and_(Tensor.id == tid, fresh)``: SQLite would look every row's tensor up, then test.
         .outerjoin(Tensor, Tensor.id == case((fresh, chain.c.tid)))
     )
 
 
 def _tensor_chain(head: str, name: str, limit: int | None) -> Any:
-    """Recursive CTE (depth, id, tid, pid, prev) of ``head`` and its first parents, depth 0 =
-    head, at most ``limit`` rows: ``tid`` is the commit's tensor ``name``, ``pid`` its first
-    parent and ``prev`` that parent's tensor ``name`` (NULL where there is none).
-
-    Each step looks the next first parent up through scalar subqueries, twice (once for
-    ``pid``, once inside ``prev``): a join there would make SQLite build a Bloom filter of
-    the whole edges table and read edge rows instead of ``ix_edges_child_walk`` alone,
-    which costs it more than the second lookup (about twice as much per step)."""
-
-    # Correlated past the next enclosing query too: ``prev`` nests one lookup in the other.
-    def first_parent(child: Any) -> Any:
-        return (select(Edge.parent_id).where(Edge.child_id == child, Edge.position == 0, Edge.kind == "parent")
-                .correlate_except(Edge).scalar_subquery())
+    """Recursive CTE (depth, id, pid, step, created_at, tid, ctid) of ``head`` and its first
+    parents, depth 0 = head, at most ``limit`` rows: ``pid`` is the commit's first parent,
+    ``tid`` its tensor ``name`` and ``ctid`` the ``tid`` of the row before (its child on the
+    chain; NULL for the head). Each step is one lookup of the commit by id and one of its
+    entry ``name``; ``commits.first_parent_id`` spares a lookup in ``edges``."""
 
     def tensor_of(commit: Any) -> Any:
         return (select(Entry.tensor_id).where(Entry.commit_id == commit, Entry.name == name)
                 .correlate_except(Entry).scalar_subquery())
 
-    start = literal(head, Edge.parent_id.type)
-    chain = select(literal(0).label("depth"), start.label("id"), tensor_of(start).label("tid"),
-                   first_parent(start).label("pid"), tensor_of(first_parent(start)).label("prev")
-                   ).cte("chain", recursive=True)
-    step = select(chain.c.depth + 1, chain.c.pid, chain.c.prev, first_parent(chain.c.pid),
-                  tensor_of(first_parent(chain.c.pid))).where(chain.c.pid.is_not(None))
+    chain = (
+        select(literal(0).label("depth"), Commit.id, Commit.first_parent_id.label("pid"), Commit.step,
+               Commit.created_at, tensor_of(Commit.id).label("tid"), cast(null(), Entry.tensor_id.type).label("ctid"))
+        .where(Commit.id == head)
+        .cte("chain", recursive=True)
+    )
+    parent = aliased(Commit)
+    step = (select(chain.c.depth + 1, parent.id, parent.first_parent_id, parent.step, parent.created_at,
+                   tensor_of(parent.id), chain.c.tid)
+            .join(chain, parent.id == chain.c.pid))
     if limit is not None:
         step = step.where(chain.c.depth < limit - 1)
     return chain.union_all(step)

@@ -5,7 +5,8 @@ Contracts: every function takes a ``Session`` owned by the caller and *full* com
 bound parameter. *Ancestors* follow edges from child to parent, *descendants* from parent
 to child, through edges of the given ``kinds`` only (default: all of ``EDGE_KINDS``). Walks
 are set recursions (UNION, not UNION ALL), so they end on any DAG, however many paths reconverge;
-the one exception, a line of parents (``_line_of_parents``), is cut off by a LIMIT.
+the exceptions, a line of parents (``_line_of_parents``) and descendants on SQLite
+(``_walk_edges``), are cut off by a LIMIT.
 
 Ancestors and descendants come nearest first (breadth-first). ``commits.generation`` (1 +
 the highest generation of a commit's parents, through any edge kind; written once, at
@@ -24,7 +25,7 @@ from datetime import datetime
 from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import CTE, ColumnElement, Select, literal, select
+from sqlalchemy import CTE, ColumnElement, Select, func, literal, select
 from sqlalchemy.orm import Session, aliased
 
 from ckptrepo.db.models import Commit, Edge
@@ -80,12 +81,15 @@ def descendants_cte(start: str, kinds: Collection[str] = EDGE_KINDS,
     return select(walk.c.id) if max_depth is None else select(walk.c.id).distinct()
 
 
-def _edge_walk(start: str, kinds: Collection[str], max_depth: int | None, *, down: bool) -> Select[Any]:
+def _edge_walk(start: str, kinds: Collection[str], max_depth: int | None, *, down: bool,
+               repeat: bool = False) -> Select[Any]:
     """Rows (from, to, position) of every edge of ``kinds`` on a walk from ``start`` (``down``: to
     parents) through at most ``max_depth`` edges; rows (from, to) walking up to children, whose
     order needs no position (siblings go by id), so each step reads nothing but the covering
     ``ix_edges_parent_walk``. A commit reached through several edges is expanded once per edge;
-    UNION drops the repeated rows that makes."""
+    UNION drops the repeated rows that makes. With ``repeat`` (``max_depth`` None only) the walk
+    is a UNION ALL: an edge comes once per path from ``start`` to it, so where paths reconverge
+    (merges) the rows above repeat, and multiply with every further reconvergence."""
     src, dst = (Edge.child_id, Edge.parent_id) if down else (Edge.parent_id, Edge.child_id)
     cols: list[Any] = [src, dst, Edge.position] if down else [src, dst]
     depth = [literal(1).label("depth")] if max_depth is not None else []
@@ -94,7 +98,7 @@ def _edge_walk(start: str, kinds: Collection[str], max_depth: int | None, *, dow
     step = select(*cols, *more).join(walk, src == walk.c[dst.key]).where(*_kind_filter(kinds))
     if max_depth is not None:
         step = step.where(walk.c.depth < max_depth)
-    walk = walk.union(step)
+    walk = walk.union_all(step) if repeat and max_depth is None else walk.union(step)
     rows = select(*[walk.c[c.key] for c in cols])
     return rows if max_depth is None else rows.distinct()
 
@@ -102,9 +106,7 @@ def _edge_walk(start: str, kinds: Collection[str], max_depth: int | None, *, dow
 def _nearest_first(session: Session, start: str, kinds: Collection[str], max_depth: int | None,
                    *, down: bool) -> list[str]:
     """The commits reachable from ``start`` (itself excluded) in breadth-first order (see ``ancestor_ids``)."""
-    # Core rows fetched at once (no ORM identity work, no row-by-row fetch): a 10,000-commit
-    # history is 10,000 rows.
-    rows = session.connection().execute(_edge_walk(start, kinds, max_depth, down=down)).all()
+    rows = _walk_edges(session, start, kinds, max_depth, down=down)
     if not rows:
         return []
     srcs, dsts, *_ = zip(*rows, strict=True)
@@ -139,6 +141,25 @@ def _nearest_first(session: Session, start: str, kinds: Collection[str], max_dep
                 seen.add(only)
                 order.append(only)
     return order[1:]
+
+
+def _walk_edges(session: Session, start: str, kinds: Collection[str], max_depth: int | None,
+                *, down: bool) -> Sequence[Any]:
+    """The rows of ``_edge_walk``, each edge at least once (maybe more: callers skip repeats).
+
+    SQLite's UNION keeps every row in a B-tree of both 64-character ids, about a third of what
+    a walk up to the children costs (PostgreSQL's hash table costs little). So on SQLite an
+    unbounded walk up goes as a UNION ALL, capped at as many rows as the repository has
+    edges: no walk without repeats has more. A walk that reaches the cap (merges on top of
+    merges, where paths multiply) is abandoned for the UNION walk; at worst the cap's rows
+    were read for nothing. Rows are Core rows, fetched at once (no ORM identity work)."""
+    conn = session.connection()
+    if not down and max_depth is None and conn.dialect.name == "sqlite":
+        cap = session.scalar(select(func.count()).select_from(Edge)) or 0
+        rows = conn.execute(_edge_walk(start, kinds, None, down=False, repeat=True).limit(cap + 1)).all()
+        if len(rows) <= cap:
+            return rows
+    return conn.execute(_edge_walk(start, kinds, max_depth, down=down)).all()
 
 
 def _line_of_parents(session: Session, start: str, kinds: Collection[str], max_depth: int | None) -> list[str] | None:

@@ -140,6 +140,17 @@ def test_ancestors_along_one_line(hand: Hand) -> None:
     assert hand.labels(queries.ancestors(hand.repo, hand["r3"])) == ["r2", "r1", "r0"]
 
 
+def test_first_parent_recorded_with_each_commit(hand: Hand) -> None:
+    """``commits.first_parent_id`` is the parent of the ``parent`` edge at position 0: none for
+    roots and for commits whose only parent is a transfer source."""
+    with hand.repo._sessions() as s:
+        stored = dict(s.execute(select(Commit.id, Commit.first_parent_id)).all())
+        first = select(Edge.child_id, Edge.parent_id).where(Edge.kind == "parent", Edge.position == 0)
+        edges = dict(s.execute(first).all())
+    assert stored == {c: edges.get(c) for c in stored}
+    assert stored[hand["m"]] == hand["r3"] and stored[hand["r0"]] is None and stored[hand["t1"]] is None
+
+
 def _levels(found: list[str], *levels: set[str]) -> bool:
     """``found`` is ``levels`` one after the other, each in some order (nearest first)."""
     i = 0
@@ -377,6 +388,49 @@ def _dist_up(start: str, children: dict[str, set[str]]) -> dict[str, int]:
     return dist
 
 
+def _bfs_up(start: str, children: dict[str, set[str]]) -> list[str]:
+    """The descendants of ``start`` breadth-first, each commit's children by id (``start`` excluded)."""
+    order, seen = [start], {start}
+    for node in order:
+        for c in sorted(children[node]):
+            if c not in seen:
+                seen.add(c)
+                order.append(c)
+    return order[1:]
+
+
+def test_descendants_where_paths_multiply(tmp_path: Path, db_url: str) -> None:
+    """Twelve diamonds in a row: 4,096 paths from the root to the top, more walk rows than the
+    repository has edges, so the capped walk without duplicate check (SQLite) gives up and the
+    exact walk answers; the answer is the same everywhere."""
+    ids = [f"{i:064x}" for i in range(1, 38)]
+    parents: dict[str, list[tuple[str, str]]] = {ids[0]: []}
+    for k in range(12):
+        low, left, right, top = ids[3 * k : 3 * k + 4]
+        parents[left] = [(low, "parent")]
+        parents[right] = [(low, "parent")]
+        parents[top] = [(left, "parent"), (right, "merge")]
+    gen: dict[str, int] = {}
+    for cid in ids:
+        gen[cid] = 1 + max((gen[p] for p, _ in parents[cid]), default=0)
+    children: dict[str, set[str]] = {c: set() for c in ids}
+    for child, ps in parents.items():
+        for p, _ in ps:
+            children[p].add(child)
+    with ckptrepo.Repo.init(tmp_path / "diamonds", db_url=db_url) as repo:
+        with write_connection(repo._engine) as conn:
+            conn.execute(insert(Commit), [{"id": c, "created_at": T0 + timedelta(seconds=i), "generation": gen[c],
+                                           "skeleton": {}} for i, c in enumerate(ids)])
+            conn.execute(insert(Edge), [{"child_id": c, "parent_id": p, "kind": k, "position": j}
+                                        for c, ps in parents.items() for j, (p, k) in enumerate(ps)])
+        with repo._sessions() as s:
+            repeated = s.connection().execute(graph._edge_walk(ids[0], graph.EDGE_KINDS, None, down=False,
+                                                               repeat=True)).all()
+            assert len(repeated) > s.scalar(select(func.count()).select_from(Edge))
+        for start in (ids[0], ids[17], ids[-2]):
+            assert queries.descendants(repo, start) == _bfs_up(start, children)
+
+
 @pytest.mark.parametrize("kinds", [graph.EDGE_KINDS, ("merge", "parent")])
 def test_random_dags_match_brute_force(tmp_path: Path, db_url: str, kinds: tuple[str, ...]) -> None:
     with ckptrepo.Repo.init(tmp_path / "rand", db_url=db_url) as repo:
@@ -413,6 +467,7 @@ def test_random_dags_match_brute_force(tmp_path: Path, db_url: str, kinds: tuple
                 assert set(found) == set(da) - {a} and [da[x] for x in found] == sorted(da[x] for x in found)
                 assert graph.ancestor_ids(s, a, kinds, 3) == [x for x in found if da[x] <= 3]
                 dd = _dist_up(b, children)
+                assert graph.descendant_ids(s, b, kinds) == _bfs_up(b, children)
                 found = graph.descendant_ids(s, b, kinds, 4)
                 assert set(found) == {x for x, d in dd.items() if 0 < d <= 4}
                 assert [dd[x] for x in found] == sorted(dd[x] for x in found)

@@ -22,13 +22,14 @@ from ckptrepo.db.engine import (
     insert_ignore,
     make_engine,
     session_factory,
+    write_connection,
     write_transaction,
 )
-from ckptrepo.db.models import Base, Chunk, Pack, RepoMeta
+from ckptrepo.db.models import Base, Chunk, Commit, Pack, RepoMeta
 from ckptrepo.errors import FormatError, RepositoryExists, SchemaOutdated, SchemaTooNew, UsageError
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
-HEAD = "0003"  # the newest migration this code ships
+HEAD = "0004"  # the newest migration this code ships
 
 # A later schema as a future ckptrepo would ship it. Rebuilding ``packs`` (recreate on
 # SQLite), which ``chunks`` references, exercises the foreign-key handling of migrations.
@@ -291,3 +292,42 @@ def test_datetimes_are_stored_in_utc(engine: Engine) -> None:
         assert s.scalar(select(func.count()).where(Pack.created_at < NOW + timedelta(seconds=1))) == 1
     with pytest.raises(sqlalchemy.exc.StatementError, match="naive datetime"), write_transaction(sf) as s:
         s.add(Pack(**{**_pack("0" * 64), "created_at": datetime(2026, 1, 1)}))
+
+
+def test_first_parent_migration_fills_existing_commits(db_url: str) -> None:
+    """0004 copies each commit's first parent (its ``parent`` edge at position 0) from ``edges``;
+    roots, and parents only through merge or transfer edges, leave it NULL."""
+    eng = make_engine(db_url)
+    try:
+        migrate.upgrade(eng, "0003")
+        commits = sqlalchemy.table("commits", *[sqlalchemy.column(c) for c in (
+            "id", "message", "created_at", "author", "host", "generation", "skeleton", "n_tensors", "logical_bytes",
+            "new_bytes", "stored_bytes", "stall_s", "wait_s", "persist_s", "nonfinite")])
+        edges = sqlalchemy.table("edges", *map(sqlalchemy.column, ("child_id", "parent_id", "kind", "position")))
+        ids = [c * 64 for c in "abcde"]
+        zero = dict.fromkeys(("n_tensors", "logical_bytes", "new_bytes", "stored_bytes", "nonfinite"), 0)
+        rows = [{"id": cid, "message": "", "created_at": NOW, "author": "", "host": "", "generation": g,
+                 "skeleton": "{}", **zero, "stall_s": 0.0, "wait_s": 0.0, "persist_s": 0.0}
+                for cid, g in zip(ids, (1, 2, 2, 3, 3), strict=True)]
+        a, b, c, d, e = ids
+        with write_connection(eng) as conn:
+            conn.execute(sqlalchemy.insert(commits), rows)
+            conn.execute(sqlalchemy.insert(edges), [
+                {"child_id": b, "parent_id": a, "kind": "parent", "position": 0},
+                {"child_id": c, "parent_id": a, "kind": "transfer", "position": 0},
+                {"child_id": d, "parent_id": b, "kind": "parent", "position": 0},
+                {"child_id": d, "parent_id": c, "kind": "merge", "position": 1},
+                {"child_id": e, "parent_id": c, "kind": "parent", "position": 0},
+                {"child_id": e, "parent_id": a, "kind": "transfer", "position": 1},
+            ])
+        migrate.upgrade(eng)
+        with session_factory(eng)() as s:
+            got = dict(s.execute(select(Commit.id, Commit.first_parent_id)).all())
+        assert got == {a: None, b: a, c: None, d: b, e: c}
+        columns = [col["name"] for col in inspect(eng).get_columns("commits")]
+        if eng.dialect.name == "sqlite":
+            assert columns.index("first_parent_id") == columns.index("generation") + 1
+        migrate.downgrade(eng, "0003")
+        assert "first_parent_id" not in [col["name"] for col in inspect(eng).get_columns("commits")]
+    finally:
+        eng.dispose()
