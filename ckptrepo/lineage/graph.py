@@ -28,6 +28,7 @@ from typing import Any
 from sqlalchemy import CTE, ColumnElement, Select, func, literal, select
 from sqlalchemy.orm import Session, aliased
 
+from ckptrepo.db.engine import fetch_tuples
 from ckptrepo.db.models import Commit, Edge
 from ckptrepo.errors import UsageError
 
@@ -152,14 +153,14 @@ def _walk_edges(session: Session, start: str, kinds: Collection[str], max_depth:
     unbounded walk up goes as a UNION ALL, capped at as many rows as the repository has
     edges: no walk without repeats has more. A walk that reaches the cap (merges on top of
     merges, where paths multiply) is abandoned for the UNION walk; at worst the cap's rows
-    were read for nothing. Rows are Core rows, fetched at once (no ORM identity work)."""
+    were read for nothing. Rows are the driver's tuples, fetched at once (``fetch_tuples``)."""
     conn = session.connection()
     if not down and max_depth is None and conn.dialect.name == "sqlite":
         cap = session.scalar(select(func.count()).select_from(Edge)) or 0
-        rows = conn.execute(_edge_walk(start, kinds, None, down=False, repeat=True).limit(cap + 1)).all()
+        rows = fetch_tuples(conn, _edge_walk(start, kinds, None, down=False, repeat=True).limit(cap + 1))
         if len(rows) <= cap:
             return rows
-    return conn.execute(_edge_walk(start, kinds, max_depth, down=down)).all()
+    return fetch_tuples(conn, _edge_walk(start, kinds, max_depth, down=down))
 
 
 def _line_of_parents(session: Session, start: str, kinds: Collection[str], max_depth: int | None) -> list[str] | None:
@@ -182,7 +183,7 @@ def _line_of_parents(session: Session, start: str, kinds: Collection[str], max_d
     if max_depth is not None:
         step = step.where(line.c.depth < max_depth)
     line = line.union_all(step)
-    rows = sorted(session.connection().execute(select(line.c.parent_id, line.c.depth).limit(limit)).all(),
+    rows = sorted(fetch_tuples(session.connection(), select(line.c.parent_id, line.c.depth).limit(limit)),
                   key=itemgetter(1))
     if len(rows) >= limit or (rows and rows[-1][1] != len(rows)):
         return None  # cut short by the limit, or branched (a depth seen twice)
