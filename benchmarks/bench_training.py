@@ -31,7 +31,8 @@ the segment's other steps): robust to load from other processes, but blind to a 
 that lasts the whole segment (e.g. while a repository's idle threads exist), which only the
 wall column shows.
 
-    python benchmarks/bench_training.py [--steps 100] [--rounds 3] [--quick] [--nice] [--dir PATH]
+    python benchmarks/bench_training.py [--steps 100] [--rounds 3] [--quick] [--nice] [--normal-priority]
+        [--no-compression] [--dir PATH]
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ class Config:
     kind: str = "none"  # none | save | ckpt
     workers: int | None = None  # CKPT_WORKERS for ckpt (None: default)
     nice: bool = False
+    init: dict[str, Any] = field(default_factory=dict)  # Repo.init settings (default: the defaults)
 
 
 @dataclass
@@ -150,7 +152,7 @@ def open_repo(where: Path, cfg: Config, trainer: Trainer) -> ckptrepo.Repo:
     if cfg.workers is not None:
         os.environ["CKPT_WORKERS"] = str(cfg.workers)
     try:
-        repo = ckptrepo.Repo.init(where)  # CKPT_WORKERS is read here
+        repo = ckptrepo.Repo.init(where, **cfg.init)  # CKPT_WORKERS is read here
     finally:
         if saved is None:
             os.environ.pop("CKPT_WORKERS", None)
@@ -233,6 +235,11 @@ def configs(args: argparse.Namespace) -> list[Config]:
         out.extend(Config(f"ckptrepo k={k} workers=1", k, "ckpt", workers=1) for k in (10, 50))
     if args.nice:
         out.extend(Config(f"ckptrepo k={k} nice19", k, "ckpt", nice=True) for k in (10, 50))
+    if args.normal_priority:
+        out.extend(Config(f"ckptrepo k={k} normal-priority", k, "ckpt", init={"background_priority": "normal"})
+                   for k in KS)
+    if args.no_compression:
+        out.extend(Config(f"ckptrepo k={k} no-compression", k, "ckpt", init={"compression": False}) for k in KS)
     return out
 
 
@@ -248,6 +255,10 @@ def main() -> None:
                     help="... or when they wrote more than this many MiB/s to disk (default 20)")
     ap.add_argument("--retries", type=int, default=2, help="at most this many re-runs per segment (default 2)")
     ap.add_argument("--nice", action="store_true", help="also k=10/50 with ckptrepo's threads at nice 19")
+    ap.add_argument("--normal-priority", action="store_true",
+                    help="also every k with background_priority='normal' (phase 2 threads not in SCHED_IDLE)")
+    ap.add_argument("--no-compression", action="store_true",
+                    help="also every k with a repository made with compression=False (hash, dedup, raw chunks)")
     ap.add_argument("--d-model", type=int, default=320)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=8192)

@@ -9,11 +9,12 @@ database's write lock and on the branch compare-and-swap.
 
 from __future__ import annotations
 
+import functools
 import shutil
 import socket
 import time
 from collections.abc import Collection, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
@@ -49,7 +50,7 @@ from ckptrepo.errors import (
     UsageError,
 )
 from ckptrepo.ids import hash_json, short
-from ckptrepo.ingest import request
+from ckptrepo.ingest import priority, request
 from ckptrepo.ingest.basecache import DEFAULT_BUDGET, BaseCache
 from ckptrepo.ingest.bases import delta_plan
 from ckptrepo.ingest.committer import Committer
@@ -90,8 +91,10 @@ class Repo:
         check_schema: bool = True,
         max_inflight: int | None = None,
         staging_budget: int | None = None,
+        background_priority: str | None = None,
     ) -> None:
         self.repo_dir = repo_dir
+        self.background_priority = priority.resolve(background_priority)
         self.config = config
         self._engine = make_engine(database_url(config.db_url, repo_dir))
         if check_schema:
@@ -105,11 +108,17 @@ class Repo:
         self._reader = ChunkReader(self._backend, self._locate_chunks)
         self._base_cache = BaseCache(env_int("DELTA_CACHE", DEFAULT_BUDGET))
         self._pool = ThreadPoolExecutor(max_workers=default_workers(), thread_name_prefix="ckpt")
+        lower = functools.partial(priority.lower_this_thread, self.background_priority)
+        # Threads only asynchronous commits use (they may be lowered for good, see ingest.priority).
+        self._background_pool = (
+            self._pool if self.background_priority == "normal"
+            else ThreadPoolExecutor(max_workers=default_workers(), thread_name_prefix="ckpt-bg", initializer=lower)
+        )
         self._staging = StagingPool(
             max_inflight if max_inflight is not None else env_int("MAX_INFLIGHT", 1),
             staging_budget if staging_budget is not None else (env_int("STAGING_BUDGET", 0) or None),
         )
-        self._committer = Committer()
+        self._committer = Committer(initializer=lower)
         self._closed = False
 
     # -- opening ---------------------------------------------------------------------------
@@ -129,6 +138,7 @@ class Repo:
         pack_target: int | None = None,
         max_inflight: int | None = None,
         staging_budget: int | None = None,
+        background_priority: str | None = None,
     ) -> Repo:
         """Create a repository in ``PATH/.ckpt`` (or at ``path`` if it is named ``.ckpt``).
 
@@ -167,28 +177,36 @@ class Repo:
             if created:
                 shutil.rmtree(repo_dir, ignore_errors=True)
             raise
-        return cls(repo_dir, config, max_inflight=max_inflight, staging_budget=staging_budget)
+        return cls(repo_dir, config, max_inflight=max_inflight, staging_budget=staging_budget,
+                   background_priority=background_priority)
 
     @classmethod
     def open(
-        cls, path: str | Path = ".", *, max_inflight: int | None = None, staging_budget: int | None = None
+        cls, path: str | Path = ".", *, max_inflight: int | None = None, staging_budget: int | None = None,
+        background_priority: str | None = None,
     ) -> Repo:
         """Open the repository at ``path`` (the folder holding ``.ckpt``, or ``.ckpt`` itself).
 
         ``max_inflight`` (default 1, env ``CKPT_MAX_INFLIGHT``) bounds commits staged but not
         yet durable; ``staging_budget`` (bytes, default unbounded, env ``CKPT_STAGING_BUDGET``)
         bounds their staged bytes. ``commit()`` waits when either is used up.
+        ``background_priority`` (``idle``, the default, or ``normal``; env
+        ``CKPT_BACKGROUND_PRIORITY``) is the CPU priority of asynchronous commits' phase 2
+        (see ``ckptrepo.ingest.priority``).
         """
         repo_dir = find_repo(path, search_parents=False)
-        return cls(repo_dir, RepoConfig.load(repo_dir), max_inflight=max_inflight, staging_budget=staging_budget)
+        return cls(repo_dir, RepoConfig.load(repo_dir), max_inflight=max_inflight, staging_budget=staging_budget,
+                   background_priority=background_priority)
 
     @classmethod
     def discover(
-        cls, start: str | Path = ".", *, max_inflight: int | None = None, staging_budget: int | None = None
+        cls, start: str | Path = ".", *, max_inflight: int | None = None, staging_budget: int | None = None,
+        background_priority: str | None = None,
     ) -> Repo:
         """Open the nearest repository at or above ``start``, like git."""
         repo_dir = find_repo(start, search_parents=True)
-        return cls(repo_dir, RepoConfig.load(repo_dir), max_inflight=max_inflight, staging_budget=staging_budget)
+        return cls(repo_dir, RepoConfig.load(repo_dir), max_inflight=max_inflight, staging_budget=staging_budget,
+                   background_priority=background_priority)
 
     def __enter__(self) -> Repo:
         return self
@@ -207,6 +225,7 @@ class Repo:
         self._staging.clear()
         self._base_cache.clear()
         self._pool.shutdown(wait=True)
+        self._background_pool.shutdown(wait=True)
         self._backend.close()
         self._engine.dispose()
 
@@ -287,15 +306,24 @@ class Repo:
             staged_at=staged_at,
         )
         release = (lambda: self._staging.release(slot)) if slot is not None else None
-        future = self._committer.submit(lambda: self._persist(request), finally_=release)
-        handle = CommitHandle(future, staged=True, on_failure_seen=self._committer.acknowledge)
         if blocking:
-            handle.wait()
-        return handle
+            # In call order after the pending background commits, but on this thread and the
+            # normal-priority pool: the caller waits for it.
+            self._committer.drain()
+            done: Future[t.Commit] = Future()
+            try:
+                done.set_result(self._persist(request, self._pool))
+            finally:
+                if release is not None:
+                    release()
+            return CommitHandle(done, staged=True)
+        future = self._committer.submit(lambda: self._persist(request, self._background_pool), finally_=release)
+        return CommitHandle(future, staged=True, on_failure_seen=self._committer.acknowledge)
 
-    def _persist(self, req: CommitRequest) -> t.Commit:
-        """Phase 2 (background thread): packs durable first, then one transaction makes the
-        commit visible. On any failure nothing of this commit is visible."""
+    def _persist(self, req: CommitRequest, pool: ThreadPoolExecutor) -> t.Commit:
+        """Phase 2 (the background thread, or the caller's for a blocking commit; ``pool`` for
+        hashing and encoding): packs durable first, then one transaction makes the commit
+        visible. On any failure nothing of this commit is visible."""
         with self._sessions() as s:
             head = _branch_head(s, req.branch)
             parent_ids = [revparse.resolve(s, p) for p in req.parents] if req.parents else []
@@ -323,7 +351,7 @@ class Repo:
 
         # Write-ordering step 1: ingest returns only after every new pack is durable in the store.
         sink = PackSink(self._backend, self.config.pack_target)
-        result = ingest(req.tensors, sink, known, self._pool, opts, likely, plan)
+        result = ingest(req.tensors, sink, known, pool, opts, likely, plan)
         edges = [catalog.EdgeRow(pid, "parent" if i == 0 else "merge", i) for i, pid in enumerate(parent_ids)]
         entries = {r.name: r.tensor_id for r in result.tensors}
         if transfer is not None and transfer[0] not in parent_ids:

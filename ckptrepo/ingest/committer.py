@@ -41,8 +41,8 @@ except (AttributeError, RuntimeError):  # pragma: no cover - other Pythons
 class Committer:
     """Runs commit jobs one at a time on a background thread, first in, first out."""
 
-    def __init__(self, name: str = "ckpt-commit") -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+    def __init__(self, name: str = "ckpt-commit", *, initializer: Callable[[], None] | None = None) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name, initializer=initializer)
         self._pending: set[Future[Any]] = set()
         self._lock = threading.Lock()
         self._failure: BaseException | None = None
