@@ -114,12 +114,15 @@ class _Plan:
         dead_bytes_in_pack: Counter[str] = Counter()
         for r in rows:
             dead_bytes_in_pack[r[1]] += int(r[2])
+        # Packs before their chunk counts: a pack a concurrent commit adds in between (where the
+        # database does not serialize writers) is then not a candidate, rather than one that
+        # looks empty.
+        sizes = {str(r[0]): int(r[1]) for r in s.execute(select(Pack.id, Pack.size))}
         per_pack = select(Chunk.pack_id, func.count()).group_by(Chunk.pack_id)
         rows_in_pack = {str(r[0]): int(r[1]) for r in s.execute(per_pack)}
-        sizes = {str(r[0]): int(r[1]) for r in s.execute(select(Pack.id, Pack.size))}
         self.packs: list[str] = sorted(p for p in sizes if rows_in_pack.get(p, 0) == dead_in_pack.get(p, 0))
-        self.pack_bytes = sum(int(sizes[p]) for p in self.packs)
-        partly = [p for p in dead_in_pack if p not in set(self.packs)]
+        gone = set(self.packs)
+        partly = [p for p in dead_in_pack if p not in gone]
         self.partial_packs = len(partly)
         self.dead_bytes_in_partial_packs = sum(dead_bytes_in_pack[p] for p in partly)
 
