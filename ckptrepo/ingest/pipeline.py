@@ -217,7 +217,7 @@ class _Ingest:
             self.delta.cache.rotate()
         return result
 
-    def _base(self, tensor: int, seq: int, length: int) -> tuple[ChunkLocation, int, bytes] | None:
+    def _base(self, tensor: int, seq: int, length: int) -> tuple[ChunkLocation, int, bytes | memoryview] | None:
         """The delta base of a chunk, the new chunk's depth and the base's decoded bytes, or
         None (no base, chain full, or the base cannot be read)."""
         plan, base = self.delta, self.bases[tensor]
@@ -232,15 +232,15 @@ class _Ingest:
             if root is None:
                 return None
             loc = root
-        data = plan.cache.get(loc.chunk_id)
-        if data is None:
-            buf = bytearray(length)
-            try:
-                plan.reader.read_into(loc, memoryview(buf), plan.chain, verify=False)
-            except CkptError as exc:  # a damaged base only costs this chunk its delta
-                log.warning("delta base %s unreadable, storing standalone: %s", loc.chunk_id[:12], exc)
-                return None
-            data = bytes(buf)
+        cached = plan.cache.get(loc.chunk_id)
+        if cached is not None:
+            return loc, depth, cached
+        data = memoryview(bytearray(length))  # this chunk's own: no copy into bytes
+        try:
+            plan.reader.read_into(loc, data, plan.chain, verify=False)
+        except CkptError as exc:  # a damaged base only costs this chunk its delta
+            log.warning("delta base %s unreadable, storing standalone: %s", loc.chunk_id[:12], exc)
+            return None
         return loc, depth, data
 
     def _process(self, tensor: int, seq: int, raw: memoryview, dtype: torch.dtype) -> _Done:
