@@ -52,6 +52,16 @@ def _restores(repo: ckptrepo.Repo, expected: dict[str, dict[str, torch.Tensor]])
     assert report.ok and not report.warnings, report.to_json()
 
 
+def _abandoned_branch(repo: ckptrepo.Repo, s0: dict[str, torch.Tensor], s1: dict[str, torch.Tensor]) -> str:
+    """Commit ``s0`` on main and ``s1`` on a branch ``exp`` from it, then delete ``exp``:
+    its commit is garbage. Returns main's commit id."""
+    a = repo.commit(s0, step=1, blocking=True).wait()
+    repo.branch("exp", at=a.id)
+    repo.commit(s1, branch="exp", step=2, blocking=True).wait()
+    repo.delete_branch("exp", force=True)
+    return a.id
+
+
 def test_deleting_a_branch_with_unique_commits_needs_force(repo: ckptrepo.Repo) -> None:
     a = repo.commit(_state(0), step=1, blocking=True).wait()
     repo.branch("exp", at=a.id)
@@ -161,10 +171,7 @@ def test_unreferenced_packs_and_temporary_files_go_after_the_grace_period(repo: 
 
 
 def test_a_young_pack_whose_commit_went_stays_until_a_later_gc(repo: ckptrepo.Repo) -> None:
-    a = repo.commit(_state(0), step=1, blocking=True).wait()
-    repo.branch("exp", at=a.id)
-    repo.commit(_state(1), branch="exp", step=2, blocking=True).wait()
-    repo.delete_branch("exp", force=True)
+    a = _abandoned_branch(repo, _state(0), _state(1))
     packs = _packs(repo)
     first = repo.gc(grace=3600)
     assert first.commits_removed == 1 and first.packs_removed == 0 and first.young_objects_kept == 1
@@ -172,14 +179,11 @@ def test_a_young_pack_whose_commit_went_stays_until_a_later_gc(repo: ckptrepo.Re
     assert [w.kind for w in repo.verify().warnings] == ["unreferenced_pack"]  # reported meanwhile
     second = repo.gc(grace=0)
     assert second.unreferenced_packs_removed == 1 and len(_packs(repo)) == len(packs) - 1
-    _restores(repo, {a.id: _state(0)})
+    _restores(repo, {a: _state(0)})
 
 
 def test_a_gc_interrupted_after_its_transaction_leaves_only_unreferenced_packs(repo: ckptrepo.Repo) -> None:
-    a = repo.commit(_state(0), step=1, blocking=True).wait()
-    repo.branch("exp", at=a.id)
-    repo.commit(_state(1), branch="exp", step=2, blocking=True).wait()
-    repo.delete_branch("exp", force=True)
+    a = _abandoned_branch(repo, _state(0), _state(1))
     packs = _packs(repo)
     with faults.inject("gc.after_commit"), pytest.raises(faults.InjectedFault):
         repo.gc(grace=0)
@@ -187,17 +191,14 @@ def test_a_gc_interrupted_after_its_transaction_leaves_only_unreferenced_packs(r
     report = repo.verify()
     assert report.ok and [w.kind for w in report.warnings] == ["unreferenced_pack"]
     assert repo.gc(grace=0).unreferenced_packs_removed == 1
-    _restores(repo, {a.id: _state(0)})
+    _restores(repo, {a: _state(0)})
 
 
 def test_a_commit_that_deduplicated_against_collected_chunks_fails_cleanly(tmp_path: Path, db_url: str) -> None:
     with ckptrepo.Repo.init(tmp_path / "c", db_url=db_url, chunk_size=CHUNK) as repo, \
             ckptrepo.Repo.open(tmp_path / "c") as other:
         s0, s1 = _state(0), _state(1)
-        a = repo.commit(s0, step=1, blocking=True).wait()
-        repo.branch("exp", at=a.id)
-        repo.commit(s1, branch="exp", step=2, blocking=True).wait()
-        repo.delete_branch("exp", force=True)
+        a = _abandoned_branch(repo, s0, s1)
         original = repo._commit_row
 
         def gc_in_between(*args: Any, **kwargs: Any) -> Any:
@@ -209,9 +210,9 @@ def test_a_commit_that_deduplicated_against_collected_chunks_fails_cleanly(tmp_p
         with pytest.raises(ConcurrentChange, match="commit conflicted with a gc"):
             repo.commit(s1, step=2, blocking=True).wait()
         del repo._commit_row
-        assert [c.id for c in repo.log("main")] == [a.id]
+        assert [c.id for c in repo.log("main")] == [a]
         again = repo.commit(s1, step=2, blocking=True).wait()
-        _restores(repo, {a.id: s0, again.id: s1})
+        _restores(repo, {a: s0, again.id: s1})
 
 
 def test_cli_branch_and_tag_delete_and_gc(tmp_path: Path) -> None:
