@@ -14,7 +14,7 @@ Order (the write-ordering invariant run backwards):
 2. After it commits, the pack objects whose rows went are deleted from the store. A crash
    in between leaves unreferenced packs, which the next run deletes.
 3. Store objects no ``packs`` row names (packs of interrupted or in-flight commits) and
-   temporary files in a local store's staging folder are deleted once older than the
+   temporary files in the store's local staging folder are deleted once older than the
    grace period.
 
 No object younger than ``grace`` seconds is deleted: a commit in flight writes its packs
@@ -34,7 +34,6 @@ import re
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import CTE, delete, func, select
@@ -46,8 +45,7 @@ from ckptrepo.chunks.store import pack_key
 from ckptrepo.db.engine import write_transaction
 from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Metric, Pack, Ref, Tensor, TensorChunk
 from ckptrepo.errors import CkptError, ConcurrentChange, UsageError
-from ckptrepo.storage import Backend, LocalBackend
-from ckptrepo.storage.local import STAGING_NAME
+from ckptrepo.storage import Backend, local_staging
 from ckptrepo.types import GcReport
 
 DEFAULT_GRACE_S = 3600.0
@@ -187,12 +185,10 @@ class _Sweep:
                     self.delete(key)
 
     def staging_files(self) -> tuple[int, int]:
-        """Delete temporary files older than the cutoff from a local store's staging folder."""
-        if not isinstance(self.backend, LocalBackend):
-            return 0, 0
-        staging: Path = self.backend.root / STAGING_NAME
+        """Delete temporary files older than the cutoff from the store's local staging folder."""
+        staging = local_staging(self.backend)
         count = size = 0
-        if not staging.is_dir():
+        if staging is None or not staging.is_dir():
             return 0, 0
         for path in sorted(staging.rglob("*")):
             try:

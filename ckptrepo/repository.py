@@ -163,6 +163,8 @@ class Repo:
         if pack_target is not None:
             config.pack_target = pack_target
         config.validate()
+        # The store first: an unusable one (bad URL, missing bucket) leaves folder and database untouched.
+        open_backend(store_url, repo_dir / "store").close()
         created = not repo_dir.exists()
         repo_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -171,7 +173,6 @@ class Repo:
                 migrate.initialize(engine, {"repo_id": config.repo_id, "format_version": str(config.format_version)})
             finally:
                 engine.dispose()
-            open_backend(store_url, repo_dir / "store").close()
             config.save(repo_dir)
         except BaseException:
             if created:

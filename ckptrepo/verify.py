@@ -12,7 +12,7 @@ What is checked:
   the one recorded, its entries name existing tensors, and each of those tensors has
   ``tensor_chunks`` seq 0..n-1 naming existing chunks whose raw lengths add up to its bytes;
 - the store: an object no ``packs`` row names is an *unreferenced pack*, a file left in a
-  local store's staging folder a *temporary file* (warnings: leftovers of interrupted
+  store's local staging folder a *temporary file* (warnings: leftovers of interrupted
   writes that ``gc`` reclaims; a commit running concurrently shows up there too);
 - with ``full=True``: every chunk of every readable pack is read, decoded and checked
   against its id (BLAKE3), through the repository's ``ChunkReader``.
@@ -44,8 +44,7 @@ from ckptrepo.config import default_workers
 from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Pack, Ref, Tensor, TensorChunk
 from ckptrepo.errors import CkptError
 from ckptrepo.ids import short
-from ckptrepo.storage import Backend, LocalBackend
-from ckptrepo.storage.local import STAGING_NAME
+from ckptrepo.storage import Backend, local_staging
 from ckptrepo.types import Problem, VerifyCounts, VerifyReport
 
 if TYPE_CHECKING:
@@ -299,7 +298,7 @@ class _Run:
             what = "no packs row names it" if pid else "not a pack name"
             self.found["unreferenced_pack"].append(Problem(
                 "unreferenced_pack", key, f"{key}: {what}; gc reclaims it", pack_id=pid, size=size, age_s=age))
-        staging = self.backend.root / STAGING_NAME if isinstance(self.backend, LocalBackend) else None
+        staging = local_staging(self.backend)
         if staging is None or not staging.is_dir():
             return
         for path in sorted(staging.rglob("*")):

@@ -4,11 +4,16 @@ Databases: every test that takes ``db_url`` (or ``engine``) runs once on SQLite 
 on PostgreSQL. The PostgreSQL variant runs when ``CKPT_TEST_POSTGRES_URL`` names a
 server database (CI sets it, e.g. ``postgresql://postgres@127.0.0.1:5432/test``) and is
 skipped otherwise; each test gets a fresh schema there, dropped afterwards.
+
+Object store: ``s3_url`` is an ``s3://`` store URL in a fresh bucket of a real S3-protocol
+server (moto's) that this session starts on loopback, with dummy credentials set in the
+environment for that test only.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,6 +28,14 @@ from ckptrepo.db import migrate
 from ckptrepo.db.engine import database_url, make_engine
 
 POSTGRES_ENV = "CKPT_TEST_POSTGRES_URL"
+S3_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "ckpt-test",
+    "AWS_SECRET_ACCESS_KEY": "ckpt-test-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_CONFIG_FILE": os.devnull,
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
 
 
 def postgres_base_url() -> str | None:
@@ -84,3 +97,43 @@ def engine(db_url: str) -> Iterator[Engine]:
         yield eng
     finally:
         eng.dispose()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listened on a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """``http://127.0.0.1:PORT`` of an S3-protocol server (moto) running for the whole session."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dummy credentials (and no AWS config files) for this test's boto3 clients."""
+    for name, value in S3_CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+
+
+@pytest.fixture
+def s3_url(s3_endpoint: str, s3_credentials: None) -> str:
+    """``s3://BUCKET/PREFIX?endpoint_url=...`` in a bucket made for this test (empty)."""
+    import boto3
+
+    bucket = f"ckpt-{uuid.uuid4().hex[:20]}"
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
+    return f"s3://{bucket}/repo/store?endpoint_url={s3_endpoint}"

@@ -9,16 +9,17 @@ from urllib.parse import unquote, urlsplit
 
 from ckptrepo.errors import UsageError
 from ckptrepo.storage.base import Backend, check_key
-from ckptrepo.storage.local import LocalBackend
+from ckptrepo.storage.local import STAGING_NAME, LocalBackend
 from ckptrepo.storage.memory import MemoryBackend
+from ckptrepo.storage.s3 import S3Backend
 
-__all__ = ["Backend", "LocalBackend", "MemoryBackend", "check_key", "open_backend"]
+__all__ = ["Backend", "LocalBackend", "MemoryBackend", "S3Backend", "check_key", "local_staging", "open_backend"]
 
 _memory_lock = threading.Lock()
 _memory_stores: dict[str, MemoryBackend] = {}
 
 
-def _open_file(url: str) -> Backend:
+def _open_file(url: str, default_root: Path) -> Backend:
     parts = urlsplit(url)
     if parts.netloc not in ("", "localhost"):
         raise UsageError(f"store URL {url!r} names host {parts.netloc!r}; file:// URLs are local")
@@ -28,7 +29,7 @@ def _open_file(url: str) -> Backend:
     return LocalBackend(Path(path))
 
 
-def _open_memory(url: str) -> Backend:
+def _open_memory(url: str, default_root: Path) -> Backend:
     name = url[len("memory://") :]
     with _memory_lock:
         store = _memory_stores.get(name)
@@ -37,11 +38,35 @@ def _open_memory(url: str) -> Backend:
         return store
 
 
-# Scheme -> opener. The S3-compatible object store registers "s3" here.
-_OPENERS: dict[str, Callable[[str], Backend]] = {
+def _open_s3(url: str, default_root: Path) -> Backend:
+    store = S3Backend.from_url(url, staging=default_root / STAGING_NAME)
+    try:
+        store.check()
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+# Scheme -> opener(url, default_root).
+_OPENERS: dict[str, Callable[[str, Path], Backend]] = {
     "file": _open_file,
     "memory": _open_memory,
+    "s3": _open_s3,
 }
+
+
+def local_staging(backend: Backend) -> Path | None:
+    """Where ``backend`` keeps files being written, without creating the folder.
+
+    None for a store whose staging folder is private to the process (memory, or an
+    S3Backend made without one). gc and verify look there for leftovers of interrupted writes.
+    """
+    if isinstance(backend, LocalBackend):
+        return backend.root / STAGING_NAME
+    if isinstance(backend, S3Backend):
+        return backend.shared_staging
+    return None
 
 
 def open_backend(url: str | None, default_root: Path) -> Backend:
@@ -50,7 +75,10 @@ def open_backend(url: str | None, default_root: Path) -> Backend:
     None means the local store at ``default_root``; a plain path (relative paths are taken
     from the current directory) or ``file://`` URL a LocalBackend there; ``memory://NAME``
     the process-wide in-memory store of that name (every open of the same name returns the
-    same instance). Any other scheme raises UsageError naming the supported ones.
+    same instance); ``s3://BUCKET[/PREFIX][?endpoint_url=...&region=...]`` an S3Backend
+    staging at ``default_root/.staging`` (the local store's staging folder), after one
+    request that checks bucket, credentials and endpoint (StorageError with a hint
+    otherwise). Any other scheme raises UsageError naming the supported ones.
     """
     if url is None:
         return LocalBackend(default_root)
@@ -64,6 +92,6 @@ def open_backend(url: str | None, default_root: Path) -> Backend:
         supported = ", ".join(f"{name}://" for name in sorted(_OPENERS))
         raise UsageError(
             f"unsupported store URL {url!r}: supported are {supported} and plain paths",
-            hint="Give a path, file:///absolute/path or memory://name.",
+            hint="Give a path, file:///absolute/path, s3://bucket/prefix or memory://name.",
         )
-    return opener(url)
+    return opener(url, default_root)

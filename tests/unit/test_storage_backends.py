@@ -9,21 +9,26 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
+import boto3
 import numpy as np
 import pytest
 
 from ckptrepo.errors import StorageError, UsageError
-from ckptrepo.storage import Backend, LocalBackend, MemoryBackend, open_backend
+from ckptrepo.storage import Backend, LocalBackend, MemoryBackend, S3Backend, local_staging, open_backend
+from ckptrepo.storage import s3 as s3_module
 
 BAD_KEYS = ["", "/abs/key", "a//b", "a/", "../up", "a/../b", "a/./b", ".staging/x", "a\\b", "nul\x00"]
 
 
-@pytest.fixture(params=["local", "memory", "file-url", "memory-url"])
+@pytest.fixture(params=["local", "memory", "file-url", "memory-url", "s3"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     kind = request.param
-    if kind == "local":
-        store: Backend = LocalBackend(tmp_path / "store")
+    if kind == "s3":
+        store: Backend = open_backend(request.getfixturevalue("s3_url"), tmp_path / "repo-store")
+    elif kind == "local":
+        store = LocalBackend(tmp_path / "store")
     elif kind == "memory":
         store = MemoryBackend()
     elif kind == "file-url":
@@ -305,6 +310,65 @@ def test_local_reader_survives_concurrent_eviction(tmp_path: Path) -> None:
     assert failures == []
 
 
+# --- S3Backend specifics --------------------------------------------------------------
+
+
+def _raw_s3(store: S3Backend) -> Any:
+    return boto3.client("s3", endpoint_url=store.endpoint_url)
+
+
+def test_s3_keys_live_under_the_prefix_and_staging_is_local(tmp_path: Path, s3_url: str) -> None:
+    store = open_backend(s3_url, tmp_path / "repo" / "store")
+    assert isinstance(store, S3Backend)
+    assert store.url == s3_url
+    assert store.staging_dir() == tmp_path / "repo" / "store" / ".staging"
+    assert local_staging(store) == store.staging_dir()
+    store.put_bytes("packs/ab/abc.pack", b"payload")
+    raw = _raw_s3(store).list_objects_v2(Bucket=store.bucket)
+    assert [item["Key"] for item in raw["Contents"]] == ["repo/store/packs/ab/abc.pack"]
+    unprefixed = S3Backend(store.bucket, endpoint_url=store.endpoint_url)
+    assert list(unprefixed.list()) == ["repo/store/packs/ab/abc.pack"]
+    assert unprefixed.url == f"s3://{store.bucket}?endpoint_url={store.endpoint_url}"
+    assert local_staging(unprefixed) is None
+    private = unprefixed.staging_dir()
+    assert private.is_dir() and not private.is_relative_to(tmp_path)
+
+
+def test_s3_list_skips_foreign_object_names(tmp_path: Path, s3_url: str) -> None:
+    store = open_backend(s3_url, tmp_path)
+    assert isinstance(store, S3Backend)
+    store.put_bytes("packs/ok.pack", b"x")
+    for foreign in ("repo/store/packs/.hidden", "repo/store/a//b", "repo/storex/packs/p"):
+        _raw_s3(store).put_object(Bucket=store.bucket, Key=foreign, Body=b"y")
+    assert list(store.list()) == ["packs/ok.pack"]
+
+
+def test_s3_large_file_goes_up_in_parts(
+    tmp_path: Path, s3_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(s3_module, "_TRANSFER", s3_module.TransferConfig(
+        multipart_threshold=5 << 20, multipart_chunksize=5 << 20, max_concurrency=2))
+    store = open_backend(s3_url, tmp_path)
+    data = os.urandom((12 << 20) + 123)
+    store.put_file("packs/big.pack", staged(store, data))
+    assert store.size("packs/big.pack") == len(data)
+    assert store.get_range("packs/big.pack", (5 << 20) - 7, 20) == data[(5 << 20) - 7 : (5 << 20) + 13]
+    assert store.get("packs/big.pack") == data
+    assert list(store.staging_dir().iterdir()) == []
+
+
+def test_s3_short_read_names_key_and_store(tmp_path: Path, s3_url: str) -> None:
+    store = open_backend(s3_url, tmp_path)
+    store.put_bytes("packs/short.pack", b"0123456789")
+    with pytest.raises(StorageError, match=r"packs/short\.pack.*10 bytes"):
+        store.get_range("packs/short.pack", 10, 1)
+    with pytest.raises(StorageError, match=r"packs/short\.pack.*10 bytes"):
+        store.read_into("packs/short.pack", 11, memoryview(bytearray(0)))
+    with pytest.raises(StorageError, match=r"'no/such' in s3://") as info:
+        store.get_range("no/such", 0, 1)
+    assert "repo/store" in str(info.value)
+
+
 # --- open_backend ---------------------------------------------------------------------
 
 
@@ -333,11 +397,11 @@ def test_open_backend_memory_is_shared_per_name(tmp_path: Path) -> None:
     assert not other.exists("k")
 
 
-@pytest.mark.parametrize("url", ["s3://bucket/prefix", "http://example.com/x", "ftp://h/x"])
+@pytest.mark.parametrize("url", ["http://example.com/x", "ftp://h/x", "gs://bucket/prefix"])
 def test_open_backend_rejects_unknown_schemes(tmp_path: Path, url: str) -> None:
     with pytest.raises(UsageError) as info:
         open_backend(url, tmp_path)
-    assert "file://" in str(info.value) and "memory://" in str(info.value)
+    assert "file://" in str(info.value) and "memory://" in str(info.value) and "s3://" in str(info.value)
 
 
 def test_open_backend_rejects_remote_file_hosts(tmp_path: Path) -> None:
