@@ -24,15 +24,14 @@ table rebuildable from packs alone; its hash lets a reader trust it.
 
 from __future__ import annotations
 
-import os
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import blake3
 
 from ckptrepo import faults
+from ckptrepo.chunks.appendfile import AppendFile
 from ckptrepo.errors import IntegrityError, UsageError
 from ckptrepo.ids import ID_HEX_LEN, is_hex
 from ckptrepo.storage.base import Backend
@@ -67,11 +66,6 @@ def _check_id(value: str, what: str) -> bytes:
     return bytes.fromhex(value)
 
 
-def _write_all(fd: int, view: memoryview) -> None:
-    while view:
-        view = view[os.write(fd, view) :]
-
-
 class PackWriter:
     """Streams encoded chunks into a new pack file in ``staging_dir``.
 
@@ -81,9 +75,8 @@ class PackWriter:
     """
 
     def __init__(self, staging_dir: Path) -> None:
-        fd, name = tempfile.mkstemp(prefix="pack-", suffix=".tmp", dir=staging_dir)
-        self._fd: int | None = fd
-        self.path = Path(name)
+        self._file: AppendFile | None = AppendFile(staging_dir, "pack-", ".tmp")
+        self.path = self._file.path
         self._entries: list[PackEntry] = []
         self._size = 0
         try:
@@ -93,13 +86,10 @@ class PackWriter:
             raise
 
     def _append(self, data: bytes | memoryview) -> None:
-        if self._fd is None:
+        if self._file is None:
             raise UsageError("pack writer is already finished or aborted")
-        view = memoryview(data)
-        if view.format != "B" or view.ndim != 1:
-            view = view.cast("B")
-        _write_all(self._fd, view)
-        self._size += len(view)
+        self._file.write(data)
+        self._size = self._file.size
 
     @property
     def size(self) -> int:
@@ -141,8 +131,8 @@ class PackWriter:
         The caller moves ``temp_path`` into the store (``Backend.put_file``), which makes it
         visible; this writer no longer owns the file.
         """
-        fd = self._fd
-        if fd is None:
+        file = self._file
+        if file is None:
             raise UsageError("pack writer is already finished or aborted")
         try:
             index = b"".join(_pack_entry(e) for e in self._entries)
@@ -152,9 +142,8 @@ class PackWriter:
             self._append(trailer)
             pack_id = blake3.blake3(HEADER.pack(MAGIC, VERSION) + index + trailer).hexdigest()
             # Write ordering step 1 starts here: the pack is durable before put_file names it.
-            os.fsync(fd)
-            self._fd = None
-            os.close(fd)
+            file.finish()
+            self._file = None
         except BaseException:
             self.abort()
             raise
@@ -162,9 +151,9 @@ class PackWriter:
 
     def abort(self) -> None:
         """Close and delete the temporary file; safe to call more than once."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        if self._file is not None:
+            self._file.abort()
+            self._file = None
         self.path.unlink(missing_ok=True)
 
 

@@ -6,13 +6,14 @@ the store already has). The caller (``repository``) inserts the rows in one
 transaction *after* ``ingest`` returns, which is what makes packs durable before any
 row names them (write ordering, DESIGN.md).
 
-Threads: one job per chunk hashes it, summarises it for the statistics and encodes it
-while it is hot in cache, on the given executor (BLAKE3, zstd, numpy and torch release
-the GIL); appending to packs happens on the calling thread, in order, with at most one
-``window`` of chunks in flight plus half a window of encoded chunks batched for the dedup
-lookup held in memory (window 6 by measurement: the peak memory of a 1 GiB commit from a
-training loop then stays within the state's copy + 300 MiB, 1-2 MiB under it, where 8 went
-1-3 MiB over; 4 cost 15% of the time to durable, 6 nothing measurable).
+Threads: stage 1 (one job per chunk: BLAKE3 and the statistics' moments) runs up to
+``lookahead`` chunks ahead on the given executor and holds only ids, since the bytes stay
+in the caller's snapshot; the calling thread asks the store about the new ids in batches of
+half that (one query per 32 chunks: a query per chunk cost more than hashing it), and
+only the chunks the store lacks go to stage 2 (encoding, at most ``window`` encoded chunks
+in memory) and are appended to packs, in order, on the calling thread. Window 6 by
+measurement: the peak memory of a 1 GiB commit from a training loop then stays within the
+state's copy + 300 MiB. BLAKE3, zstd, numpy and the byte-plane kernels release the GIL.
 
 Delta encoding: ``DeltaPlan`` names, per tensor, the base tensor's chunks (the same
 name in the first parent, or the mapped tensor of a transfer source). A chunk whose
@@ -106,6 +107,7 @@ class IngestOptions:
     compression: bool = True
     zstd_level: int = 1
     window: int = 6
+    lookahead: int = 64
     min_saving: float = 0.05
 
 
@@ -136,15 +138,24 @@ def ingest(
 
 
 @dataclass
-class _Done:
-    """A processed chunk: its id, statistics and (unless likely known) its encoding."""
+class _Hashed:
+    """A chunk after stage 1: its place, bytes (a view of the snapshot), id and statistics."""
 
     tensor: int
     seq: int
+    raw: memoryview
+    dtype: torch.dtype
     chunk_id: str
     moments: Moments
+
+
+@dataclass
+class _Done:
+    """A chunk after stage 2: its encoding, ready to append to a pack."""
+
+    chunk_id: str
     encoding: int
-    payload: Any  # None when the chunk was likely known and not encoded
+    payload: Any
     raw_length: int
     depth: int = 0
     base_id: str | None = None
@@ -152,18 +163,25 @@ class _Done:
 
 
 class _Ingest:
-    """One ingest: one job per chunk (hash, statistics, encode) on the pool, in a bounded
-    window; results are consumed in order on the calling thread, checked against the
-    store in batches and appended to packs."""
+    """One ingest in two stages on the pool, consumed in order on the calling thread.
+
+    Stage 1 hashes each chunk and summarises it for the statistics, up to ``lookahead``
+    chunks ahead (it holds only ids: the bytes stay in the caller's snapshot). The calling
+    thread checks the new ids against the store in batches of ``lookahead // 2`` (one
+    query for many chunks instead of one per few), and only chunks the store lacks go to
+    stage 2, encoding, bounded by ``window`` encoded chunks in memory; they are appended to
+    packs in order. Deduplicated chunks thus cost no encoding at all.
+    """
 
     def __init__(self, sink: PackSink, known: KnownFn, pool: Executor, opts: IngestOptions,
                  likely_known: frozenset[str], delta: DeltaPlan | None) -> None:
         self.sink, self.known, self.pool, self.opts, self.likely = sink, known, pool, opts, likely_known
         self.delta = delta if opts.compression else None
+        self.cache = self.delta.cache if self.delta is not None and self.delta.cache.budget else None
         self.bases: list[BaseTensor | None] = []
         self.hints: list[PlaneHint] = []
-        self.batch: list[_Done] = []
         self.queued: set[str] = set()
+        self.encoding: deque[Future[_Done]] = deque()
 
     def run(self, tensors: dict[str, torch.Tensor]) -> IngestResult:
         names = list(tensors)
@@ -185,14 +203,27 @@ class _Ingest:
             parts.append([Moments()] * len(spans))
             jobs.extend((i, seq, view[off : off + ln], t.dtype) for seq, (off, ln) in enumerate(spans))
         result = IngestResult(tensors=[], packs=[], new_chunk_ids=self.queued)
-        pending: deque[Future[_Done]] = deque()
+        hashing: deque[Future[_Hashed]] = deque()
+        batch: list[_Hashed] = []
+        step = max(1, self.opts.lookahead // 2)
+
+        def take(h: _Hashed) -> None:
+            ids[h.tensor][h.seq] = h.chunk_id
+            parts[h.tensor][h.seq] = h.moments
+            batch.append(h)
+            if len(batch) >= step:
+                self._resolve(batch, result)
+                batch.clear()
+
         for job in jobs:
-            pending.append(self.pool.submit(self._process, *job))
-            if len(pending) >= self.opts.window:
-                self._consume(pending.popleft().result(), ids, parts, result)
-        while pending:
-            self._consume(pending.popleft().result(), ids, parts, result)
-        self._flush(result)
+            hashing.append(self.pool.submit(self._hash, *job))
+            if len(hashing) >= self.opts.lookahead:
+                take(hashing.popleft().result())
+        while hashing:
+            take(hashing.popleft().result())
+        self._resolve(batch, result)
+        while self.encoding:
+            self._write(self.encoding.popleft().result(), result)
         for i, name in enumerate(names):
             t = tensors[name]
             dtype = st.dtype_name(t.dtype)
@@ -216,6 +247,39 @@ class _Ingest:
         if self.delta is not None:
             self.delta.cache.rotate()
         return result
+
+    def _hash(self, tensor: int, seq: int, raw: memoryview, dtype: torch.dtype) -> _Hashed:
+        faults.point("ingest.chunk")
+        cid = hash_bytes(raw)
+        mom = moments(torch.frombuffer(raw, dtype=torch.uint8).view(dtype)) if len(raw) else Moments()
+        if self.cache is not None and cid in self.likely:
+            self.cache.put(cid, raw)  # unchanged: the next commit's base (or its root's place)
+        return _Hashed(tensor, seq, raw, dtype, cid, mom)
+
+    def _resolve(self, batch: list[_Hashed], result: IngestResult) -> None:
+        """Send the batch's chunks that neither this ingest nor the store has to stage 2."""
+        fresh: dict[str, _Hashed] = {}
+        for h in batch:
+            if h.chunk_id not in self.likely and h.chunk_id not in self.queued:
+                fresh.setdefault(h.chunk_id, h)
+        have = self.known(list(fresh)) if fresh else set()
+        for cid, h in fresh.items():
+            if cid in have:
+                if self.cache is not None:
+                    self.cache.put(cid, h.raw)
+                continue
+            self.queued.add(cid)
+            self.encoding.append(self.pool.submit(self._encode, h))
+            if len(self.encoding) >= self.opts.window:
+                self._write(self.encoding.popleft().result(), result)
+
+    def _write(self, d: _Done, result: IngestResult) -> None:
+        self.sink.add(d.chunk_id, d.encoding, d.payload, d.raw_length, depth=d.depth, base_id=d.base_id)
+        result.new_bytes += d.raw_length
+        result.stored_bytes += len(d.payload)
+        if d.alone_length is not None:
+            result.alone_lengths[d.chunk_id] = d.alone_length
+            result.delta_chunks += 1
 
     def _base(self, tensor: int, seq: int, length: int) -> tuple[ChunkLocation, int, bytes | memoryview] | None:
         """The delta base of a chunk, the new chunk's depth and the base's decoded bytes, or
@@ -243,26 +307,20 @@ class _Ingest:
             return None
         return loc, depth, data
 
-    def _process(self, tensor: int, seq: int, raw: memoryview, dtype: torch.dtype) -> _Done:
-        faults.point("ingest.chunk")
-        cid = hash_bytes(raw)
-        mom = moments(torch.frombuffer(raw, dtype=torch.uint8).view(dtype)) if len(raw) else Moments()
-        cache = self.delta.cache if self.delta is not None and self.delta.cache.budget else None
-        if cid in self.likely:
-            if cache is not None:
-                cache.put(cid, raw)  # unchanged: the next commit's base (or its root's place)
-            return _Done(tensor, seq, cid, mom, Encoding.RAW, None, len(raw))
+    def _encode(self, h: _Hashed) -> _Done:
+        raw, cid, tensor = h.raw, h.chunk_id, h.tensor
         if not self.opts.compression:
-            return _Done(tensor, seq, cid, mom, Encoding.RAW, raw, len(raw))
-        itemsize = torch.empty((), dtype=dtype).element_size()
+            return _Done(cid, Encoding.RAW, raw, len(raw))
+        itemsize = torch.empty((), dtype=h.dtype).element_size()
         # A tensor whose chunks lately lost as deltas (e.g. Adam's first moments) skips the
         # base fetch and the delta encode, except for a periodic retry.
         try_delta = len(raw) > 0 and self.hints[tensor].try_delta()
-        base = self._base(tensor, seq, len(raw)) if try_delta else None
+        base = self._base(tensor, h.seq, len(raw)) if try_delta else None
         encoding, payload, alone = encode_with_base(
             raw, itemsize, base[2] if base is not None else None,
             level=self.opts.zstd_level, min_saving=self.opts.min_saving, hint=self.hints[tensor],
         )
+        cache = self.cache
         if encoding == Encoding.DELTA and base is not None:
             if cache is not None:
                 # The next commit's base: this chunk (policy parent) or the same keyframe (root).
@@ -270,35 +328,8 @@ class _Ingest:
                     cache.put(base[0].chunk_id, base[2])
                 else:
                     cache.put(cid, raw)
-            return _Done(tensor, seq, cid, mom, int(encoding), payload, len(raw),
+            return _Done(cid, int(encoding), payload, len(raw),
                          depth=base[1], base_id=base[0].chunk_id, alone_length=alone)
         if cache is not None:
             cache.put(cid, raw)  # stored standalone: a keyframe for the next commits
-        return _Done(tensor, seq, cid, mom, int(encoding), payload, len(raw))
-
-    def _consume(self, done: _Done, ids: list[list[str]], parts: list[list[Moments]], result: IngestResult) -> None:
-        ids[done.tensor][done.seq] = done.chunk_id
-        parts[done.tensor][done.seq] = done.moments
-        if done.payload is None or done.chunk_id in self.queued:
-            return
-        self.queued.add(done.chunk_id)
-        self.batch.append(done)
-        if len(self.batch) >= self.opts.window // 2:
-            self._flush(result)
-
-    def _flush(self, result: IngestResult) -> None:
-        """Write the batch's chunks that the store does not have yet, in order."""
-        batch, self.batch = self.batch, []
-        if not batch:
-            return
-        have = self.known([d.chunk_id for d in batch])
-        for d in batch:
-            if d.chunk_id in have:
-                self.queued.discard(d.chunk_id)
-                continue
-            self.sink.add(d.chunk_id, d.encoding, d.payload, d.raw_length, depth=d.depth, base_id=d.base_id)
-            result.new_bytes += d.raw_length
-            result.stored_bytes += len(d.payload)
-            if d.alone_length is not None:
-                result.alone_lengths[d.chunk_id] = d.alone_length
-                result.delta_chunks += 1
+        return _Done(cid, int(encoding), payload, len(raw))
