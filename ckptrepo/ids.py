@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import blake3
@@ -31,6 +32,9 @@ def short(full_id: str, length: int = SHORT_LEN) -> str:
     return full_id[:length]
 
 
+_HEX = re.compile(r"[0-9a-f]+")
+
+
 def is_hex(text: str) -> bool:
     """True when ``text`` is a non-empty run of lowercase hex digits."""
-    return bool(text) and all(c in "0123456789abcdef" for c in text)
+    return _HEX.fullmatch(text) is not None

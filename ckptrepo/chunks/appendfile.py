@@ -18,6 +18,7 @@ The file's content is identical either way.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import tempfile
@@ -27,7 +28,7 @@ from pathlib import Path
 from ckptrepo.errors import UsageError
 
 ALIGN = 4096
-DEFAULT_BUFFER = 4 << 20
+DEFAULT_BUFFER = 1 << 20
 
 
 def direct_io_enabled() -> bool:
@@ -142,9 +143,8 @@ class AppendFile:
 
     def _close(self) -> None:
         try:
-            self._wait()
-        except OSError:
-            pass  # closing after a failure: the error was raised where it happened
+            with contextlib.suppress(OSError):  # closing after a failure, raised where it happened
+                self._wait()
         finally:
             if self._writer is not None:
                 self._writer.shutdown()
@@ -153,10 +153,8 @@ class AppendFile:
                 os.close(self._fd)
                 self._fd = None
             for buf in self._bufs:
-                try:
+                with contextlib.suppress(BufferError):  # a failed write's traceback still views it
                     buf.close()
-                except BufferError:
-                    pass  # a failed write's traceback still views it: freed with that
             self._bufs = []
 
     def abort(self) -> None:

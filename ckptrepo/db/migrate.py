@@ -6,6 +6,9 @@ Every function that changes the schema does so in one transaction of its own (co
 at the end, rolled back on any error; SQLite DDL is transactional with ``make_engine``),
 so a failed upgrade leaves the database as it was. ``scripts`` (keyword) selects another
 script directory; it exists for tests and tools, callers normally leave it out.
+
+Alembic (with Mako: ~11 MiB of memory) loads only to change a schema or to explain a
+mismatch: opening a repository at ``HEAD`` reads ``alembic_version`` with plain SQL.
 """
 
 from __future__ import annotations
@@ -14,18 +17,22 @@ import io
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from alembic.util.exc import CommandError
 from sqlalchemy import Connection, Engine, insert, inspect, select, text
 
 import ckptrepo.migrations
 from ckptrepo.db.engine import write_connection
 from ckptrepo.db.models import RepoMeta
 from ckptrepo.errors import FormatError, RepositoryExists, SchemaOutdated, SchemaTooNew, UsageError
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+# The head of the packaged migrations (a test checks it against the scripts): a database
+# stamped with it needs no Alembic to open.
+HEAD = "0004"
 
 # Key of the PostgreSQL advisory lock that serializes concurrent migrations ("ckpt").
 _PG_MIGRATION_LOCK = 0x636B7074
@@ -37,6 +44,8 @@ def script_location() -> Path:
 
 
 def _config(scripts: Path | None, connection: Connection | None = None) -> Config:
+    from alembic.config import Config
+
     cfg = Config(output_buffer=io.StringIO())
     # Config values go through configparser interpolation: escape '%'.
     location = str(scripts or script_location())
@@ -48,6 +57,8 @@ def _config(scripts: Path | None, connection: Connection | None = None) -> Confi
 
 
 def _script_directory(scripts: Path | None) -> ScriptDirectory:
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(_config(scripts))
 
 
@@ -62,7 +73,12 @@ def head_revision(*, scripts: Path | None = None) -> str:
 def current_revision(engine: Engine) -> str | None:
     """The revision the database is stamped with, or None when it has none (empty database)."""
     with engine.connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
+        if not inspect(conn).has_table("alembic_version"):
+            return None
+        rows = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+    if len(rows) > 1:
+        raise FormatError(detail=f"the database is stamped with several schema heads: {sorted(rows)}")
+    return str(rows[0]) if rows else None
 
 
 @contextmanager
@@ -79,12 +95,16 @@ def _migration_transaction(engine: Engine) -> Iterator[Connection]:
 
 def upgrade(engine: Engine, revision: str = "head", *, scripts: Path | None = None) -> None:
     """Upgrade the schema to ``revision`` (default: head), atomically; a no-op when already there."""
+    from alembic import command
+
     with _migration_transaction(engine) as conn:
         command.upgrade(_config(scripts, conn), revision)
 
 
 def downgrade(engine: Engine, revision: str, *, scripts: Path | None = None) -> None:
     """Downgrade the schema to ``revision`` atomically; ``"base"`` drops every ckpt table and its data."""
+    from alembic import command
+
     with _migration_transaction(engine) as conn:
         command.downgrade(_config(scripts, conn), revision)
 
@@ -103,9 +123,13 @@ def check_schema(engine: Engine, *, scripts: Path | None = None) -> None:
     current = current_revision(engine)
     if current is None:
         raise FormatError(detail=f"no ckpt tables in {_where(engine)} (no schema revision stamped)")
+    if scripts is None and current == HEAD:
+        return
     head = head_revision(scripts=scripts)
     if current == head:
         return
+    from alembic.util.exc import CommandError
+
     try:
         known = _script_directory(scripts).get_revision(current) is not None
     except CommandError:
@@ -124,6 +148,8 @@ def initialize(engine: Engine, meta: dict[str, str], *, scripts: Path | None = N
     """
     if "repo_id" not in meta:
         raise UsageError("repository metadata needs a repo_id")
+    from alembic import command
+
     with _migration_transaction(engine) as conn:
         if inspect(conn).has_table(RepoMeta.__tablename__):
             existing = conn.execute(select(RepoMeta.value).where(RepoMeta.key == "repo_id")).scalar()

@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote, urlsplit
 
 from ckptrepo.errors import UsageError
 from ckptrepo.storage.base import Backend, check_key
 from ckptrepo.storage.local import STAGING_NAME, LocalBackend
 from ckptrepo.storage.memory import MemoryBackend
-from ckptrepo.storage.s3 import S3Backend
+
+if TYPE_CHECKING:
+    from ckptrepo.storage.s3 import S3Backend
+
+
+def __getattr__(name: str) -> Any:
+    # The S3 backend (boto3 and botocore: ~10 MiB of memory, ~0.3 s to import) loads only
+    # when an s3:// store is opened or S3Backend is asked for.
+    if name == "S3Backend":
+        from ckptrepo.storage.s3 import S3Backend
+
+        return S3Backend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["Backend", "LocalBackend", "MemoryBackend", "S3Backend", "check_key", "local_staging", "open_backend"]
 
@@ -39,6 +54,8 @@ def _open_memory(url: str, default_root: Path) -> Backend:
 
 
 def _open_s3(url: str, default_root: Path) -> Backend:
+    from ckptrepo.storage.s3 import S3Backend
+
     store = S3Backend.from_url(url, staging=default_root / STAGING_NAME)
     try:
         store.check()
@@ -64,8 +81,9 @@ def local_staging(backend: Backend) -> Path | None:
     """
     if isinstance(backend, LocalBackend):
         return backend.root / STAGING_NAME
-    if isinstance(backend, S3Backend):
-        return backend.shared_staging
+    s3 = sys.modules.get("ckptrepo.storage.s3")  # not loaded: no S3Backend exists
+    if s3 is not None and isinstance(backend, s3.S3Backend):
+        return cast(Path | None, backend.shared_staging)
     return None
 
 

@@ -90,11 +90,26 @@ def test_database_url() -> None:
 
 
 def test_migrations_match_models(engine: Engine) -> None:
-    assert migrate.current_revision(engine) == migrate.head_revision() == HEAD
+    assert migrate.current_revision(engine) == migrate.head_revision() == HEAD == migrate.HEAD
     with engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
     assert diff == []
     migrate.check_schema(engine)
+
+
+def test_opening_at_head_does_not_load_alembic(tmp_path: Path) -> None:
+    # Opening a repository reads the schema stamp with plain SQL; Alembic (and the S3
+    # client) stay out of a training process's memory.
+    code = textwrap.dedent(f"""
+        import sys, ckptrepo
+        ckptrepo.Repo.init({str(tmp_path)!r}).close()
+        for name in [m for m in sys.modules if m.split(".")[0] in ("alembic", "mako")]:
+            del sys.modules[name]
+        ckptrepo.Repo.open({str(tmp_path)!r}).close()
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("alembic", "mako", "boto3", "botocore"))
+        assert not loaded, loaded
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_downgrade_to_base_and_upgrade_again(engine: Engine) -> None:
