@@ -13,7 +13,7 @@ import functools
 import shutil
 import socket
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
@@ -57,7 +57,7 @@ from ckptrepo.ingest.committer import Committer
 from ckptrepo.ingest.handle import CommitHandle
 from ckptrepo.ingest.pipeline import IngestOptions, IngestResult, ingest
 from ckptrepo.ingest.request import CommitRequest, check_int, check_json, check_metrics, transfer_spec
-from ckptrepo.ingest.staging import Slot, StagingPool
+from ckptrepo.ingest.staging import StageProgress, StagingPool
 from ckptrepo.lineage import analysis, queries, revparse
 from ckptrepo.lineage.graph import EDGE_KINDS
 from ckptrepo.lineage.reports import Diff, HistoryPoint
@@ -287,39 +287,71 @@ class Repo:
             for rev in [*(parents or []), *([transfer[0]] if transfer else [])]:
                 revparse.resolve(s, rev)
         flat = st.flatten(state, allow_pickle=allow_pickle)
-        slot: Slot | None = None
-        waited = 0.0
+        metadata = dict(
+            skeleton=flat.skeleton, branch=branch, parents=list(parents) if parents else None,
+            transfer=transfer, message=message or "", step=step, epoch=epoch, metrics=metrics_f, config=config,
+            code_version=code_version, created_at=_now(),
+        )
         if blocking and not any(x.is_cuda for x in flat.tensors.values()):
             # The caller is blocked until durable and cannot mutate its tensors: no snapshot copy.
             staged = {name: x.detach() for name, x in flat.tensors.items()}
-        else:
-            slot, waited = self._staging.acquire(self._staging.staged_bytes(flat.tensors))
+            staged_at = time.perf_counter()
+            request = CommitRequest(tensors=staged, stall_s=staged_at - entered, wait_s=0.0, staged_at=staged_at,
+                                    **metadata)
+            return self._commit_now(request, None)
+        slot, waited = self._staging.acquire(self._staging.staged_bytes(flat.tensors))
+        try:
+            staged = slot.prepare(flat.tensors)
+        except BaseException:
+            self._staging.release(slot)
+            raise
+        release = functools.partial(self._staging.release, slot)
+        if blocking:  # CUDA tensors: staged first, then committed on this thread
             try:
-                staged = slot.stage(flat.tensors)
+                slot.copy(flat.tensors, staged)
             except BaseException:
-                self._staging.release(slot)
+                release()
                 raise
-        staged_at = time.perf_counter()
-        request = CommitRequest(
-            tensors=staged, skeleton=flat.skeleton, branch=branch, parents=list(parents) if parents else None,
-            transfer=transfer, message=message or "", step=step, epoch=epoch, metrics=metrics_f, config=config,
-            code_version=code_version, created_at=_now(), stall_s=staged_at - entered, wait_s=waited,
-            staged_at=staged_at,
-        )
-        release = (lambda: self._staging.release(slot)) if slot is not None else None
-        if blocking:
-            # In call order after the pending background commits, but on this thread and the
-            # normal-priority pool: the caller waits for it.
-            self._committer.drain()
-            done: Future[t.Commit] = Future()
-            try:
-                done.set_result(self._persist(request, self._pool))
-            finally:
-                if release is not None:
-                    release()
-            return CommitHandle(done, staged=True)
-        future = self._committer.submit(lambda: self._persist(request, self._background_pool), finally_=release)
+            staged_at = time.perf_counter()
+            request = CommitRequest(tensors=staged, stall_s=staged_at - entered, wait_s=waited, staged_at=staged_at,
+                                    **metadata)
+            return self._commit_now(request, release)
+        # Phase 2 starts on the tensors already copied while the later ones are being copied:
+        # on a free core, hashing and encoding overlap the snapshot.
+        progress = StageProgress()
+        request = CommitRequest(tensors=staged, stall_s=0.0, wait_s=waited, staged_at=0.0, ready=progress.wait,
+                                **metadata)
+
+        def settle_and_release() -> None:
+            progress.settle()  # a phase 2 that failed early must not free a slot still being copied into
+            release()
+
+        future = self._committer.submit(lambda: self._persist(request, self._background_pool),
+                                        finally_=settle_and_release)
+        try:
+            slot.copy(flat.tensors, staged, progress)
+        except BaseException as exc:
+            progress.fail(exc)
+            failure = future.exception()  # phase 2 stops at the tensor it waits for; the slot is freed
+            if failure is not None:
+                self._committer.acknowledge(failure)  # this raise reports it
+            raise
+        request.staged_at = time.perf_counter()
+        request.stall_s = request.staged_at - entered
+        progress.finish()
         return CommitHandle(future, staged=True, on_failure_seen=self._committer.acknowledge)
+
+    def _commit_now(self, request: CommitRequest, release: Callable[[], None] | None) -> CommitHandle:
+        """A blocking commit: in call order after the pending background commits, but on this
+        thread and the normal-priority pool (the caller waits for it)."""
+        self._committer.drain()
+        done: Future[t.Commit] = Future()
+        try:
+            done.set_result(self._persist(request, self._pool))
+        finally:
+            if release is not None:
+                release()
+        return CommitHandle(done, staged=True)
 
     def _persist(self, req: CommitRequest, pool: ThreadPoolExecutor) -> t.Commit:
         """Phase 2 (the background thread, or the caller's for a blocking commit; ``pool`` for
@@ -352,7 +384,7 @@ class Repo:
 
         # Write-ordering step 1: ingest returns only after every new pack is durable in the store.
         sink = PackSink(self._backend, self.config.pack_target)
-        result = ingest(req.tensors, sink, known, pool, opts, likely, plan)
+        result = ingest(req.tensors, sink, known, pool, opts, likely, plan, req.ready)
         edges = [catalog.EdgeRow(pid, "parent" if i == 0 else "merge", i) for i, pid in enumerate(parent_ids)]
         entries = {r.name: r.tensor_id for r in result.tensors}
         if transfer is not None and transfer[0] not in parent_ids:

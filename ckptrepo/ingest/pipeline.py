@@ -119,6 +119,7 @@ def ingest(
     opts: IngestOptions,
     likely_known: frozenset[str] = frozenset(),
     delta: DeltaPlan | None = None,
+    ready: Callable[[int], None] | None = None,
 ) -> IngestResult:
     """Store every tensor's chunks that the store lacks; return their records and packs.
 
@@ -126,12 +127,14 @@ def ingest(
     snapshot). ``likely_known`` (usually the parent commit's chunk ids) skips encoding
     of chunks that will deduplicate; ``known`` is asked about every other chunk before
     it is written. With ``delta``, chunks are also tried as deltas against their base
-    (a base that cannot be read is skipped, never fatal). On any error nothing has been
+    (a base that cannot be read is skipped, never fatal). With ``ready``, the bytes of
+    the ``i``-th tensor are read only after ``ready(i)`` returns (phase 1 may still be
+    copying the later ones). On any error nothing has been
     inserted anywhere; packs already put in the backend stay unreferenced (``gc``
     reclaims them) and the sink is aborted.
     """
     try:
-        return _Ingest(sink, known, pool, opts, likely_known, delta).run(tensors)
+        return _Ingest(sink, known, pool, opts, likely_known, delta, ready).run(tensors)
     except BaseException:
         sink.abort()
         raise
@@ -174,8 +177,10 @@ class _Ingest:
     """
 
     def __init__(self, sink: PackSink, known: KnownFn, pool: Executor, opts: IngestOptions,
-                 likely_known: frozenset[str], delta: DeltaPlan | None) -> None:
+                 likely_known: frozenset[str], delta: DeltaPlan | None,
+                 ready: Callable[[int], None] | None = None) -> None:
         self.sink, self.known, self.pool, self.opts, self.likely = sink, known, pool, opts, likely_known
+        self.ready = ready
         self.delta = delta if opts.compression else None
         self.cache = self.delta.cache if self.delta is not None and self.delta.cache.budget else None
         self.bases: list[BaseTensor | None] = []
@@ -215,13 +220,19 @@ class _Ingest:
                 self._resolve(batch, result)
                 batch.clear()
 
+        ready_upto = -1
         for job in jobs:
+            if self.ready is not None and job[0] > ready_upto:
+                self.ready(job[0])
+                ready_upto = job[0]
             hashing.append(self.pool.submit(self._hash, *job))
             if len(hashing) >= self.opts.lookahead:
                 take(hashing.popleft().result())
         while hashing:
             take(hashing.popleft().result())
         self._resolve(batch, result)
+        if self.ready is not None:
+            self.ready(len(names))  # phase 1 has finished (empty tensors at the end included)
         while self.encoding:
             self._write(self.encoding.popleft().result(), result)
         for i, name in enumerate(names):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -34,6 +34,7 @@ class CommitRequest:
     stall_s: float
     wait_s: float
     staged_at: float
+    ready: Callable[[int], None] | None = None  # phase 2 may start before phase 1 ends
 
 
 def transfer_spec(transfer_from: Any) -> tuple[str, dict[str, str] | None] | None:

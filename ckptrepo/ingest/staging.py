@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ckptrepo import faults
-from ckptrepo.errors import UsageError
+from ckptrepo.errors import StagingAborted, UsageError
 from ckptrepo.state import bit_view
 
 _ALIGN = 64
@@ -33,6 +33,49 @@ def _aligned(n: int) -> int:
 class _Arena:
     data: torch.Tensor
     pinned: bool
+
+
+class StageProgress:
+    """How far phase 1's copy has got, for a phase 2 that starts before it ends.
+
+    ``wait(i)`` returns once tensor ``i`` (in staging order) is in place, ``wait(count)``
+    once ``finish`` has been called (the copy and the request's figures are complete);
+    either raises StagingAborted if the copy failed first.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._done = 0
+        self._complete = False
+        self._error: BaseException | None = None
+
+    def advance(self) -> None:
+        with self._cond:
+            self._done += 1
+            self._cond.notify_all()
+
+    def finish(self) -> None:
+        with self._cond:
+            self._complete = True
+            self._cond.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        with self._cond:
+            self._error = error
+            self._cond.notify_all()
+
+    def settle(self) -> None:
+        """Block until the copy has finished or failed (never raises)."""
+        with self._cond:
+            while self._error is None and not self._complete:
+                self._cond.wait()
+
+    def wait(self, index: int) -> None:
+        with self._cond:
+            while self._error is None and not self._complete and self._done <= index:
+                self._cond.wait()
+            if self._error is not None:
+                raise StagingAborted(detail=str(self._error) or type(self._error).__name__)
 
 
 class Slot:
@@ -49,6 +92,13 @@ class Slot:
 
     def stage(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Copy every tensor into this slot; returns contiguous CPU copies by name."""
+        out = self.prepare(tensors)
+        self.copy(tensors, out)
+        return out
+
+    def prepare(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Lay ``tensors`` out in the arena (growing it if needed); returns the views that
+        ``copy`` will fill, by name, in the same order. Reads no tensor data."""
         layout: list[tuple[str, int, int]] = []
         offset = 0
         any_cuda = False
@@ -60,21 +110,32 @@ class Slot:
         arena = self._ensure(offset, pin=any_cuda)
         out: dict[str, torch.Tensor] = {}
         for name, start, nbytes in layout:
-            faults.point("stage.copy")
             src = tensors[name]
             if nbytes == 0:
                 out[name] = torch.empty(src.shape, dtype=src.dtype)
-                continue
-            dst = arena[start : start + nbytes].view(src.dtype).view(src.shape)
-            # Copy as same-size integers: every dtype gets the plain (strided) memcpy kernel.
-            bit_view(dst).copy_(bit_view(src.detach()), non_blocking=src.is_cuda)
-            out[name] = dst
+            else:
+                out[name] = arena[start : start + nbytes].view(src.dtype).view(src.shape)
+        self.nbytes = offset
+        return out
+
+    def copy(self, tensors: dict[str, torch.Tensor], out: dict[str, torch.Tensor],
+             progress: StageProgress | None = None) -> None:
+        """Fill the views of ``prepare`` from ``tensors``; ``progress`` learns of each tensor
+        as soon as its bytes are in place (none when CUDA copies are involved: those are
+        only valid after the final synchronisation). The caller calls ``progress.finish()``."""
+        any_cuda = any(t.is_cuda for t in tensors.values())
+        for name, dst in out.items():
+            faults.point("stage.copy")
+            src = tensors[name]
+            if dst.numel():
+                # Copy as same-size integers: every dtype gets the plain (strided) memcpy kernel.
+                bit_view(dst).copy_(bit_view(src.detach()), non_blocking=src.is_cuda)
+            if progress is not None and not any_cuda:
+                progress.advance()
         if any_cuda:
             # Non-blocking device-to-host copies: the staged bytes are only valid (and the
             # caller only free to mutate its tensors) once the streams have drained.
             torch.cuda.synchronize()
-        self.nbytes = offset
-        return out
 
     def _ensure(self, nbytes: int, *, pin: bool) -> torch.Tensor:
         arena = self._arena
