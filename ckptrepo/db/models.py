@@ -7,6 +7,7 @@ visible always refers to durable pack bytes (the write ordering in DESIGN.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -245,3 +246,25 @@ Index("ix_metrics_name_value", Metric.name, Metric.value)
 # on position). The parent-side one also indexes the ``parent_id`` foreign key.
 Index("ix_edges_child_walk", Edge.child_id, Edge.kind, Edge.position, Edge.parent_id)
 Index("ix_edges_parent_walk", Edge.parent_id, Edge.kind, Edge.child_id)
+# PostgreSQL only: ``history`` looks one tensor name up in ``entries`` at each commit of a
+# chain. Through the primary key (commit_id, name) those lookups land on leaf pages spread
+# over the whole index (millions of rows, larger than a default server's shared_buffers)
+# and then on the table; this index keeps one name's entries together and answers from the
+# index alone, so a history walk reads a few thousand pages that stay in shared_buffers.
+# SQLite reads its file through the page cache mapping and was slower with such an index.
+Index("ix_entries_name_commit", Entry.name, Entry.commit_id, postgresql_include=["tensor_id"]).ddl_if(
+    dialect="postgresql")
+
+# Indexes that exist on one database only (``ddl_if``), by name: what a schema comparison
+# (Alembic autogenerate) must leave out on the others (``include_object``).
+DIALECT_INDEXES = {"ix_entries_name_commit": "postgresql"}
+
+
+def include_object(dialect: str) -> Callable[[Any, str | None, str, bool, Any], bool]:
+    """An Alembic ``include_object`` hook for a database of ``dialect``: every schema object
+    but the indexes that ``DIALECT_INDEXES`` gives to another database."""
+
+    def include(obj: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+        return not (type_ == "index" and DIALECT_INDEXES.get(name or "", dialect) != dialect)
+
+    return include

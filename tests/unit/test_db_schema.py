@@ -25,11 +25,11 @@ from ckptrepo.db.engine import (
     write_connection,
     write_transaction,
 )
-from ckptrepo.db.models import Base, Chunk, Commit, Pack, RepoMeta
+from ckptrepo.db.models import Base, Chunk, Commit, Pack, RepoMeta, include_object
 from ckptrepo.errors import FormatError, RepositoryExists, SchemaOutdated, SchemaTooNew, UsageError
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
-HEAD = "0004"  # the newest migration this code ships
+HEAD = "0005"  # the newest migration this code ships
 
 # A later schema as a future ckptrepo would ship it. Rebuilding ``packs`` (recreate on
 # SQLite), which ``chunks`` references, exercises the foreign-key handling of migrations.
@@ -92,9 +92,30 @@ def test_database_url() -> None:
 def test_migrations_match_models(engine: Engine) -> None:
     assert migrate.current_revision(engine) == migrate.head_revision() == HEAD == migrate.HEAD
     with engine.connect() as conn:
-        diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
+        opts = {"compare_type": True, "include_object": include_object(conn.dialect.name)}
+        diff = compare_metadata(MigrationContext.configure(conn, opts=opts), Base.metadata)
     assert diff == []
     migrate.check_schema(engine)
+
+
+def test_dialect_only_indexes(engine: Engine) -> None:
+    # ``ix_entries_name_commit`` (history's lookups by name) exists on PostgreSQL only, and
+    # covers tensor_id there; a downgrade past 0005 drops it.
+    def entry_indexes() -> dict[str, list[str | None]]:
+        return {ix["name"] or "": list(ix["column_names"]) for ix in inspect(engine).get_indexes("entries")}
+
+    on_pg = engine.dialect.name == "postgresql"
+    assert ("ix_entries_name_commit" in entry_indexes()) == on_pg
+    if on_pg:
+        with engine.connect() as conn:
+            definition = conn.exec_driver_sql(
+                "SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_entries_name_commit'"
+                " AND schemaname = current_schema()").scalar_one()
+        assert definition.endswith("(name, commit_id) INCLUDE (tensor_id)")
+    migrate.downgrade(engine, "0004")
+    assert "ix_entries_name_commit" not in entry_indexes()
+    migrate.upgrade(engine)
+    assert ("ix_entries_name_commit" in entry_indexes()) == on_pg
 
 
 def test_opening_at_head_does_not_load_alembic(tmp_path: Path) -> None:
