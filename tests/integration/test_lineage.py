@@ -27,9 +27,9 @@ from typer.testing import CliRunner, Result
 
 import ckptrepo
 from ckptrepo import errors
-from ckptrepo.db.engine import write_connection
+from ckptrepo.db.engine import fetch_tuples, write_connection
 from ckptrepo.db.models import Commit, Edge, Metric
-from ckptrepo.lineage import graph, queries
+from ckptrepo.lineage import analysis, graph, queries
 from ckptrepo.types import Parent
 
 
@@ -429,6 +429,31 @@ def test_descendants_where_paths_multiply(tmp_path: Path, db_url: str) -> None:
             assert len(repeated) > s.scalar(select(func.count()).select_from(Edge))
         for start in (ids[0], ids[17], ids[-2]):
             assert queries.descendants(repo, start) == _bfs_up(start, children)
+
+
+def test_history_query_shapes_agree(tmp_path: Path, db_url: str) -> None:
+    """``analysis.history`` walks the chain with the tensor lookups inside the walk on SQLite
+    and after it (``lag``) on PostgreSQL: both shapes give the same rows on either database,
+    whole or cut short, for a tensor that appears, stays, changes, goes away and comes back,
+    and for one no commit has."""
+    values = [None, 1.0, 1.0, 2.0, None, None, 3.0, 3.0, 4.0, 4.0]
+    with ckptrepo.Repo.init(tmp_path / "hist", db_url=db_url) as repo:
+        for i, v in enumerate(values):
+            state = {"other": torch.full((3,), float(i))}
+            if v is not None:
+                state["w"] = torch.full((2, 5000), v)  # several chunks: ``differing`` counts positions
+            repo.commit(state, branch="main", message=str(i), step=i, blocking=True).wait()
+        with repo._sessions() as s:
+            conn = s.connection()
+            head = repo.resolve("main")
+            for name, walked in itertools.product(("w", "other", "absent"), (None, 1, 2, 5, 20)):
+                inside, after = (sorted(fetch_tuples(conn, analysis._history_query(head, name, walked, dialect)))
+                                 for dialect in ("sqlite", "postgresql"))
+                assert inside == after, (name, walked)
+                assert [r[0] for r in inside] == list(range(min(walked or 99, len(values))))
+        points = analysis.history(repo, "w", along="main")
+        assert [p.status for p in points] == ["unchanged", "changed", "unchanged", "added", "absent", "removed",
+                                              "changed", "unchanged", "added", "absent"]
 
 
 @pytest.mark.parametrize("kinds", [graph.EDGE_KINDS, ("merge", "parent")])
