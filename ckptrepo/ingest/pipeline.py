@@ -322,7 +322,7 @@ class _Ingest:
         raw, cid, tensor = h.raw, h.chunk_id, h.tensor
         if not self.opts.compression:
             return _Done(cid, Encoding.RAW, raw, len(raw))
-        itemsize = torch.empty((), dtype=h.dtype).element_size()
+        itemsize = h.dtype.itemsize
         # A tensor whose chunks lately lost as deltas (e.g. Adam's first moments) skips the
         # base fetch and the delta encode, except for a periodic retry.
         try_delta = len(raw) > 0 and self.hints[tensor].try_delta()
