@@ -15,7 +15,7 @@ from sqlalchemy import Connection
 from sqlalchemy.types import TypeDecorator
 
 from ckptrepo.db.engine import make_engine
-from ckptrepo.db.models import Base
+from ckptrepo.db.models import Base, include_object
 
 config = context.config
 target_metadata = Base.metadata
@@ -35,6 +35,8 @@ def render_item(type_: str, obj: Any, autogen_context: Any) -> str | Literal[Fal
 def _common_options(is_sqlite: bool) -> dict[str, Any]:
     return {
         "target_metadata": target_metadata,
+        # Autogenerate leaves out the indexes that exist on the other database only.
+        "include_object": include_object("sqlite" if is_sqlite else "postgresql"),
         # SQLite cannot ALTER most things: emit batch (copy-and-move) operations for it.
         "render_as_batch": is_sqlite,
         "compare_type": True,
