@@ -257,9 +257,11 @@ class Repo:
         the offending key path; nothing is written) and copy every tensor into a reused
         staging slot, waiting for a free slot when ``max_inflight`` commits are in flight.
         When this returns the caller may mutate the state again. Phase 2, in the
-        background, in call order: resolve parents (default: the branch head as of then;
-        two or more make a merge), hash, deduplicate, encode, write durable packs, then one
-        transaction makes the commit visible and moves the branch by compare-and-swap
+        background, in call order, reading each tensor as soon as phase 1 has copied it
+        (a failed copy stops it and is raised here, nothing stored): resolve parents
+        (default: the branch head as of then; two or more make a merge), hash, deduplicate,
+        encode, write durable packs, then one transaction makes the commit visible and
+        moves the branch by compare-and-swap
         (RefConflict if another writer moved it; the commit is kept under its id).
 
         ``handle.wait()`` returns the durable commit or re-raises its failure; a failed
