@@ -31,9 +31,9 @@ from pathlib import Path
 import blake3
 
 from ckptrepo import faults
-from ckptrepo.chunks.appendfile import AppendFile
 from ckptrepo.errors import IntegrityError, UsageError
 from ckptrepo.ids import ID_HEX_LEN, is_hex
+from ckptrepo.storage.appendfile import AppendFile
 from ckptrepo.storage.base import Backend
 
 MAGIC = b"CKPTPACK"

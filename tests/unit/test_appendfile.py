@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hs
 
-from ckptrepo.chunks import appendfile
-from ckptrepo.chunks.appendfile import ALIGN, AppendFile
 from ckptrepo.errors import UsageError
+from ckptrepo.storage import appendfile
+from ckptrepo.storage.appendfile import ALIGN, AppendFile
 
 
 def write_all(directory: Path, parts: list[bytes], buffer_bytes: int) -> tuple[bytes, bool]:
