@@ -37,7 +37,11 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
-Id = String(64)
+# Ids: 64 lowercase hex characters, compared for equality only; byte order ("C") on PostgreSQL,
+# whose locale collations make every index lookup of the lineage walks dearer (migration 0006).
+# Queries that seed a recursive walk with an id value cast it to ``Id`` (the seed's collation
+# must be the column's).
+Id = String(64).with_variant(String(64, collation="C"), "postgresql")
 JsonType = JSON().with_variant(JSONB(), "postgresql")
 
 

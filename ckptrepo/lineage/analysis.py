@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session, aliased
 from ckptrepo.chunks.store import ChunkLocation
 from ckptrepo.db import catalog
 from ckptrepo.db.engine import fetch_tuples
-from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Metric, Tensor, TensorChunk, utc_datetime
+from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Id, Metric, Tensor, TensorChunk, utc_datetime
 from ckptrepo.errors import UnknownTensor, UsageError
 from ckptrepo.ids import short
 from ckptrepo.lineage import revparse
@@ -117,7 +117,7 @@ def _check_limit(limit: int | None) -> None:
 
 def _first_parent_chain(head: str, limit: int | None) -> Any:
     """Recursive CTE (id, depth) of ``head`` and its first parents, depth 0 = head, at most ``limit`` rows."""
-    chain = select(literal(head).label("id"), literal(0).label("depth")).cte("chain", recursive=True)
+    chain = select(cast(literal(head), Id).label("id"), literal(0).label("depth")).cte("chain", recursive=True)
     step = select(Edge.parent_id, chain.c.depth + 1).join(
         chain, and_(Edge.child_id == chain.c.id, Edge.position == 0, Edge.kind == "parent")
     )

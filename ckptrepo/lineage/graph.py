@@ -25,11 +25,11 @@ from datetime import datetime
 from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import CTE, ColumnElement, Select, func, literal, select
+from sqlalchemy import CTE, ColumnElement, Select, cast, func, literal, select
 from sqlalchemy.orm import Session, aliased
 
 from ckptrepo.db.engine import fetch_tuples
-from ckptrepo.db.models import Commit, Edge
+from ckptrepo.db.models import Commit, Edge, Id
 from ckptrepo.errors import UsageError
 
 EDGE_KINDS = ("parent", "merge", "transfer")
@@ -60,9 +60,9 @@ def _walk(start: str, kinds: Collection[str], max_depth: int | None, *, down: bo
     src, dst = (Edge.child_id, Edge.parent_id) if down else (Edge.parent_id, Edge.child_id)
     name = "ancestors" if down else "descendants"  # distinct names: one query may hold both
     if max_depth is None:
-        walk = select(literal(start).label("id")).cte(name, recursive=True)
+        walk = select(cast(literal(start), Id).label("id")).cte(name, recursive=True)
         return walk.union(select(dst).join(walk, src == walk.c.id).where(*_kind_filter(kinds)))
-    deep = select(literal(start).label("id"), literal(0).label("depth")).cte(name, recursive=True)
+    deep = select(cast(literal(start), Id).label("id"), literal(0).label("depth")).cte(name, recursive=True)
     # (id, depth) pairs are bounded by max_depth, so a DAG's many paths cannot multiply rows without end.
     step = select(dst, deep.c.depth + 1).join(deep, src == deep.c.id)
     return deep.union(step.where(deep.c.depth < max_depth, *_kind_filter(kinds)))

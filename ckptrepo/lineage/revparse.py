@@ -19,10 +19,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sqlalchemy import and_, literal, select
+from sqlalchemy import and_, cast, literal, select
 from sqlalchemy.orm import Session
 
-from ckptrepo.db.models import Commit, Edge, Ref
+from ckptrepo.db.models import Commit, Edge, Id, Ref
 from ckptrepo.errors import AmbiguousRevision, InvalidRefName, UnknownRevision
 from ckptrepo.ids import ID_HEX_LEN, is_hex, short
 
@@ -129,7 +129,7 @@ def _parent(session: Session, commit_id: str, n: int, rev: str) -> str:
 
 def _at_step(session: Session, head: str, step: int, rev: str) -> str:
     """Nearest commit with ``step`` on the first-parent chain from ``head`` (head included)."""
-    chain = select(literal(head).label("id"), literal(0).label("depth")).cte("chain", recursive=True)
+    chain = select(cast(literal(head), Id).label("id"), literal(0).label("depth")).cte("chain", recursive=True)
     chain = chain.union_all(
         select(Edge.parent_id, chain.c.depth + 1).join(
             chain, and_(Edge.child_id == chain.c.id, Edge.position == 0, Edge.kind == "parent")

@@ -14,7 +14,7 @@ import pytest
 import sqlalchemy.exc
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Engine, func, inspect, select
+from sqlalchemy import Engine, String, func, inspect, select
 
 from ckptrepo.db import migrate
 from ckptrepo.db.engine import (
@@ -29,7 +29,7 @@ from ckptrepo.db.models import Base, Chunk, Commit, Pack, RepoMeta, include_obje
 from ckptrepo.errors import FormatError, RepositoryExists, SchemaOutdated, SchemaTooNew, UsageError
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
-HEAD = "0005"  # the newest migration this code ships
+HEAD = "0006"  # the newest migration this code ships
 
 # A later schema as a future ckptrepo would ship it. Rebuilding ``packs`` (recreate on
 # SQLite), which ``chunks`` references, exercises the foreign-key handling of migrations.
@@ -116,6 +116,30 @@ def test_dialect_only_indexes(engine: Engine) -> None:
     assert "ix_entries_name_commit" not in entry_indexes()
     migrate.upgrade(engine)
     assert ("ix_entries_name_commit" in entry_indexes()) == on_pg
+
+
+def test_ids_compare_bytewise_on_postgresql(engine: Engine) -> None:
+    # Every id column (the model's ``Id`` type, and the foreign keys that take its type) is
+    # byte-ordered on PostgreSQL from 0006 on, and back to the default collation below it.
+    id_columns = {(t.name, c.name) for t in Base.metadata.sorted_tables for c in t.columns
+                  if isinstance(c.type, String) and c.type.length == 64 and t.name != "repo_meta"}
+    assert len(id_columns) == 15
+
+    def collations() -> dict[tuple[str, str], str | None]:
+        with engine.connect() as conn:
+            rows = conn.exec_driver_sql(
+                "SELECT table_name, column_name, collation_name FROM information_schema.columns"
+                " WHERE table_schema = current_schema()").all()
+        return {(t, c): coll for t, c, coll in rows if (t, c) in id_columns}
+
+    if engine.dialect.name != "postgresql":
+        pytest.skip("SQLite compares text bytewise already")
+    assert set(collations()) == id_columns
+    assert set(collations().values()) == {"C"}
+    migrate.downgrade(engine, "0005")
+    assert set(collations().values()) == {None}
+    migrate.upgrade(engine)
+    assert set(collations().values()) == {"C"}
 
 
 def test_opening_at_head_does_not_load_alembic(tmp_path: Path) -> None:
