@@ -74,11 +74,23 @@ def make_engine(url: str) -> Engine:
     SQLite: WAL journal, ``synchronous=FULL``, foreign keys on, a busy timeout of
     ``CKPT_DB_BUSY_TIMEOUT`` seconds (default 60), and SQLAlchemy in charge of BEGIN so
     transactions (DDL and SAVEPOINT included) behave as PEP 249 says. PostgreSQL: psycopg 3
-    with ``pool_pre_ping`` so a connection dropped by the server is replaced, not reported.
+    with ``pool_pre_ping`` so a connection dropped by the server is replaced, not reported,
+    and sessions in UTC.
     """
     if make_url(url).get_backend_name() == "sqlite":
         return _sqlite_engine(url)
-    return create_engine(url, pool_pre_ping=True)
+    engine = create_engine(url, pool_pre_ping=True)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Timestamps are stored as timestamptz and read back in the session's time zone. In
+        # UTC (by that name: "Etc/UTC" would not do) psycopg gives them ``timezone.utc``
+        # itself, so reading thousands of them (history, log) needs no conversion.
+        with dbapi_connection.cursor() as cursor:
+            cursor.execute("SET TIME ZONE 'UTC'")
+        dbapi_connection.commit()
+
+    return engine
 
 
 def _sqlite_engine(url: str) -> Engine:
