@@ -133,9 +133,11 @@ def ingest(
     inserted anywhere; packs already put in the backend stay unreferenced (``gc``
     reclaims them) and the sink is aborted.
     """
+    job = _Ingest(sink, known, pool, opts, likely_known, delta, ready)
     try:
-        return _Ingest(sink, known, pool, opts, likely_known, delta, ready).run(tensors)
+        return job.run(tensors)
     except BaseException:
+        job.drain()  # no job of this ingest may read the snapshot once it is released
         sink.abort()
         raise
 
@@ -186,7 +188,17 @@ class _Ingest:
         self.bases: list[BaseTensor | None] = []
         self.hints: list[PlaneHint] = []
         self.queued: set[str] = set()
+        self.hashing: deque[Future[_Hashed]] = deque()
         self.encoding: deque[Future[_Done]] = deque()
+
+    def drain(self) -> None:
+        """Cancel the jobs not started and wait for the others, ignoring their outcome."""
+        pending: list[Future[Any]] = [*self.hashing, *self.encoding]
+        for future in pending:
+            future.cancel()
+        for future in pending:
+            if not future.cancelled():
+                future.exception()
 
     def run(self, tensors: dict[str, torch.Tensor]) -> IngestResult:
         names = list(tensors)
@@ -208,7 +220,7 @@ class _Ingest:
             parts.append([Moments()] * len(spans))
             jobs.extend((i, seq, view[off : off + ln], t.dtype) for seq, (off, ln) in enumerate(spans))
         result = IngestResult(tensors=[], packs=[], new_chunk_ids=self.queued)
-        hashing: deque[Future[_Hashed]] = deque()
+        hashing = self.hashing
         batch: list[_Hashed] = []
         step = max(1, self.opts.lookahead // 2)
 

@@ -186,3 +186,33 @@ def test_a_failed_snapshot_copy_stores_nothing(repo: ckptrepo.Repo) -> None:
     second = repo.commit(state, step=2).wait()
     assert second.parent_ids == [first.id]
     assert torch.equal(repo.load_tensor(second.id, "t4"), state["t4"])
+
+
+def test_a_failed_ingest_leaves_no_job_reading_the_snapshot(
+    repo: ckptrepo.Repo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Once a commit has failed, its staging slot goes to the next commit: no hashing or
+    # encoding job of the failed one may still be running (or start) by then.
+    running = 0
+    lock = threading.Lock()
+    real_hash = pipeline._Ingest._hash
+
+    def slow_hash(self: Any, *args: Any) -> Any:
+        nonlocal running
+        with lock:
+            running += 1
+        try:
+            time.sleep(0.01)
+            return real_hash(self, *args)
+        finally:
+            with lock:
+                running -= 1
+
+    monkeypatch.setattr(pipeline._Ingest, "_hash", slow_hash)
+    state = {f"t{i}": torch.randn(64 * 1024) for i in range(40)}  # 4 chunks of 64 KiB each
+    with faults.inject("ingest.chunk", nth=5):
+        handle = repo.commit(state, step=1)
+        with pytest.raises(faults.InjectedFault):
+            handle.wait()
+        assert running == 0
+    assert repo.verify().ok
