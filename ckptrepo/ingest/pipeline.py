@@ -101,7 +101,8 @@ class DeltaPlan:
 
 @dataclass(frozen=True)
 class IngestOptions:
-    """Knobs of one ingest: chunk size, compression on/off and zstd level, in-flight window."""
+    """Knobs of one ingest: chunk size, compression on/off and zstd level, encoded chunks in
+    flight (``window``), chunks hashed ahead (``lookahead``; looked up in halves)."""
 
     chunk_size: int
     compression: bool = True
