@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ForeignLoad, report, timed
 
 import ckptrepo
+from ckptrepo.db import lines
 from ckptrepo.db.engine import database_url, write_connection
 from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Metric, Pack, Ref, Tensor, TensorChunk
 from ckptrepo.lineage import analysis, queries
@@ -137,6 +138,10 @@ def build(n_commits: int, depth: int, seed: int = 0) -> Lineage:
     wide = [f"wide.{i}.weight" for i in range(WIDE)]
     first = add("wide", [(main[depth // 2], "parent")], wide)
     lin.wide = (first, add("wide", [(first, "parent")], wide, WIDE // 2))
+    # Each commit's first-parent line, as ``catalog.record_commit`` would place it.
+    placed = lines.assign_all((c["id"], c["first_parent_id"]) for c in lin.commits)
+    for c in lin.commits:
+        c["line_id"], c["fp_depth"] = placed[c["id"]]
     return lin
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from ckptrepo.db import lines
 from ckptrepo.db.engine import insert_ignore
 from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Metric, Pack, Ref, Tensor, TensorChunk
 
@@ -106,7 +107,7 @@ def record_commit(
     """Insert everything one commit adds. Rows another commit inserted concurrently
     (same chunk, same tensor) are kept as they are: content ids make them equal.
     The commit's ``first_parent_id`` is taken from ``edges`` (its ``parent`` edge at
-    position 0), whatever ``commit`` says."""
+    position 0), whatever ``commit`` says, and its first-parent line from ``lines.place``."""
     edge_list = list(edges)
     # Rows go in key order: two transactions inserting overlapping keys then lock them in the
     # same order and cannot deadlock (PostgreSQL); base chunks sort before their deltas.
@@ -147,7 +148,8 @@ def record_commit(
             ],
         )
     first = next((e.parent_id for e in edge_list if e.kind == "parent" and e.position == 0), None)
-    session.add(Commit(**{**commit, "first_parent_id": first}))
+    line_id, fp_depth = lines.place(session, commit["id"], first)
+    session.add(Commit(**{**commit, "first_parent_id": first, "line_id": line_id, "fp_depth": fp_depth}))
     session.flush()
     if entries:
         session.execute(

@@ -175,6 +175,8 @@ class Commit(Base):
     generation of the parents) and ``first_parent_id`` (the parent of the commit's
     ``parent`` edge at position 0; NULL for a root) are derived from ``edges`` and
     written once, with the commit, so that first-parent chains walk ``commits`` alone.
+    ``line_id`` and ``fp_depth`` (first-parent hops to a root) place the commit on a line of
+    first parents (``ckptrepo.db.lines``), so that a chain is read as a few index ranges.
     """
 
     __tablename__ = "commits"
@@ -188,6 +190,8 @@ class Commit(Base):
     epoch: Mapped[int | None] = mapped_column(Integer, default=None)
     generation: Mapped[int] = mapped_column(Integer, default=1)
     first_parent_id: Mapped[str | None] = mapped_column(Id, default=None)
+    line_id: Mapped[str] = mapped_column(Id)
+    fp_depth: Mapped[int] = mapped_column(Integer, default=0)
     config: Mapped[Any | None] = mapped_column(JsonType, default=None)
     code_version: Mapped[str | None] = mapped_column(String(255), default=None)
     skeleton: Mapped[Any] = mapped_column(JsonType)
@@ -245,6 +249,11 @@ class Metric(Base):
 
 
 Index("ix_metrics_name_value", Metric.name, Metric.value)
+# One commit per depth of each first-parent line; a first-parent chain reads one range per line.
+# PostgreSQL reads the range from the index alone (a chain of 10,000: 4 ms against 59 through
+# the table); SQLite's chains are cheap without (13 ms).
+Index("ux_commits_line", Commit.line_id, Commit.fp_depth, unique=True,
+      postgresql_include=["id", "step", "created_at"])
 # Lineage walks (``lineage.graph``) step along edges from either end, filtered by kind; these
 # cover every column a step reads, so a walk never visits the table (first-parent chains filter
 # on position). The parent-side one also indexes the ``parent_id`` foreign key.

@@ -9,8 +9,8 @@ difference over identical chunks is zero, and their share of the norms is recove
 the stored L2 norms (``ckptrepo.lineage.exact``). Result types are in ``reports``.
 
 Query budget: ``diff`` runs two queries whatever the number of tensors; ``history`` one
-recursive CTE along ``commits.first_parent_id`` that looks the tensor up in ``entries`` at
-each step, joined with tensors where the tensor changes, plus one query for close name
+query over the first-parent chain (one index range per line, ``ckptrepo.db.lines``) that
+looks the tensor up in ``entries`` for each commit, joined with tensors where it changes, plus one query for close name
 matches when the tensor is nowhere on the chain.
 Functions take the ``Repo`` and open their own short read session; they never write.
 """
@@ -24,13 +24,13 @@ from dataclasses import replace
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from sqlalchemy import ColumnElement, Text, and_, case, cast, func, literal, null, select
+from sqlalchemy import ColumnElement, Text, and_, case, cast, func, select
 from sqlalchemy.orm import Session, aliased
 
 from ckptrepo.chunks.store import ChunkLocation
-from ckptrepo.db import catalog
+from ckptrepo.db import catalog, lines
 from ckptrepo.db.engine import fetch_tuples
-from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Id, Metric, Tensor, TensorChunk, utc_datetime
+from ckptrepo.db.models import Chunk, Commit, Entry, Metric, Tensor, TensorChunk, utc_datetime
 from ckptrepo.errors import UnknownTensor, UsageError
 from ckptrepo.ids import short
 from ckptrepo.lineage import revparse
@@ -117,14 +117,9 @@ def _check_limit(limit: int | None) -> None:
 
 
 def _first_parent_chain(head: str, limit: int | None) -> Any:
-    """Recursive CTE (id, depth) of ``head`` and its first parents, depth 0 = head, at most ``limit`` rows."""
-    chain = select(cast(literal(head), Id).label("id"), literal(0).label("depth")).cte("chain", recursive=True)
-    step = select(Edge.parent_id, chain.c.depth + 1).join(
-        chain, and_(Edge.child_id == chain.c.id, Edge.position == 0, Edge.kind == "parent")
-    )
-    if limit is not None:
-        step = step.where(chain.c.depth < limit - 1)
-    return chain.union_all(step)
+    """Subquery (depth, id, step, created_at) of ``head`` and its first parents, depth 0 = head,
+    at most ``limit`` rows."""
+    return lines.chain_commits(head, limit, Commit.id, Commit.step, Commit.created_at).subquery("chain")
 
 
 # -- diff --------------------------------------------------------------------------------------
@@ -274,7 +269,8 @@ def history(repo: Repo, name: str, *, along: str = "main", limit: int | None = N
         # run. Sorted head first here: the query promises no order, and the rows mostly come in
         # order already.
         conn = s.connection()
-        rows = sorted(fetch_tuples(conn, _history_query(head, name, walked, conn.dialect.name)), key=itemgetter(0))
+        rows = sorted(fetch_tuples(conn, _history_query(head, name, walked, conn.dialect.name)),
+                      key=itemgetter(0))
         tensors = _history_tensors(name, rows)
         if not any(tensors[:limit]):
             names = s.scalars(select(Entry.name).where(Entry.commit_id == head))
@@ -309,22 +305,18 @@ def _history_tensors(name: str, rows: Sequence[Any]) -> list[_Side | None]:
     return out
 
 
-def _history_query(head: str, name: str, walked: int | None, dialect: str = "sqlite") -> Any:
+def _history_query(head: str, name: str, walked: int | None, dialect: str) -> Any:
     """Rows (depth, id, step, created_at, fresh, differing, tensor columns...) of ``head``'s
     first-parent chain, at most ``walked`` commits, in no particular order (to be fetched with
     ``fetch_tuples``: ``utc_datetime`` reads ``created_at``, ``_side`` the tensor columns).
 
-    One recursive CTE walks ``commits`` along ``first_parent_id`` and looks up, at each step,
-    the commit's tensor ``name`` (``tid``), carrying its child's (``ctid``) along, so nothing
-    is paired up afterwards. ``fresh``: the tensor differs from the child's (always true for
-    the head when it has the tensor), and only such rows carry the tensor's columns (NULL
-    when the commit has no such tensor); ``differing`` counts the positions whose chunk ids
-    differ between the two tensors when both exist and differ, else 0.
-
-    On PostgreSQL the walk reads ``commits`` alone and the tensors are looked up after it,
-    the child's taken with ``lag`` (``_chain_then_tensors``): the same rows, ~7% less time
-    there; SQLite keeps the lookups inside the walk."""
-    chain = _chain_then_tensors(head, name, walked) if dialect == "postgresql" else _tensor_chain(head, name, walked)
+    The chain's commits come as one index range per first-parent line (``lines``), each
+    with its tensor ``name`` (``tid``) and, by ``lag`` in chain order, its child's (``ctid``).
+    ``fresh``: the tensor differs from the child's (always true for the head when it has the
+    tensor), and only such rows carry the tensor's columns (NULL when the commit has no such
+    tensor); ``differing`` counts the positions whose chunk ids differ between the two
+    tensors when both exist and differ, else 0."""
+    chain = _tensor_chain(head, name, walked, dialect)
     fresh: ColumnElement[bool] = chain.c.tid.is_distinct_from(chain.c.ctid)
     tc1, tc2 = aliased(TensorChunk), aliased(TensorChunk)
     differing = (
@@ -344,51 +336,27 @@ def _history_query(head: str, name: str, walked: int | None, dialect: str = "sql
     )
 
 
-def _tensor_chain(head: str, name: str, limit: int | None) -> Any:
-    """Recursive CTE (depth, id, pid, step, created_at, tid, ctid) of ``head`` and its first
-    parents, depth 0 = head, at most ``limit`` rows: ``pid`` is the commit's first parent,
-    ``tid`` its tensor ``name`` and ``ctid`` the ``tid`` of the row before (its child on the
-    chain; NULL for the head). Each step is one lookup of the commit by id and one of its
-    entry ``name``; ``commits.first_parent_id`` spares a lookup in ``edges``."""
+def _tensor_chain(head: str, name: str, limit: int | None, dialect: str) -> Any:
+    """Subquery (depth, id, step, created_at, tid, ctid) of ``head`` and its first parents,
+    depth 0 = head, at most ``limit`` rows: ``tid`` is the commit's tensor ``name`` (NULL when
+    it has none) and ``ctid`` the ``tid`` of its child on the chain (NULL for the head).
 
-    def tensor_of(commit: Any) -> Any:
-        return (select(Entry.tensor_id).where(Entry.commit_id == commit, Entry.name == name)
-                .correlate_except(Entry).scalar_subquery())
-
-    chain = (
-        select(literal(0).label("depth"), Commit.id, Commit.first_parent_id.label("pid"), Commit.step,
-               Commit.created_at, tensor_of(Commit.id).label("tid"), cast(null(), Entry.tensor_id.type).label("ctid"))
-        .where(Commit.id == head)
-        .cte("chain", recursive=True)
-    )
-    parent = aliased(Commit)
-    step = (select(chain.c.depth + 1, parent.id, parent.first_parent_id, parent.step, parent.created_at,
-                   tensor_of(parent.id), chain.c.tid)
-            .join(chain, parent.id == chain.c.pid))
-    if limit is not None:
-        step = step.where(chain.c.depth < limit - 1)
-    return chain.union_all(step)
-
-
-def _chain_then_tensors(head: str, name: str, limit: int | None) -> Any:
-    """The rows of ``_tensor_chain`` (but ``pid``) as a subquery: a recursive CTE of ``head``'s
-    first-parent chain over ``commits`` alone, then each commit's entry ``name`` (``tid``, through
-    ``ix_entries_name_commit``) and, by ``lag`` in chain order, its child's (``ctid``)."""
-    chain = (select(literal(0).label("depth"), Commit.id, Commit.first_parent_id.label("pid"), Commit.step,
-                    Commit.created_at)
-             .where(Commit.id == head)
-             .cte("chain", recursive=True))
-    parent = aliased(Commit)
-    step = (select(chain.c.depth + 1, parent.id, parent.first_parent_id, parent.step, parent.created_at)
-            .join(chain, parent.id == chain.c.pid))
-    if limit is not None:
-        step = step.where(chain.c.depth < limit - 1)
-    chain = chain.union_all(step)
+    PostgreSQL looks ``tid`` up with a join (index-only, ``ix_entries_name_commit``); SQLite
+    with a correlated subquery, because for the join it first builds a Bloom filter over all
+    of ``entries`` (10,000-commit chain of a 2-million-entry repository: 279 against 91 ms)."""
+    chain = lines.chain_commits(head, limit, Commit.id, Commit.step, Commit.created_at).subquery("chain")
+    if dialect == "postgresql":
+        found = (select(chain.c.depth, chain.c.id, chain.c.step, chain.c.created_at, Entry.tensor_id.label("tid"))
+                 .select_from(chain)
+                 .outerjoin(Entry, and_(Entry.commit_id == chain.c.id, Entry.name == name)))
+    else:
+        tid = (select(Entry.tensor_id).where(Entry.commit_id == chain.c.id, Entry.name == name)
+               .correlate(chain).scalar_subquery())
+        found = select(chain.c.depth, chain.c.id, chain.c.step, chain.c.created_at, tid.label("tid"))
+    rows = found.subquery("found")
     return (
-        select(chain.c.depth, chain.c.id, chain.c.step, chain.c.created_at, Entry.tensor_id.label("tid"),
-               func.lag(Entry.tensor_id).over(order_by=chain.c.depth).label("ctid"))
-        .select_from(chain)
-        .outerjoin(Entry, and_(Entry.commit_id == chain.c.id, Entry.name == name))
+        select(rows.c.depth, rows.c.id, rows.c.step, rows.c.created_at, rows.c.tid,
+               func.lag(rows.c.tid).over(order_by=rows.c.depth).label("ctid"))
         .subquery("tensor_chain")
     )
 
@@ -406,9 +374,8 @@ def metrics_along(
     with repo._sessions() as s:
         chain = _first_parent_chain(revparse.resolve(s, along), limit)
         q = (
-            select(chain.c.depth, Commit.id, Commit.step, Commit.created_at, Metric.name, Metric.value)
+            select(chain.c.depth, chain.c.id, chain.c.step, chain.c.created_at, Metric.name, Metric.value)
             .select_from(chain)
-            .join(Commit, Commit.id == chain.c.id)
             .outerjoin(Metric, and_(Metric.commit_id == chain.c.id, Metric.name.in_(list(names))))
             .order_by(chain.c.depth)
         )

@@ -27,6 +27,7 @@ from typer.testing import CliRunner, Result
 
 import ckptrepo
 from ckptrepo import errors
+from ckptrepo.db import lines
 from ckptrepo.db.engine import fetch_tuples, write_connection
 from ckptrepo.db.models import Commit, Edge, Metric
 from ckptrepo.lineage import analysis, graph, queries
@@ -331,6 +332,16 @@ def test_best(hand: Hand) -> None:
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
+def _with_lines(rows: list[dict[str, Any]], parents: dict[str, list[tuple[str, str]]]) -> list[dict[str, Any]]:
+    """``rows`` (commits, parents first) with the first parent and first-parent line that
+    ``catalog.record_commit`` would store, for commits inserted directly."""
+    firsts = {cid: next((p for p, k in ps if k == "parent"), None) if ps and ps[0][1] == "parent" else None
+              for cid, ps in parents.items()}
+    placed = lines.assign_all((r["id"], firsts[r["id"]]) for r in rows)
+    return [{**r, "first_parent_id": firsts[r["id"]], "line_id": placed[r["id"]][0], "fp_depth": placed[r["id"]][1]}
+            for r in rows]
+
+
 def _random_dag(repo: ckptrepo.Repo, n: int, seed: int) -> tuple[list[str], dict[str, list[tuple[str, str]]]]:
     """Insert ``n`` commits in a few long lines with forks, merges and transfers; returns the ids
     (oldest first) and each commit's parents as (id, kind) in position order."""
@@ -359,7 +370,7 @@ def _random_dag(repo: ckptrepo.Repo, n: int, seed: int) -> tuple[list[str], dict
                      "step": i, "branch": f"line{i % 3}"})
         edges += [{"child_id": cid, "parent_id": p, "kind": k, "position": j} for j, (p, k) in enumerate(ps)]
     with write_connection(repo._engine) as conn:
-        conn.execute(insert(Commit), rows)
+        conn.execute(insert(Commit), _with_lines(rows, parents))
         if edges:
             conn.execute(insert(Edge), edges)
         conn.execute(insert(Metric), [{"commit_id": c, "name": "loss", "value": rng.random()} for c in ids])
@@ -419,8 +430,9 @@ def test_descendants_where_paths_multiply(tmp_path: Path, db_url: str) -> None:
             children[p].add(child)
     with ckptrepo.Repo.init(tmp_path / "diamonds", db_url=db_url) as repo:
         with write_connection(repo._engine) as conn:
-            conn.execute(insert(Commit), [{"id": c, "created_at": T0 + timedelta(seconds=i), "generation": gen[c],
-                                           "skeleton": {}} for i, c in enumerate(ids)])
+            conn.execute(insert(Commit), _with_lines([{"id": c, "created_at": T0 + timedelta(seconds=i),
+                                                       "generation": gen[c], "skeleton": {}}
+                                                      for i, c in enumerate(ids)], parents))
             conn.execute(insert(Edge), [{"child_id": c, "parent_id": p, "kind": k, "position": j}
                                         for c, ps in parents.items() for j, (p, k) in enumerate(ps)])
         with repo._sessions() as s:
@@ -431,11 +443,10 @@ def test_descendants_where_paths_multiply(tmp_path: Path, db_url: str) -> None:
             assert queries.descendants(repo, start) == _bfs_up(start, children)
 
 
-def test_history_query_shapes_agree(tmp_path: Path, db_url: str) -> None:
-    """``analysis.history`` walks the chain with the tensor lookups inside the walk on SQLite
-    and after it (``lag``) on PostgreSQL: both shapes give the same rows on either database,
-    whole or cut short, for a tensor that appears, stays, changes, goes away and comes back,
-    and for one no commit has."""
+def test_history_rows(tmp_path: Path, db_url: str) -> None:
+    """``analysis.history`` along a chain whose tensor appears, stays, changes, goes away and
+    comes back, whole or cut short, and for a tensor no commit has; and along a fork that
+    left the line of its parent (its chain crosses from one first-parent line to another)."""
     values = [None, 1.0, 1.0, 2.0, None, None, 3.0, 3.0, 4.0, 4.0]
     with ckptrepo.Repo.init(tmp_path / "hist", db_url=db_url) as repo:
         for i, v in enumerate(values):
@@ -447,13 +458,23 @@ def test_history_query_shapes_agree(tmp_path: Path, db_url: str) -> None:
             conn = s.connection()
             head = repo.resolve("main")
             for name, walked in itertools.product(("w", "other", "absent"), (None, 1, 2, 5, 20)):
-                inside, after = (sorted(fetch_tuples(conn, analysis._history_query(head, name, walked, dialect)))
-                                 for dialect in ("sqlite", "postgresql"))
-                assert inside == after, (name, walked)
-                assert [r[0] for r in inside] == list(range(min(walked or 99, len(values))))
+                rows, other = (sorted(fetch_tuples(conn, analysis._history_query(head, name, walked, dialect)))
+                               for dialect in ("sqlite", "postgresql"))  # both query shapes, same rows
+                assert rows == other, (name, walked)
+                assert [r[0] for r in rows] == list(range(min(walked or 99, len(values))))
+                if name != "w":  # "other" changes in every commit; "absent" is in none
+                    assert [r[4] for r in rows] == [name == "other"] * len(rows)
         points = analysis.history(repo, "w", along="main")
         assert [p.status for p in points] == ["unchanged", "changed", "unchanged", "added", "absent", "removed",
                                               "changed", "unchanged", "added", "absent"]
+        repo.branch("fork", "main~6")
+        repo.commit({"w": torch.full((2, 5000), 9.0)}, branch="fork", step=100, blocking=True).wait()
+        along_fork = analysis.history(repo, "w", along="fork")
+        assert [p.step for p in along_fork] == [100, 3, 2, 1, 0]
+        assert [p.status for p in along_fork] == ["changed", "changed", "unchanged", "added", "absent"]
+        with repo._sessions() as s:
+            placed = dict(s.execute(select(Commit.id, Commit.line_id)).all())
+        assert placed[repo.resolve("fork")] == repo.resolve("fork") != placed[repo.resolve("main~6")]
 
 
 @pytest.mark.parametrize("kinds", [graph.EDGE_KINDS, ("merge", "parent")])
@@ -497,6 +518,12 @@ def test_random_dags_match_brute_force(tmp_path: Path, db_url: str, kinds: tuple
                 assert set(found) == {x for x, d in dd.items() if 0 < d <= 4}
                 assert [dd[x] for x in found] == sorted(dd[x] for x in found)
             for head in ids[-5:] + rng.sample(ids, 5):
+                chain = [head]  # first parents, by brute force
+                while parents[chain[-1]] and parents[chain[-1]][0][1] == "parent":
+                    chain.append(parents[chain[-1]][0][0])
+                for limit in (None, 1, 7, len(chain), len(chain) + 1):
+                    rows = fetch_tuples(s.connection(), lines.chain_commits(head, limit, Commit.id))
+                    assert sorted(rows) == list(enumerate(chain[:limit])), limit
                 full = graph.log_commits(s, head, None)
                 assert [c.id for c in full] == sorted(_dist(head, parents, set(graph.EDGE_KINDS)),
                                                       key=lambda c: (-ids.index(c), c))
