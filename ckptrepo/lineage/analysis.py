@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from operator import itemgetter
@@ -353,7 +354,10 @@ def _tensor_chain(head: str, name: str, limit: int | None, dialect: str) -> Any:
         tid = (select(Entry.tensor_id).where(Entry.commit_id == chain.c.id, Entry.name == name)
                .correlate(chain).scalar_subquery())
         found = select(chain.c.depth, chain.c.id, chain.c.step, chain.c.created_at, tid.label("tid"))
-    rows = found.subquery("found")
+    rows: Any = found.subquery("found")
+    if dialect == "sqlite" and sqlite3.sqlite_version_info >= (3, 35, 0):
+        # Materialized: flattened into the window's query, the lookup ran twice per row.
+        rows = found.cte("found").prefix_with("MATERIALIZED")
     return (
         select(rows.c.depth, rows.c.id, rows.c.step, rows.c.created_at, rows.c.tid,
                func.lag(rows.c.tid).over(order_by=rows.c.depth).label("ctid"))
