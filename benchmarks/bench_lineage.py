@@ -139,9 +139,10 @@ def build(n_commits: int, depth: int, seed: int = 0) -> Lineage:
     first = add("wide", [(main[depth // 2], "parent")], wide)
     lin.wide = (first, add("wide", [(first, "parent")], wide, WIDE // 2))
     # Each commit's first-parent line, as ``catalog.record_commit`` would place it.
-    placed = lines.assign_all((c["id"], c["first_parent_id"]) for c in lin.commits)
+    extra = {e["child_id"] for e in lin.edges if not (e["kind"] == "parent" and e["position"] == 0)}
+    placed = lines.assign_all((c["id"], c["first_parent_id"], c["id"] in extra) for c in lin.commits)
     for c in lin.commits:
-        c["line_id"], c["fp_depth"] = placed[c["id"]]
+        c.update(placed[c["id"]]._asdict())
     return lin
 
 

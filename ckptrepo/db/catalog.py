@@ -148,8 +148,9 @@ def record_commit(
             ],
         )
     first = next((e.parent_id for e in edge_list if e.kind == "parent" and e.position == 0), None)
-    line_id, fp_depth = lines.place(session, commit["id"], first)
-    session.add(Commit(**{**commit, "first_parent_id": first, "line_id": line_id, "fp_depth": fp_depth}))
+    extra = any(not (e.kind == "parent" and e.position == 0) for e in edge_list)
+    spot = lines.place(session, commit["id"], first, extra)
+    session.add(Commit(**{**commit, "first_parent_id": first, **spot._asdict()}))
     session.flush()
     if entries:
         session.execute(

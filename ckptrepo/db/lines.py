@@ -16,12 +16,16 @@ one step per commit. ``place`` assigns a new commit's line inside the transactio
 inserts it; ``assign_all`` does the same for many commits at once (schema migration, bulk
 loads). Nothing else writes these columns: they never change once a commit exists (gc
 deletes a commit only with every commit above it on its line).
+
+A commit is also *linear* when it has no parent other than its first parent, and that one
+(if any) is linear: its ancestors through every edge kind are then its first-parent chain,
+so ancestor and log queries read the chain instead of walking edges.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import and_, select
 from sqlalchemy.orm import Session, aliased
@@ -29,8 +33,17 @@ from sqlalchemy.orm import Session, aliased
 from ckptrepo.db.models import Commit
 
 
-def place(session: Session, commit_id: str, first_parent_id: str | None) -> tuple[str, int]:
-    """``(line_id, fp_depth)`` for a new commit whose first parent is ``first_parent_id``.
+class Placement(NamedTuple):
+    """Where a commit sits among the first-parent lines, and whether its ancestry is linear."""
+
+    line_id: str
+    fp_depth: int
+    linear: bool  # its ancestors (through every edge kind) are exactly its first-parent chain
+
+
+def place(session: Session, commit_id: str, first_parent_id: str | None, extra_parents: bool) -> Placement:
+    """The placement of a new commit whose first parent is ``first_parent_id`` and which has
+    other parents (merge, transfer, or a parent edge past position 0) when ``extra_parents``.
 
     The commit continues the parent's line unless another child already does. On
     PostgreSQL the parent's row is locked (``FOR NO KEY UPDATE``, which foreign-key checks
@@ -40,35 +53,38 @@ def place(session: Session, commit_id: str, first_parent_id: str | None) -> tupl
     commit) gives a line of its own.
     """
     if first_parent_id is None:
-        return commit_id, 0
-    query = select(Commit.line_id, Commit.fp_depth).where(Commit.id == first_parent_id)
+        return Placement(commit_id, 0, not extra_parents)
+    query = select(Commit.line_id, Commit.fp_depth, Commit.linear).where(Commit.id == first_parent_id)
     if session.get_bind().dialect.name == "postgresql":
         query = query.with_for_update(key_share=True)
     row = session.execute(query).one_or_none()
     if row is None:
-        return commit_id, 0
-    line, depth = row
+        return Placement(commit_id, 0, False)
+    line, depth, linear = row
     taken = session.scalar(select(Commit.id).where(Commit.line_id == line, Commit.fp_depth == depth + 1))
-    return (commit_id if taken is not None else line), depth + 1
+    return Placement(commit_id if taken is not None else line, depth + 1, bool(linear) and not extra_parents)
 
 
-def assign_all(commits: Iterable[tuple[str, str | None]],
-               known: dict[str, tuple[str, int]] | None = None) -> dict[str, tuple[str, int]]:
-    """``{id: (line_id, fp_depth)}`` for ``commits`` given as ``(id, first_parent_id)`` with
-    every parent before its children (generation order, for instance); the first child of a
-    parent in that order continues its line. ``known`` places commits stored already (a
-    parent missing from both starts a line of its own, as in ``place``)."""
-    placed: dict[str, tuple[str, int]] = dict(known or {})
-    taken = set(placed.values())
-    out: dict[str, tuple[str, int]] = {}
-    for cid, parent in commits:
-        if parent is None or parent not in placed:
-            spot = (cid, 0)
+def assign_all(commits: Iterable[tuple[str, str | None, bool]],
+               known: dict[str, Placement] | None = None) -> dict[str, Placement]:
+    """``{id: Placement}`` for ``commits`` given as ``(id, first_parent_id, extra_parents)``
+    (see ``place``) with every parent before its children (generation order, for instance);
+    the first child of a parent in that order continues its line. ``known`` places commits
+    stored already (a parent missing from both starts a line of its own, as in ``place``)."""
+    placed: dict[str, Placement] = dict(known or {})
+    taken = {(p.line_id, p.fp_depth) for p in placed.values()}
+    out: dict[str, Placement] = {}
+    for cid, parent, extra in commits:
+        if parent is None:
+            spot = Placement(cid, 0, not extra)
+        elif parent not in placed:
+            spot = Placement(cid, 0, False)
         else:
-            line, depth = placed[parent]
-            spot = (line, depth + 1) if (line, depth + 1) not in taken else (cid, depth + 1)
+            up = placed[parent]
+            line = up.line_id if (up.line_id, up.fp_depth + 1) not in taken else cid
+            spot = Placement(line, up.fp_depth + 1, up.linear and not extra)
         placed[cid] = out[cid] = spot
-        taken.add(spot)
+        taken.add((spot.line_id, spot.fp_depth))
     return out
 
 

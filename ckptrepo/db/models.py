@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -176,7 +177,8 @@ class Commit(Base):
     ``parent`` edge at position 0; NULL for a root) are derived from ``edges`` and
     written once, with the commit, so that first-parent chains walk ``commits`` alone.
     ``line_id`` and ``fp_depth`` (first-parent hops to a root) place the commit on a line of
-    first parents (``ckptrepo.db.lines``), so that a chain is read as a few index ranges.
+    first parents (``ckptrepo.db.lines``), so that a chain is read as a few index ranges;
+    ``linear``: every ancestor is on that chain (no merge or transfer on the way).
     """
 
     __tablename__ = "commits"
@@ -192,6 +194,7 @@ class Commit(Base):
     first_parent_id: Mapped[str | None] = mapped_column(Id, default=None)
     line_id: Mapped[str] = mapped_column(Id)
     fp_depth: Mapped[int] = mapped_column(Integer, default=0)
+    linear: Mapped[bool] = mapped_column(Boolean, default=False)
     config: Mapped[Any | None] = mapped_column(JsonType, default=None)
     code_version: Mapped[str | None] = mapped_column(String(255), default=None)
     skeleton: Mapped[Any] = mapped_column(JsonType)

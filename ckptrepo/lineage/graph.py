@@ -28,6 +28,7 @@ from typing import Any
 from sqlalchemy import CTE, ColumnElement, Select, cast, func, literal, select
 from sqlalchemy.orm import Session, aliased
 
+from ckptrepo.db import lines
 from ckptrepo.db.engine import fetch_tuples
 from ckptrepo.db.models import Commit, Edge, Id
 from ckptrepo.errors import UsageError
@@ -195,9 +196,21 @@ def ancestor_ids(session: Session, start: str, kinds: Collection[str] = EDGE_KIN
     """The proper ancestors of ``start`` (itself excluded), at most ``max_depth`` edges away, nearest
     first: breadth-first from ``start``, each commit's parents in position order (first parents
     first). One recursive query; the order is worked out in memory from the edges it returns.
-    When the ancestors form one line of parents, a cheaper walk answers first."""
+    A linear commit's ancestors are its first-parent chain, read as such (``db.lines``); when
+    the ancestors form one line of parents otherwise, a cheaper walk answers first."""
+    if _is_linear(session, start):
+        if "parent" not in kinds:
+            return []  # a linear commit has parent edges only
+        limit = None if max_depth is None else max_depth + 1
+        rows = sorted(fetch_tuples(session.connection(), lines.chain_commits(start, limit, Commit.id)))
+        return [cid for _, cid in rows[1:]]
     line = _line_of_parents(session, start, kinds, max_depth)
     return line if line is not None else _nearest_first(session, start, kinds, max_depth, down=True)
+
+
+def _is_linear(session: Session, commit_id: str) -> bool:
+    """Whether every ancestor of ``commit_id`` is on its first-parent chain (``Commit.linear``)."""
+    return bool(session.scalar(select(Commit.linear).where(Commit.id == commit_id)))
 
 
 def descendant_ids(session: Session, start: str, kinds: Collection[str] = EDGE_KINDS,
@@ -356,6 +369,19 @@ def log_commits(session: Session, start: str | None, limit: int | None, offset: 
     parents (clocks in step between the machines that committed). Where a clock ran ahead, a
     commit can show up later in the listing than its time says, as in git.
     """
+    if start is not None and _is_linear(session, start):
+        # Every ancestor is on the first-parent chain: sort the chain itself, exactly. Along a
+        # linear chain the generation grows with ``fp_depth``, which the chain's index holds.
+        # A page takes the ids first (PostgreSQL sorts them from the index alone), then its rows.
+        q = lines.chain_commits(start, None, Commit.id if limit is not None else Commit)
+        if where is not None:
+            q = q.where(where)
+        q = q.order_by(Commit.created_at.desc(), Commit.fp_depth.desc(), Commit.id).offset(offset).limit(limit)
+        if limit is None:
+            return [c for _, c in session.execute(q)]
+        ids = [cid for _, cid in session.execute(q)]
+        rows = {c.id: c for c in session.scalars(select(Commit).where(Commit.id.in_(ids)))}
+        return [rows[i] for i in ids]
     if start is not None and limit is not None:
         ids = _log_page(session, start, offset + limit, where)[offset:]
         rows = {c.id: c for c in session.scalars(select(Commit).where(Commit.id.in_(ids)))}

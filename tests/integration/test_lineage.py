@@ -335,11 +335,10 @@ T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 def _with_lines(rows: list[dict[str, Any]], parents: dict[str, list[tuple[str, str]]]) -> list[dict[str, Any]]:
     """``rows`` (commits, parents first) with the first parent and first-parent line that
     ``catalog.record_commit`` would store, for commits inserted directly."""
-    firsts = {cid: next((p for p, k in ps if k == "parent"), None) if ps and ps[0][1] == "parent" else None
-              for cid, ps in parents.items()}
-    placed = lines.assign_all((r["id"], firsts[r["id"]]) for r in rows)
-    return [{**r, "first_parent_id": firsts[r["id"]], "line_id": placed[r["id"]][0], "fp_depth": placed[r["id"]][1]}
-            for r in rows]
+    firsts = {cid: ps[0][0] if ps and ps[0][1] == "parent" else None for cid, ps in parents.items()}
+    extra = {cid for cid, ps in parents.items() if any(j > 0 or k != "parent" for j, (_, k) in enumerate(ps))}
+    placed = lines.assign_all((r["id"], firsts[r["id"]], r["id"] in extra) for r in rows)
+    return [{**r, "first_parent_id": firsts[r["id"]], **placed[r["id"]]._asdict()} for r in rows]
 
 
 def _random_dag(repo: ckptrepo.Repo, n: int, seed: int) -> tuple[list[str], dict[str, list[tuple[str, str]]]]:

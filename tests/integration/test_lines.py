@@ -15,6 +15,7 @@ import ckptrepo
 from ckptrepo.db import lines, migrate
 from ckptrepo.db.engine import fetch_tuples, make_engine, session_factory, write_transaction
 from ckptrepo.db.models import Commit
+from ckptrepo.lineage import graph, queries
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -22,21 +23,33 @@ T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 def test_assign_all_continues_the_first_child() -> None:
     #   r - a - b - c        (main)
     #        \- x - y        (fork of a, after b)
-    #            \- z        (fork of x, after y)
+    #            \- z        (fork of x, after y; merges c)
     #   q                    (a second root)
-    commits = [("r", None), ("a", "r"), ("b", "a"), ("x", "a"), ("c", "b"), ("y", "x"), ("z", "x"), ("q", None)]
-    placed = lines.assign_all(commits)
-    assert placed == {"r": ("r", 0), "a": ("r", 1), "b": ("r", 2), "c": ("r", 3), "x": ("x", 2), "y": ("x", 3),
-                      "z": ("z", 3), "q": ("q", 0)}
-    # Commits placed earlier count: a new child of ``b`` starts a line, one of ``c`` continues.
-    more = lines.assign_all([("d", "b"), ("e", "c"), ("f", "missing")], known=placed)
-    assert more == {"d": ("d", 3), "e": ("r", 4), "f": ("f", 0)}
+    commits = [("r", None, False), ("a", "r", False), ("b", "a", False), ("x", "a", False), ("c", "b", False),
+               ("y", "x", False), ("z", "x", True), ("q", None, False)]
+    placed = {cid: tuple(p) for cid, p in lines.assign_all(commits).items()}
+    assert placed == {"r": ("r", 0, True), "a": ("r", 1, True), "b": ("r", 2, True), "c": ("r", 3, True),
+                      "x": ("x", 2, True), "y": ("x", 3, True), "z": ("z", 3, False), "q": ("q", 0, True)}
+    # Commits placed earlier count: a new child of ``b`` starts a line, one of ``c`` continues;
+    # below a merge nothing is linear, nor below a parent that is not known.
+    known = lines.assign_all(commits)
+    more = lines.assign_all([("d", "b", False), ("e", "c", False), ("f", "z", False), ("g", "missing", False),
+                             ("h", None, True)], known=known)
+    assert {cid: tuple(p) for cid, p in more.items()} == {
+        "d": ("d", 3, True), "e": ("r", 4, True), "f": ("z", 4, False), "g": ("g", 0, False), "h": ("h", 0, False)}
 
 
-def _placements(repo: ckptrepo.Repo) -> dict[str, tuple[str, int]]:
+def _first_parents(repo: ckptrepo.Repo, head: str) -> list[str]:
+    chain = [head]
+    while (up := repo.get_commit(chain[-1]).parents) and up[0].kind == "parent":
+        chain.append(up[0].id)
+    return chain
+
+
+def _placements(repo: ckptrepo.Repo) -> dict[str, tuple[str, int, bool]]:
     with repo._sessions() as s:
-        rows = s.execute(select(Commit.id, Commit.line_id, Commit.fp_depth))
-        return {cid: (line, depth) for cid, line, depth in rows}
+        rows = s.execute(select(Commit.id, Commit.line_id, Commit.fp_depth, Commit.linear))
+        return {cid: (line, depth, linear) for cid, line, depth, linear in rows}
 
 
 def test_commits_are_placed_and_the_migration_places_them_alike(tmp_path: Path, db_url: str) -> None:
@@ -52,10 +65,16 @@ def test_commits_are_placed_and_the_migration_places_them_alike(tmp_path: Path, 
         repo.commit({"v": torch.ones(2)}, branch="other", step=0, blocking=True).wait()  # a second root
         placed = _placements(repo)
         main, fork, fork2, other = (repo.resolve(b) for b in ("main", "fork", "fork2", "other"))
-        assert placed[main] == (repo.resolve("main~3"), 3)
-        assert placed[fork] == (repo.resolve("fork~2"), 4)  # forked at depth 1: its first commit is at 2
-        assert placed[fork2] == (fork2, 4) and placed[other] == (other, 0)
-        chains = {b: [c.id for c in repo.log(b)] for b in ("main", "fork", "fork2")}
+        assert placed[main] == (repo.resolve("main~3"), 3, True)
+        assert placed[fork] == (repo.resolve("fork~2"), 4, True)  # forked at depth 1: its first commit is at 2
+        assert placed[fork2] == (fork2, 4, True) and placed[other] == (other, 0, True)
+        merged = repo.commit({"w": torch.zeros(4)}, branch="main", parents=[main, fork], blocking=True).wait().id
+        after = repo.commit({"w": torch.ones(4)}, branch="main", blocking=True).wait().id
+        moved = repo.commit({"w": torch.ones(4)}, branch="moved", transfer_from=fork2, blocking=True).wait().id
+        placed = _placements(repo)
+        assert placed[merged] == (placed[main][0], 4, False) and placed[after] == (placed[main][0], 5, False)
+        assert placed[moved] == (moved, 0, False)
+        chains = {b: _first_parents(repo, repo.resolve(b)) for b in ("main", "fork", "fork2", "moved")}
         with repo._sessions() as s:
             for b, expected in chains.items():
                 rows = sorted(fetch_tuples(s.connection(), lines.chain_commits(repo.resolve(b), None, Commit.id)))
@@ -82,9 +101,9 @@ def test_children_of_one_parent_committed_at_once_take_turns(tmp_path: Path, db_
 
         def child(cid: str, hold: bool) -> None:
             with write_transaction(repo._sessions) as s:
-                results[cid] = lines.place(s, cid, root)
+                results[cid] = lines.place(s, cid, root, False)
                 s.add(Commit(id=cid, created_at=T0, generation=2, first_parent_id=root, skeleton={},
-                             line_id=results[cid][0], fp_depth=results[cid][1]))
+                             **results[cid]._asdict()))
                 s.flush()
                 if hold:
                     first_placed.set()
@@ -101,7 +120,7 @@ def test_children_of_one_parent_committed_at_once_take_turns(tmp_path: Path, db_
         release.set()
         holder.join(30)
         second.join(30)
-        assert results == {a: (root, 1), b: (b, 1)}
+        assert results == {a: (root, 1, True), b: (b, 1, True)}
 
 
 @pytest.mark.parametrize("limit", [None, 1, 3, 6, 50])
@@ -112,7 +131,41 @@ def test_chain_commits_cut_short(tmp_path: Path, limit: int | None) -> None:
         repo.branch("fork", "main~2")
         for i in range(3):
             repo.commit({"w": torch.full((4,), 10.0 + i)}, branch="fork", step=10 + i, blocking=True).wait()
-        expected = [c.id for c in repo.log("fork")]
+        expected = _first_parents(repo, repo.resolve("fork"))
         with repo._sessions() as s:
             rows = sorted(fetch_tuples(s.connection(), lines.chain_commits(repo.resolve("fork"), limit, Commit.id)))
         assert rows == list(enumerate(expected[:limit]))
+
+
+def test_linear_commits_answer_ancestors_and_log_from_the_chain(tmp_path: Path, db_url: str) -> None:
+    with ckptrepo.Repo.init(tmp_path / "repo", db_url=db_url) as repo:
+        for i in range(6):
+            repo.commit({"w": torch.full((4,), float(i))}, branch="main", step=i, metrics={"loss": 6.0 - i},
+                        blocking=True).wait()
+        repo.branch("fork", "main~3")
+        for i in range(2):
+            repo.commit({"w": torch.full((4,), 10.0 + i)}, branch="fork", step=10 + i, blocking=True).wait()
+        merged = repo.commit({"w": torch.zeros(4)}, branch="main", parents=[repo.resolve("main"),
+                             repo.resolve("fork")], step=20, blocking=True).wait().id
+        with repo._sessions() as s:
+            for rev in ("fork", "main~1", merged):
+                start = repo.resolve(rev)
+                assert graph._is_linear(s, start) == (start != merged)
+                walked = graph._nearest_first(s, start, graph.EDGE_KINDS, None, down=True)  # the edge walk
+                assert graph.ancestor_ids(s, start) == walked
+                for depth in (1, 2, 50):
+                    assert graph.ancestor_ids(s, start, max_depth=depth) == graph._nearest_first(
+                        s, start, graph.EDGE_KINDS, depth, down=True)
+                assert graph.ancestor_ids(s, start, ("merge", "transfer")) == graph._nearest_first(
+                    s, start, ("merge", "transfer"), None, down=True)
+        for rev in ("fork", "main~1", merged):
+            full = [c.id for c in repo.log(rev)]
+            assert len(full) == len(set(full)) and full[0] == repo.resolve(rev)
+            assert set(full[1:]) == set(queries.ancestors(repo, rev))
+            times = [repo.get_commit(cid).created_at for cid in full]
+            assert times == sorted(times, reverse=True)
+            for limit, offset in ((1, 0), (3, 2), (50, 0)):
+                assert [c.id for c in repo.log(rev, limit=limit, offset=offset)] == full[offset : offset + limit]
+            low = [c.id for c in repo.log(rev, where="loss < 3.5")]
+            assert low == [cid for cid in full if (repo.get_commit(cid).metrics or {}).get("loss", 9) < 3.5]
+            assert [c.id for c in repo.log(rev, where="loss < 3.5", limit=1, offset=1)] == low[1:2]
