@@ -367,12 +367,21 @@ def log_commits(session: Session, start: str | None, limit: int | None, offset: 
     With a ``limit``, the ancestors of ``start`` are walked band by band of generations only
     until the page is certain, like ``git log``: that takes a commit to be younger than its
     parents (clocks in step between the machines that committed). Where a clock ran ahead, a
-    commit can show up later in the listing than its time says, as in git.
+    commit can show up later in the listing than its time says, as in git. A linear ``start``
+    (``Commit.linear``) reads its first-parent chain instead: the nearest commits for a page,
+    the whole chain sorted for a filtered page or a full listing.
     """
     if start is not None and _is_linear(session, start):
         # Every ancestor is on the first-parent chain: sort the chain itself, exactly. Along a
         # linear chain the generation grows with ``fp_depth``, which the chain's index holds.
-        # A page takes the ids first (PostgreSQL sorts them from the index alone), then its rows.
+        # Without a filter, a page is the nearest ``offset + limit`` commits of the chain (taking,
+        # as the band walk below does, each commit to be younger than its parents), read with
+        # their rows at once. With one, the page takes the ids first (PostgreSQL sorts them
+        # from the index alone), then its rows.
+        if where is None and limit is not None:
+            page = lines.chain_commits(start, offset + limit, Commit).order_by(
+                Commit.created_at.desc(), Commit.fp_depth.desc(), Commit.id).offset(offset).limit(limit)
+            return [c for _, c in session.execute(page)]
         q = lines.chain_commits(start, None, Commit.id if limit is not None else Commit)
         if where is not None:
             q = q.where(where)

@@ -19,10 +19,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sqlalchemy import and_, cast, literal, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ckptrepo.db.models import Commit, Edge, Id, Ref
+from ckptrepo.db import lines
+from ckptrepo.db.engine import fetch_tuples
+from ckptrepo.db.models import Commit, Edge, Ref
 from ckptrepo.errors import AmbiguousRevision, InvalidRefName, UnknownRevision
 from ckptrepo.ids import ID_HEX_LEN, is_hex, short
 
@@ -82,8 +84,7 @@ def resolve(session: Session, rev: str) -> str:
         commit_id = _at_step(session, commit_id, spec.step, rev)
     for op, n in spec.hops:
         if op == "~":
-            for _ in range(n):
-                commit_id = _parent(session, commit_id, 1, rev)
+            commit_id = _first_parent_at(session, commit_id, n, rev)
         elif n:
             commit_id = _parent(session, commit_id, n, rev)
     return commit_id
@@ -127,21 +128,25 @@ def _parent(session: Session, commit_id: str, n: int, rev: str) -> str:
     return parents[n - 1]
 
 
+def _first_parent_at(session: Session, commit_id: str, n: int, rev: str) -> str:
+    """The ``n``-th commit down ``commit_id``'s first-parent chain (``n`` = 0: itself), read
+    from the chain's first-parent lines in one query (``db.lines``)."""
+    rows = fetch_tuples(session.connection(), lines.chain_commits(commit_id, n + 1, Commit.id))
+    found = [cid for depth, cid in rows if depth == n]
+    if not found:
+        raise UnknownRevision(
+            rev=rev, hint=f"Commit {short(commit_id)} has {len(rows) - 1} first-parent ancestor(s); "
+                          "`ckpt log` shows the history.")
+    return str(found[0])
+
+
 def _at_step(session: Session, head: str, step: int, rev: str) -> str:
     """Nearest commit with ``step`` on the first-parent chain from ``head`` (head included)."""
-    chain = select(cast(literal(head), Id).label("id"), literal(0).label("depth")).cte("chain", recursive=True)
-    chain = chain.union_all(
-        select(Edge.parent_id, chain.c.depth + 1).join(
-            chain, and_(Edge.child_id == chain.c.id, Edge.position == 0, Edge.kind == "parent")
-        )
-    )
-    found = session.scalars(
-        select(Commit.id)
-        .join(chain, Commit.id == chain.c.id)
-        .where(Commit.step == step)
-        .order_by(chain.c.depth)
-        .limit(1)
+    # Nearest first: the deepest ``fp_depth`` on the chain is the closest to ``head``.
+    row = session.execute(
+        lines.chain_commits(head, None, Commit.id).where(Commit.step == step).order_by(Commit.fp_depth.desc()).limit(1)
     ).first()
+    found = None if row is None else str(row[1])
     if found is None:
         raise UnknownRevision(rev=rev, hint=f"No commit with step={step} on the first-parent chain of that revision.")
     return found
