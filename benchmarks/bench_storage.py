@@ -14,7 +14,9 @@
        optimizer state for the head only), committed with ``transfer_from=`` base;
      - ``fork``: from finetune's 2nd commit with lr 3e-4.
 2. Ingest: every file in lineage order, timed from reading the file to durable, into
-     - ckptrepo (``Repo.init``; load_file + ``commit(..., parents=, transfer_from=, blocking=True)``),
+     - ckptrepo (``Repo.init``; ``read_state(file, mapped=True)`` + ``commit(..., parents=,
+       transfer_from=, blocking=True)``, as ``ckpt commit FILE`` does: the file is memory-mapped
+       and read while the commit hashes it),
        as configured by default (delta against keyframes), with ``delta_base="parent"`` (chains),
        with ``delta=False`` and with ``compression=False``;
      - restic (repository v2, ``--compression auto``, and ``max`` with ``--restic-max``), one
@@ -64,7 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ForeignLoad, drop_caches, fsync_path, goal_note, report, scratch_dir, timed
 
 from ckptrepo import Repo
-from ckptrepo.formats import write_state
+from ckptrepo.formats import read_state, write_state
 
 MIB = 1 << 20
 MASK = 0  # token id reserved for masked positions; data tokens are 1..vocab-1
@@ -374,7 +376,7 @@ class CkptStore(Store):
         try:
             for e in entries:
                 t0 = time.perf_counter()
-                state = load_file(str(data / e.file))
+                state = read_state(data / e.file, mapped=True)  # what `ckpt commit FILE` does
                 t1 = time.perf_counter()
                 c = repo.commit(
                     state, branch=e.branch, parents=[self.ids[e.parent]] if e.parent else None,
@@ -393,7 +395,7 @@ class CkptStore(Store):
         finally:
             repo.close()
         return [
-            f"time: load_file {load_s:.1f} s, commit {commit_s:.1f} s (of which persist {persist_s:.1f} s)",
+            f"time: read_state {load_s:.1f} s, commit {commit_s:.1f} s (of which persist {persist_s:.1f} s)",
             f"dedup {stats.dedup_ratio:.2f}x, then compression {stats.compression_ratio:.2f}x; "
             f"{stats.chunks} chunks in {stats.packs} packs",
             "per branch (new / logical, stored / logical): " + ", ".join(

@@ -54,7 +54,8 @@ def commit(
     with current().open() as repo, render.phases(enabled=_input_bytes(path) >= PROGRESS_MIN_BYTES) as phase:
         branch = branch or current_branch(repo)
         phase(f"reading {path.name}")
-        state = read_state(path)
+        # Mapped: the blocking commit below reads the file's pages as it hashes them.
+        state = read_state(path, mapped=True)
         if isinstance(transfer, tuple):
             _check_mapping(repo, *transfer, st.flatten(state).tensors)
         phase("hashing, compressing and writing")

@@ -33,14 +33,15 @@ def _sniff(path: Path) -> str | None:
     return None
 
 
-def read_state(path: Path, *, allow_pickle: bool = False) -> dict[str, Any]:
+def read_state(path: Path, *, allow_pickle: bool = False, mapped: bool = False) -> dict[str, Any]:
     """The state in a safetensors file, a torch.save file or a Hugging Face model folder.
 
     Safetensors files give a flat ``name -> tensor`` dict (nested again if ``write_state``
     stored a skeleton); torch.save files give the dict they hold, loaded with
     ``weights_only=True`` and memory-mapped; folders give all shards' tensors. Files with other
     suffixes are recognised by their first bytes. InvalidInput for anything unreadable, corrupt,
-    truncated, incomplete or not a dict.
+    truncated, incomplete or not a dict. ``mapped``: a safetensors file's tensors are views of
+    a memory map of it, read when first touched (see ``read_safetensors``).
     """
     path = Path(path)
     if path.is_dir():
@@ -55,7 +56,7 @@ def read_state(path: Path, *, allow_pickle: bool = False) -> dict[str, Any]:
     except OSError as e:
         raise InvalidInput(path=str(path), reason=e.strerror or str(e)) from e
     if kind == "safetensors":
-        return read_safetensors(path, allow_pickle=allow_pickle)
+        return read_safetensors(path, allow_pickle=allow_pickle, mapped=mapped)
     if kind is None:
         raise InvalidInput(path=str(path), reason="it is neither a safetensors nor a torch.save file")
     content = read_torch(path, allow_pickle=allow_pickle)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import mmap
+import os
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +34,35 @@ def _round_trips(dtype: torch.dtype) -> bool:
 SAFETENSORS_DTYPES = frozenset(d for d in SUPPORTED_DTYPES.values() if _round_trips(d))
 
 
-def read_safetensors(path: Path, *, allow_pickle: bool = False) -> dict[str, Any]:
+# safetensors' dtype names, for the tensors ``read_safetensors(mapped=True)`` maps itself.
+_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool, "U16": torch.uint16, "U32": torch.uint32, "U64": torch.uint64, "C64": torch.complex64,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}
+
+
+def read_safetensors(path: Path, *, allow_pickle: bool = False, mapped: bool = False) -> dict[str, Any]:
     """The tensors of a safetensors file; nested again when ``write_state`` stored a skeleton.
 
     The header and the data length are validated when the file is opened, before any tensor is
     returned. InvalidInput for an unreadable, truncated or corrupt file or skeleton.
+
+    ``mapped``: the tensors are copy-on-write views of a private memory map of the file instead
+    of copies read at once (``_mapped_tensors``): their bytes come from the page cache or the
+    disk when first touched, read ahead by the kernel, so a consumer such as a blocking
+    ``Repo.commit`` overlaps the reading with its own work. The file must not be truncated
+    while the tensors are in use (touching a page past the end raises SIGBUS).
     """
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             metadata = f.metadata() or {}
-            tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - not a dict
+            names = list(f.keys())
+            tensors = _mapped_tensors(path, names) if mapped else {}
+            for name in names:
+                if name not in tensors:
+                    tensors[name] = f.get_tensor(name)
     except Exception as e:
         raise InvalidInput(path=str(path), reason=summarize(e)) from e
     if SKELETON_KEY not in metadata:
@@ -52,6 +74,34 @@ def read_safetensors(path: Path, *, allow_pickle: bool = False) -> dict[str, Any
     if not isinstance(state, dict):
         raise InvalidInput(path=str(path), reason="its ckptrepo skeleton does not describe a dict")
     return state
+
+
+def _mapped_tensors(path: Path, names: list[str]) -> dict[str, torch.Tensor]:
+    """Views of a private, copy-on-write map of ``path`` for the tensors ``names`` whose dtype
+    and alignment allow it (the others are left for the caller to read). The header has been
+    validated by ``safe_open`` (offsets inside the file, sizes matching shapes); the kernel is
+    asked to read the whole file ahead."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return {}
+        view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    (length,) = struct.unpack("<Q", view[:8])
+    header = json.loads(view[8 : 8 + length])
+    start = 8 + length
+    if hasattr(mmap, "MADV_WILLNEED"):
+        view.madvise(mmap.MADV_WILLNEED)
+    out: dict[str, torch.Tensor] = {}
+    for name in names:
+        info = header[name]
+        dtype = _DTYPES.get(info["dtype"])
+        begin, end = info["data_offsets"]
+        offset = start + begin
+        if dtype is None or end == begin or offset % dtype.itemsize:
+            continue
+        raw = torch.frombuffer(view, dtype=torch.uint8, count=end - begin, offset=offset)
+        out[name] = raw.view(dtype).view(info["shape"])
+    return out
 
 
 def _writable(name: str, t: torch.Tensor, seen: set[int]) -> torch.Tensor:

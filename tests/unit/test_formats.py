@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import re
@@ -66,6 +67,51 @@ def test_flat_safetensors_round_trip_bit_identical(tmp_path: Path) -> None:
     with safetensors.safe_open(path, "pt") as f:
         assert f.metadata() == {"format": "pt"}
     assert_same_files_list(tmp_path, {"model.safetensors"})
+
+
+def test_mapped_safetensors_read_the_same_bits_from_the_file(tmp_path: Path) -> None:
+    tensors = flat_tensors()
+    path = tmp_path / "model.safetensors"
+    write_state(tensors, path)
+    mapped = read_state(path, mapped=True)
+    assert mapped.keys() == tensors.keys() and all(same_bits(mapped[n], t) for n, t in tensors.items())
+    # Views of the file's map (not copies), kept alive by the tensors alone; writes to them
+    # stay private: the file is unchanged.
+    weight = mapped["emb.weight"]
+    before = path.read_bytes()
+    del mapped
+    gc.collect()
+    weight.add_(1)
+    assert torch.equal(weight, torch.arange(24, dtype=torch.float32).reshape(4, 6) + 1)
+    assert path.read_bytes() == before
+    assert same_bits(read_state(path, mapped=True)["emb.weight"], tensors["emb.weight"])
+    # A nested state comes back nested, mapped too.
+    write_state({"model": torch.nn.Linear(3, 2), "step": 4}, tmp_path / "nested.safetensors")
+    back = read_state(tmp_path / "nested.safetensors", mapped=True)
+    assert back["step"] == 4 and back["model"]["weight"].shape == (2, 3)
+
+
+def test_mapped_safetensors_copies_tensors_that_cannot_be_views(tmp_path: Path) -> None:
+    # A file whose float32 tensor starts at an odd offset (other writers need not align):
+    # that tensor is read as a copy, the rest mapped; the bits are the same either way.
+    w = torch.randn(4, 4)
+    header = {"b": {"dtype": "U8", "shape": [3], "data_offsets": [0, 3]},
+              "w": {"dtype": "F32", "shape": [4, 4], "data_offsets": [3, 67]}}
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path = tmp_path / "odd.safetensors"
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + bytes([1, 2, 3]) + w.numpy().tobytes())
+    back = read_state(path, mapped=True)
+    assert same_bits(back["w"], w) and back["b"].tolist() == [1, 2, 3]
+    assert same_bits(read_state(path)["w"], w)
+
+
+def test_mapped_damaged_safetensors_is_invalid_input(tmp_path: Path) -> None:
+    path = tmp_path / "model.safetensors"
+    safetensors.torch.save_file({"w": torch.randn(16, 16)}, path)
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(InvalidInput):
+        read_state(path, mapped=True)
 
 
 def test_nested_state_in_safetensors_keeps_its_structure(tmp_path: Path) -> None:
