@@ -139,12 +139,13 @@ def diff(repo: Repo, a: str, b: str, *, exact: bool = False) -> Diff:
     with repo._sessions() as s:
         a_id, b_id = revparse.resolve(s, a), revparse.resolve(s, b)
         sides: dict[str, list[_Side | None]] = {}
-        rows = s.execute(select(Entry.commit_id, Entry.name, *_tensor_cols(Tensor))
-                         .join(Tensor, Tensor.id == Entry.tensor_id).where(Entry.commit_id.in_([a_id, b_id])))
+        shapes: dict[Any, tuple[int, ...]] = {}  # layers share shapes: each JSON text parsed once
+        rows = fetch_tuples(s.connection(), select(Entry.commit_id, Entry.name, *_tensor_cols(Tensor))
+                            .join(Tensor, Tensor.id == Entry.tensor_id).where(Entry.commit_id.in_([a_id, b_id])))
         for row in rows:
             slots = sides.setdefault(row[1], [None, None])
             known = slots[0] or slots[1]  # an unchanged tensor: the same row on both sides
-            side = known if known and known.info.tensor_id == row[2] else _side(row[1], row[2:])
+            side = known if known and known.info.tensor_id == row[2] else _side(row[1], row[2:], shapes)
             if row[0] == a_id:
                 slots[0] = side
             if row[0] == b_id:
