@@ -139,7 +139,7 @@ def build(n_commits: int, depth: int, seed: int = 0) -> Lineage:
     first = add("wide", [(main[depth // 2], "parent")], wide)
     lin.wide = (first, add("wide", [(first, "parent")], wide, WIDE // 2))
     # Each commit's first-parent line, as ``catalog.record_commit`` would place it.
-    extra = {e["child_id"] for e in lin.edges if not (e["kind"] == "parent" and e["position"] == 0)}
+    extra = {e["child_id"] for e in lin.edges if lines.extra_parent(e["kind"], e["position"])}
     placed = lines.assign_all((c["id"], c["first_parent_id"], c["id"] in extra) for c in lin.commits)
     for c in lin.commits:
         c.update(placed[c["id"]]._asdict())

@@ -47,8 +47,9 @@ def commit(
 ) -> None:
     """Commit a checkpoint file or model folder on a branch (default: the current branch).
 
-    The input is read in full and validated before anything is written; the new
-    commit becomes visible only once all its bytes are durable.
+    The input is validated (format, header, sizes) before anything is written; a
+    safetensors file is memory-mapped and read while the commit hashes it, so it must not
+    change meanwhile. The new commit becomes visible only once all its bytes are durable.
     """
     transfer = _transfer_spec(transfer_from) if transfer_from is not None else None
     with current().open() as repo, render.phases(enabled=_input_bytes(path) >= PROGRESS_MIN_BYTES) as phase:

@@ -148,7 +148,7 @@ def record_commit(
             ],
         )
     first = next((e.parent_id for e in edge_list if e.kind == "parent" and e.position == 0), None)
-    extra = any(not (e.kind == "parent" and e.position == 0) for e in edge_list)
+    extra = any(lines.extra_parent(e.kind, e.position) for e in edge_list)
     spot = lines.place(session, commit["id"], first, extra)
     session.add(Commit(**{**commit, "first_parent_id": first, **spot._asdict()}))
     session.flush()

@@ -41,6 +41,12 @@ class Placement(NamedTuple):
     linear: bool  # its ancestors (through every edge kind) are exactly its first-parent chain
 
 
+def extra_parent(kind: str, position: int) -> bool:
+    """Whether an edge of ``kind`` at ``position`` makes its child non-linear: every edge but
+    the ``parent`` edge at position 0 (the first parent) does."""
+    return not (kind == "parent" and position == 0)
+
+
 def place(session: Session, commit_id: str, first_parent_id: str | None, extra_parents: bool) -> Placement:
     """The placement of a new commit whose first parent is ``first_parent_id`` and which has
     other parents (merge, transfer, or a parent edge past position 0) when ``extra_parents``.

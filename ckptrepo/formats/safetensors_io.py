@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import mmap
-import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -81,10 +80,7 @@ def _mapped_tensors(path: Path, names: list[str]) -> dict[str, torch.Tensor]:
     and alignment allow it (the others are left for the caller to read). The header has been
     validated by ``safe_open`` (offsets inside the file, sizes matching shapes); the kernel is
     asked to read the whole file ahead."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            return {}
+    with open(path, "rb") as f:  # not empty: ``safe_open`` read its header
         view = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     (length,) = struct.unpack("<Q", view[:8])
     header = json.loads(view[8 : 8 + length])

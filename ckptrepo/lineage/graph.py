@@ -389,12 +389,10 @@ def log_commits(session: Session, start: str | None, limit: int | None, offset: 
         if limit is None:
             return [c for _, c in session.execute(q)]
         ids = [cid for _, cid in session.execute(q)]
-        rows = {c.id: c for c in session.scalars(select(Commit).where(Commit.id.in_(ids)))}
-        return [rows[i] for i in ids]
+        return _commits_in_order(session, ids)
     if start is not None and limit is not None:
         ids = _log_page(session, start, offset + limit, where)[offset:]
-        rows = {c.id: c for c in session.scalars(select(Commit).where(Commit.id.in_(ids)))}
-        return [rows[i] for i in ids]
+        return _commits_in_order(session, ids)
     q = select(Commit)
     if start is not None:
         q = q.where(Commit.id.in_(ancestors_cte(start)))
@@ -404,6 +402,12 @@ def log_commits(session: Session, start: str | None, limit: int | None, offset: 
     if limit is not None:
         q = q.limit(limit)
     return list(session.scalars(q))
+
+
+def _commits_in_order(session: Session, ids: list[str]) -> list[Commit]:
+    """The commit rows of ``ids``, in that order (one query)."""
+    rows = {c.id: c for c in session.scalars(select(Commit).where(Commit.id.in_(ids)))}
+    return [rows[i] for i in ids]
 
 
 def _log_page(session: Session, start: str, count: int, where: ColumnElement[bool] | None) -> list[str]:
