@@ -22,6 +22,7 @@ SQLITE_NAME = "db.sqlite"
 
 DEFAULT_CHUNK_SIZE = 1 << 20
 DEFAULT_PACK_TARGET = 64 << 20
+ENCODE_MODES = ("auto", "inline", "deferred")
 
 
 @dataclass
@@ -36,6 +37,11 @@ class RepoConfig:
     ``delta_base`` ``"root"`` XORs against the parent chunk's keyframe (reads decode at
     most two chunks), ``"parent"`` against the parent chunk itself (chains of up to
     ``max_delta_depth`` hops: slightly smaller, slower to read).
+    ``encode`` says when new chunks are encoded (only with ``compression``): ``"inline"``
+    while committing; ``"deferred"``: commits store them raw and ``repack`` encodes them
+    later; ``"auto"`` (default): asynchronous commits (from a training loop) store them raw,
+    are durable at the cost of hashing and writing, and an idle-priority repack encodes
+    them while the committing process has nothing else to do; blocking commits encode inline.
     """
 
     format_version: int = FORMAT_VERSION
@@ -47,6 +53,7 @@ class RepoConfig:
     delta: bool = True
     max_delta_depth: int = 8
     delta_base: str = "root"
+    encode: str = "auto"
     db_url: str | None = None
     store_url: str | None = None
 
@@ -65,6 +72,8 @@ class RepoConfig:
             raise UsageError(f"delta depth {self.max_delta_depth} is out of range", hint="Use 1..64.")
         if self.delta_base not in ("root", "parent"):
             raise UsageError(f"delta base {self.delta_base!r} is unknown", hint="Use 'root' or 'parent'.")
+        if self.encode not in ENCODE_MODES:
+            raise UsageError(f"encode mode {self.encode!r} is unknown", hint="Use 'auto', 'inline' or 'deferred'.")
         if not 1 <= self.zstd_level <= 22:
             raise UsageError(f"zstd level {self.zstd_level} is out of range", hint="Use 1..22.")
 

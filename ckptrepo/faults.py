@@ -11,7 +11,8 @@ point is reached (default 1), counted per process.
 Points: ``stage.copy`` (phase 1, per tensor), ``ingest.chunk`` (per chunk job),
 ``pack.write`` (per chunk appended to a pack file), ``pack.before_put`` /
 ``pack.after_put`` (around making a pack durable in the store), ``db.before_commit`` /
-``db.after_commit`` (around the transaction that makes a commit visible).
+``db.after_commit`` (around the transaction that makes a commit visible); ``gc.after_commit``;
+``repack.chunk``, ``repack.before_commit``, ``repack.after_commit`` (see ``REPACK_POINTS``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ POINTS = (
 first tensors while phase 1 still passes ``stage.copy`` for the later ones)."""
 GC_POINTS = ("gc.after_commit",)
 """The points a gc passes."""
+REPACK_POINTS = ("repack.chunk", "repack.before_commit", "repack.after_commit")
+"""The points a repack passes (per chunk; inside each batch's transaction, after it commits),
+besides ``pack.write``, ``pack.before_put`` and ``pack.after_put`` of the packs it writes."""
 
 
 class InjectedFault(RuntimeError):
@@ -52,8 +56,8 @@ def _parse(spec: str) -> dict[str, tuple[str, int]]:
     for item in filter(None, (part.strip() for part in spec.split(","))):
         name, _, action = item.partition("=")
         action, _, nth = action.partition("@")
-        if name not in POINTS + GC_POINTS or action not in ("kill", "raise"):
-            known = ", ".join(POINTS + GC_POINTS)
+        if name not in POINTS + GC_POINTS + REPACK_POINTS or action not in ("kill", "raise"):
+            known = ", ".join(POINTS + GC_POINTS + REPACK_POINTS)
             raise ValueError(f"{ENV}: bad fault {item!r}; points: {known}; actions: kill, raise")
         armed[name] = (action, int(nth or 1))
     return armed
@@ -82,7 +86,7 @@ def point(name: str) -> None:
 @contextmanager
 def inject(name: str, action: str = "raise", nth: int = 1) -> Iterator[None]:
     """Arm ``name`` for the duration of the block (in this process)."""
-    if name not in POINTS + GC_POINTS:
+    if name not in POINTS + GC_POINTS + REPACK_POINTS:
         raise ValueError(f"unknown fault point {name!r}")
     with _lock:
         _armed[name] = (action, nth)

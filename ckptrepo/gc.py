@@ -25,7 +25,12 @@ against chunks this run removes fails at its transaction (foreign keys) with
 ``ConcurrentChange`` and leaves nothing behind; committing again succeeds.
 
 Chunks are never rewritten here: a pack that holds live and dead chunks is kept whole, and
-the report says how many bytes such packs hold for dead chunks.
+the report says how many bytes such packs hold for dead chunks (``repack`` with
+``compact_below`` moves their live chunks into new packs).
+
+A pack that ``repack`` *retired* (moved its last chunk row away; ``packs.retired_at``) is
+deleted only once ``retired_at`` is older than the grace period, whatever the age of the
+file: a reader that looked up a chunk's old location just before the repack still finds it.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import CTE, delete, func, select
@@ -91,7 +97,7 @@ def _batches(ids: Sequence[Any]) -> Iterable[Sequence[Any]]:
 class _Plan:
     """What one run removes from the database, computed inside its write transaction."""
 
-    def __init__(self, s: Session) -> None:
+    def __init__(self, s: Session, cutoff: float) -> None:
         live = live_commits()
         self.commits: list[str] = list(s.scalars(select(Commit.id).where(Commit.id.not_in(select(live.c.id)))))
         live_tensors = select(Entry.tensor_id).where(Entry.commit_id.in_(select(live.c.id)))
@@ -116,9 +122,16 @@ class _Plan:
         # database does not serialize writers) is then not a candidate, rather than one that
         # looks empty.
         sizes = {str(r[0]): int(r[1]) for r in s.execute(select(Pack.id, Pack.size))}
+        # Retired by a repack less than the grace period ago: readers may still hold its locations.
+        recent = datetime.fromtimestamp(cutoff, timezone.utc)
+        young = {str(r[0]): int(r[1]) for r in s.execute(
+            select(Pack.id, Pack.size).where(Pack.retired_at.is_not(None), Pack.retired_at > recent))}
         per_pack = select(Chunk.pack_id, func.count()).group_by(Chunk.pack_id)
         rows_in_pack = {str(r[0]): int(r[1]) for r in s.execute(per_pack)}
-        self.packs: list[str] = sorted(p for p in sizes if rows_in_pack.get(p, 0) == dead_in_pack.get(p, 0))
+        self.packs: list[str] = sorted(
+            p for p in sizes if rows_in_pack.get(p, 0) == dead_in_pack.get(p, 0) and p not in young)
+        self.young_retired = len(young)
+        self.young_retired_bytes = sum(young.values())
         gone = set(self.packs)
         partly = [p for p in dead_in_pack if p not in gone]
         self.partial_packs = len(partly)
@@ -218,7 +231,7 @@ def collect(sessions: sessionmaker[Session], backend: Backend, *, grace: float =
     cutoff = time.time() - grace
     try:
         with write_transaction(sessions) as s:
-            plan = _Plan(s)
+            plan = _Plan(s, cutoff)
             if not dry_run:
                 plan.apply(s)
     except DbIntegrityError as exc:
@@ -242,8 +255,8 @@ def collect(sessions: sessionmaker[Session], backend: Backend, *, grace: float =
         temporary_files_removed=temp_files,
         bytes_freed=sweep.deleted_bytes + temp_bytes,
         pack_bytes_freed=removed_bytes_with_rows,
-        young_objects_kept=sweep.kept_young,
-        young_bytes_kept=sweep.kept_young_bytes,
+        young_objects_kept=sweep.kept_young + plan.young_retired,
+        young_bytes_kept=sweep.kept_young_bytes + plan.young_retired_bytes,
         partial_packs=plan.partial_packs,
         dead_bytes_in_partial_packs=plan.dead_bytes_in_partial_packs,
         seconds=time.perf_counter() - started,

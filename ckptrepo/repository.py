@@ -18,10 +18,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError as DbIntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -34,7 +34,7 @@ from ckptrepo.config import REPO_DIRNAME, RepoConfig, default_workers, env_int
 from ckptrepo.db import catalog, migrate, views
 from ckptrepo.db.engine import database_url, make_engine, session_factory, write_transaction
 from ckptrepo.db.models import Commit as CommitRow
-from ckptrepo.db.models import Ref
+from ckptrepo.db.models import Pack, Ref
 from ckptrepo.errors import (
     CommitFailed,
     CommitReadFailed,
@@ -62,6 +62,9 @@ from ckptrepo.lineage import analysis, queries, revparse
 from ckptrepo.lineage.graph import EDGE_KINDS
 from ckptrepo.lineage.reports import Diff, HistoryPoint
 from ckptrepo.restore import location, read_tensors
+
+if TYPE_CHECKING:
+    from ckptrepo.repack import RepackReport
 from ckptrepo.storage import Backend, open_backend
 
 DEFAULT_BRANCH = "main"
@@ -92,6 +95,7 @@ class Repo:
         max_inflight: int | None = None,
         staging_budget: int | None = None,
         background_priority: str | None = None,
+        idle_repack: bool | None = None,
     ) -> None:
         self.repo_dir = repo_dir
         self.background_priority = priority.resolve(background_priority)
@@ -119,6 +123,8 @@ class Repo:
             staging_budget if staging_budget is not None else (env_int("STAGING_BUDGET", 0) or None),
         )
         self._committer = Committer(initializer=lower)
+        self._idle_repack = (idle_repack if idle_repack is not None else bool(env_int("IDLE_REPACK", 1))) and (
+            config.compression and config.encode == "auto")
         self._closed = False
 
     # -- opening ---------------------------------------------------------------------------
@@ -139,6 +145,8 @@ class Repo:
         max_inflight: int | None = None,
         staging_budget: int | None = None,
         background_priority: str | None = None,
+        encode: str = "auto",
+        idle_repack: bool | None = None,
     ) -> Repo:
         """Create a repository in ``PATH/.ckpt`` (or at ``path`` if it is named ``.ckpt``).
 
@@ -146,7 +154,8 @@ class Repo:
         standalone compression but stores no chunk as a delta against its parent's;
         ``max_delta_depth`` (default 8) bounds how many commits share one keyframe chunk
         (``delta_base="root"``, the default: reads decode at most two chunks) or the chain
-        a read walks (``delta_base="parent"``).
+        a read walks (``delta_base="parent"``). ``encode`` (``auto``, ``inline``, ``deferred``)
+        says when new chunks are encoded: see ``RepoConfig`` and ``repack``.
 
         Nothing is changed if one exists already (RepositoryExists). ``config.json`` is
         written last, so a failed init leaves no folder that looks like a repository.
@@ -155,7 +164,7 @@ class Repo:
         if (repo_dir / "config.json").exists():
             raise RepositoryExists(path=str(repo_dir))
         config = RepoConfig(db_url=db_url, store_url=store_url, compression=compression, delta=delta,
-                            delta_base=delta_base)
+                            delta_base=delta_base, encode=encode)
         if max_delta_depth is not None:
             config.max_delta_depth = max_delta_depth
         if chunk_size is not None:
@@ -179,12 +188,12 @@ class Repo:
                 shutil.rmtree(repo_dir, ignore_errors=True)
             raise
         return cls(repo_dir, config, max_inflight=max_inflight, staging_budget=staging_budget,
-                   background_priority=background_priority)
+                   background_priority=background_priority, idle_repack=idle_repack)
 
     @classmethod
     def open(
         cls, path: str | Path = ".", *, max_inflight: int | None = None, staging_budget: int | None = None,
-        background_priority: str | None = None,
+        background_priority: str | None = None, idle_repack: bool | None = None,
     ) -> Repo:
         """Open the repository at ``path`` (the folder holding ``.ckpt``, or ``.ckpt`` itself).
 
@@ -193,21 +202,23 @@ class Repo:
         bounds their staged bytes. ``commit()`` waits when either is used up.
         ``background_priority`` (``idle``, the default, or ``normal``; env
         ``CKPT_BACKGROUND_PRIORITY``) is the CPU priority of asynchronous commits' phase 2
-        (see ``ckptrepo.ingest.priority``).
+        (see ``ckptrepo.ingest.priority``). ``idle_repack`` (default on, env
+        ``CKPT_IDLE_REPACK``; only with ``encode="auto"``): between asynchronous commits, the
+        background thread repacks what commits stored raw, giving way to the next commit.
         """
         repo_dir = find_repo(path, search_parents=False)
         return cls(repo_dir, RepoConfig.load(repo_dir), max_inflight=max_inflight, staging_budget=staging_budget,
-                   background_priority=background_priority)
+                   background_priority=background_priority, idle_repack=idle_repack)
 
     @classmethod
     def discover(
         cls, start: str | Path = ".", *, max_inflight: int | None = None, staging_budget: int | None = None,
-        background_priority: str | None = None,
+        background_priority: str | None = None, idle_repack: bool | None = None,
     ) -> Repo:
         """Open the nearest repository at or above ``start``, like git."""
         repo_dir = find_repo(start, search_parents=True)
         return cls(repo_dir, RepoConfig.load(repo_dir), max_inflight=max_inflight, staging_budget=staging_budget,
-                   background_priority=background_priority)
+                   background_priority=background_priority, idle_repack=idle_repack)
 
     def __enter__(self) -> Repo:
         return self
@@ -269,6 +280,11 @@ class Repo:
         CommitFailed once.
         ``blocking=True`` returns only when the commit is durable, and skips the snapshot
         copy of CPU tensors (the caller cannot mutate them while it waits).
+
+        Encoding (repository setting ``encode``): ``auto`` stores an asynchronous commit's
+        new chunks raw (durable after hashing and writing; ``repack`` encodes them, in the
+        background between commits by default) and encodes a blocking commit's inline;
+        ``inline`` always encodes while committing; ``deferred`` never does.
         """
         entered = time.perf_counter()
         self._check_open()
@@ -300,7 +316,7 @@ class Repo:
             staged_at = time.perf_counter()
             request = CommitRequest(tensors=staged, stall_s=staged_at - entered, wait_s=0.0, staged_at=staged_at,
                                     **metadata)
-            return self._commit_now(request, None)
+            return self._commit_now(request, None, defer=self._defers(blocking=True))
         slot, waited = self._staging.acquire(self._staging.staged_bytes(flat.tensors))
         try:
             staged = slot.prepare(flat.tensors)
@@ -317,7 +333,7 @@ class Repo:
             staged_at = time.perf_counter()
             request = CommitRequest(tensors=staged, stall_s=staged_at - entered, wait_s=waited, staged_at=staged_at,
                                     **metadata)
-            return self._commit_now(request, release)
+            return self._commit_now(request, release, defer=self._defers(blocking=True))
         # Phase 2 starts on the tensors already copied while the later ones are being copied:
         # on a free core, hashing and encoding overlap the snapshot.
         progress = StageProgress()
@@ -328,8 +344,11 @@ class Repo:
             progress.settle()  # a phase 2 that failed early must not free a slot still being copied into
             release()
 
-        future = self._committer.submit(lambda: self._persist(request, self._background_pool),
+        defer = self._defers(blocking=False)
+        future = self._committer.submit(lambda: self._persist(request, self._background_pool, defer=defer),
                                         finally_=settle_and_release)
+        if defer and self._idle_repack:
+            self._committer.submit_idle(self._repack_when_idle)
         try:
             slot.copy(flat.tensors, staged, progress)
         except BaseException as exc:
@@ -343,22 +362,36 @@ class Repo:
         progress.finish()
         return CommitHandle(future, staged=True, on_failure_seen=self._committer.acknowledge)
 
-    def _commit_now(self, request: CommitRequest, release: Callable[[], None] | None) -> CommitHandle:
+    def _defers(self, *, blocking: bool) -> bool:
+        """Whether a commit stores its new chunks raw, leaving their encoding to ``repack``."""
+        mode = self.config.encode
+        return self.config.compression and (mode == "deferred" or (mode == "auto" and not blocking))
+
+    def _repack_when_idle(self, stop: Callable[[], bool]) -> None:
+        """The background repack between asynchronous commits (committer thread, its priority)."""
+        from ckptrepo import repack as packer
+
+        packer.repack(self._sessions, self._backend, self._reader, self._background_pool, self.config, stop=stop)
+
+    def _commit_now(self, request: CommitRequest, release: Callable[[], None] | None, *,
+                    defer: bool = False) -> CommitHandle:
         """A blocking commit: in call order after the pending background commits, but on this
         thread and the normal-priority pool (the caller waits for it)."""
         self._committer.drain()
         done: Future[t.Commit] = Future()
         try:
-            done.set_result(self._persist(request, self._pool))
+            done.set_result(self._persist(request, self._pool, defer=defer))
         finally:
             if release is not None:
                 release()
         return CommitHandle(done, staged=True)
 
-    def _persist(self, req: CommitRequest, pool: ThreadPoolExecutor) -> t.Commit:
+    def _persist(self, req: CommitRequest, pool: ThreadPoolExecutor, *, defer: bool = False) -> t.Commit:
         """Phase 2 (the background thread, or the caller's for a blocking commit; ``pool`` for
         hashing and encoding): packs durable first, then one transaction makes the commit
-        visible. On any failure nothing of this commit is visible."""
+        visible. On any failure nothing of this commit is visible. ``defer``: new chunks are
+        written raw into packs marked ``deferred`` for ``repack`` (hash, statistics and
+        writes only)."""
         with self._sessions() as s:
             head = _branch_head(s, req.branch)
             parent_ids = [revparse.resolve(s, p) for p in req.parents] if req.parents else []
@@ -372,12 +405,13 @@ class Repo:
             transfer = (revparse.resolve(s, req.transfer[0]), req.transfer[1]) if req.transfer else None
             likely = catalog.chunk_ids_of(s, parent_ids[:1] + ([transfer[0]] if transfer else []))
             plan = None
-            if self.config.compression and self.config.delta:
+            if self.config.compression and self.config.delta and not defer:
                 plan = delta_plan(s, list(req.tensors), parent_ids[0] if parent_ids else None, transfer,
                                   reader=self._reader, cache=self._base_cache,
                                   max_depth=self.config.max_delta_depth, policy=self.config.delta_base)
         opts = IngestOptions(
-            chunk_size=self.config.chunk_size, compression=self.config.compression, zstd_level=self.config.zstd_level
+            chunk_size=self.config.chunk_size, compression=self.config.compression and not defer,
+            zstd_level=self.config.zstd_level,
         )
 
         def known(ids: list[str]) -> set[str]:
@@ -387,6 +421,7 @@ class Repo:
         # Write-ordering step 1: ingest returns only after every new pack is durable in the store.
         sink = PackSink(self._backend, self.config.pack_target)
         result = ingest(req.tensors, sink, known, pool, opts, likely, plan, req.ready)
+        result.deferred = defer
         edges = [catalog.EdgeRow(pid, "parent" if i == 0 else "merge", i) for i, pid in enumerate(parent_ids)]
         entries = {r.name: r.tensor_id for r in result.tensors}
         if transfer is not None and transfer[0] not in parent_ids:
@@ -452,6 +487,8 @@ class Repo:
             # rather than lose it, and tell the caller.
             kept = f"conflicts/{req.branch}/{short(row['id'])}"
             catalog.move_branch(s, kept, row["id"], None, now)
+        if result.deferred and result.packs:
+            s.execute(update(Pack).where(Pack.id.in_([p.pack_id for p in result.packs])).values(deferred=True))
         faults.point("db.before_commit")
         return conflict, kept
 
@@ -657,6 +694,22 @@ class Repo:
         self._check_open()
         self._committer.drain()
         return collector.collect(self._sessions, self._backend, grace=grace, dry_run=dry_run)
+
+    def repack(self, *, compact_below: float = 0.0, dry_run: bool = False) -> RepackReport:
+        """Encode the chunks commits stored raw (deferred encoding) and, with ``compact_below``
+        (a fraction), move the live chunks of packs that less than that fraction of their
+        bytes is live for into new packs; see ``ckptrepo.repack`` for the order of writes.
+
+        Waits for this repository's pending commits first; runs on the normal-priority
+        workers. Old packs are retired, not deleted: ``gc`` deletes them once they have been
+        retired for longer than its grace period. ``dry_run`` only counts.
+        """
+        from ckptrepo import repack as packer
+
+        self._check_open()
+        self._committer.drain()
+        return packer.repack(self._sessions, self._backend, self._reader, self._pool, self.config,
+                             compact_below=compact_below, dry_run=dry_run)
 
     def branches(self) -> list[t.RefInfo]:
         """Every branch, by name."""

@@ -29,6 +29,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql.expression import false
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -109,6 +110,10 @@ class Pack(Base):
     size: Mapped[int] = mapped_column(BigInteger)
     n_chunks: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    # Written by a commit that left its chunks' encoding to ``repack`` (migration 0009).
+    deferred: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # When ``repack`` moved its last chunk row away; gc's grace period counts from here.
+    retired_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
 
 
 class Chunk(Base):

@@ -6,6 +6,11 @@ future the ``CommitHandle`` waits on. A failed job is remembered so that the nex
 ``commit()`` raises it instead of silently continuing (``take_failure``). Pending jobs
 are flushed by ``drain``/``close``, and at interpreter exit before ``concurrent.futures``
 refuses new work (the jobs themselves use a worker pool).
+
+Idle jobs (``submit_idle``: the background repack) run on the same thread between commits,
+so they never run concurrently with one. Each receives a ``stop`` callable that turns true
+as soon as a commit is submitted or a drain begins; it must return promptly then. A commit
+submitted while an idle job runs starts once that job has returned.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class Committer:
         self._pending: set[Future[Any]] = set()
         self._lock = threading.Lock()
         self._failure: BaseException | None = None
+        self._idle: dict[Future[Any], threading.Event] = {}
         _live.add(self)
 
     def submit(self, job: Callable[[], T], *, finally_: Callable[[], None] | None = None) -> Future[T]:
@@ -62,11 +68,43 @@ class Committer:
                 if finally_ is not None:
                     finally_()
 
+        self._stop_idle()
         future = self._executor.submit(run)
         with self._lock:
             self._pending.add(future)
         future.add_done_callback(self._forget)
         return future
+
+    def submit_idle(self, job: Callable[[Callable[[], bool]], object]) -> None:
+        """Queue ``job(stop)`` to run after the queued commits unless another commit or a
+        drain comes first; its failure is logged, never reported to a commit."""
+        stop = threading.Event()
+
+        def run() -> None:
+            with self._lock:
+                if stop.is_set() or self._pending:
+                    return
+            try:
+                job(stop.is_set)
+            except Exception as exc:
+                log.warning("background repack failed (it is retried later): %s", exc)
+
+        future = self._executor.submit(run)
+        with self._lock:
+            self._idle[future] = stop
+        future.add_done_callback(self._forget_idle)
+
+    def _forget_idle(self, future: Future[Any]) -> None:
+        with self._lock:
+            self._idle.pop(future, None)
+
+    def _stop_idle(self) -> list[Future[Any]]:
+        """Ask every queued or running idle job to give way; return their futures."""
+        with self._lock:
+            idle = list(self._idle.items())
+        for _, stop in idle:
+            stop.set()
+        return [f for f, _ in idle]
 
     def _forget(self, future: Future[Any]) -> None:
         with self._lock:
@@ -86,9 +124,13 @@ class Committer:
                 self._failure = None
 
     def drain(self) -> None:
-        """Block until every queued job has finished (successfully or not)."""
+        """Block until every queued job has finished (successfully or not); an idle job in
+        progress is asked to stop and waited for."""
+        idle = self._stop_idle()
         with self._lock:
             pending = list(self._pending)
+        for future in idle:
+            future.exception()
         for future in pending:
             try:
                 future.result()

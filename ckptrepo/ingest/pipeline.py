@@ -75,6 +75,7 @@ class IngestResult:
     new_chunk_ids: set[str] = field(default_factory=set)
     alone_lengths: dict[str, int] = field(default_factory=dict)  # delta chunks' standalone sizes
     delta_chunks: int = 0
+    deferred: bool = False  # stored raw for ``repack`` to encode (set by the caller)
 
 
 @dataclass(frozen=True)

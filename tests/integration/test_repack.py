@@ -1,0 +1,194 @@
+"""Deferred encoding and ``repack``: commits store raw, repack encodes; nothing a user can
+read changes, storage shrinks, verify stays clean, and gc keeps retired packs for its grace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from sqlalchemy import select
+
+import ckptrepo
+from ckptrepo import errors, faults
+from ckptrepo.chunks.codecs import Encoding
+from ckptrepo.db.models import Chunk, Pack
+
+CHUNK = 64 * 1024
+
+
+def _state(n: int) -> dict[str, Any]:
+    """A slowly drifting model (deltas pay) plus a fresh tensor each time, and a bf16 one."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(24 * CHUNK // 4, generator=g) + n * 1e-3 * torch.randn(24 * CHUNK // 4, generator=g)
+    head = torch.randn(4 * CHUNK // 4, generator=torch.Generator().manual_seed(100 + n))
+    return {"w": w, "head": head, "h16": w[: 8 * CHUNK // 2].to(torch.bfloat16), "n": n}
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a.keys() == b.keys() and all(
+        torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) if isinstance(a[k], torch.Tensor) else a[k] == b[k]
+        for k in a
+    )
+
+
+@pytest.fixture
+def repo(tmp_path: Path, db_url: str) -> Iterator[ckptrepo.Repo]:
+    with ckptrepo.Repo.init(tmp_path / "work", db_url=db_url, chunk_size=CHUNK, pack_target=8 * CHUNK,
+                            idle_repack=False) as r:
+        yield r
+
+
+def _deferred(repo: ckptrepo.Repo) -> list[str]:
+    with repo._sessions() as s:
+        return list(s.scalars(select(Pack.id).where(Pack.deferred.is_(True), Pack.retired_at.is_(None))))
+
+
+def _encodings(repo: ckptrepo.Repo) -> dict[int, int]:
+    with repo._sessions() as s:
+        out: dict[int, int] = {}
+        for enc in s.scalars(select(Chunk.encoding)):
+            out[enc] = out.get(enc, 0) + 1
+        return out
+
+
+def _commit_all(repo: ckptrepo.Repo, n: int) -> list[str]:
+    return [repo.commit(_state(i), step=i).wait().id for i in range(n)]
+
+
+def test_async_commits_store_raw_and_repack_encodes_them(repo: ckptrepo.Repo) -> None:
+    ids = _commit_all(repo, 4)
+    assert _deferred(repo) and set(_encodings(repo)) == {Encoding.RAW}
+    stored_before = repo.stats().stored_bytes
+    report = repo.repack()
+    assert report.chunks_encoded > 0 and report.delta_chunks > 0 and not report.stopped
+    assert report.bytes_after < report.bytes_before and report.packs_retired == report.deferred_packs
+    assert not _deferred(repo) and Encoding.DELTA in _encodings(repo)
+    assert repo.stats().stored_bytes < stored_before
+    for i, cid in enumerate(ids):
+        assert _same(repo.checkout(cid), _state(i))
+    verified = repo.verify(full=True)
+    assert verified.ok and not verified.unreferenced_packs, verified.to_json()
+    again = repo.repack()
+    assert again.chunks_encoded == 0 and again.packs_written == 0  # nothing left to do
+
+
+def test_repack_respects_delta_depth_and_root_policy(tmp_path: Path, db_url: str) -> None:
+    with ckptrepo.Repo.init(tmp_path / "d", db_url=db_url, chunk_size=CHUNK, max_delta_depth=2,
+                            idle_repack=False) as repo:
+        _commit_all(repo, 5)
+        repo.repack()
+        with repo._sessions() as s:
+            rows = {c.id: c for c in s.scalars(select(Chunk))}
+        for c in rows.values():
+            assert c.depth <= 2
+            if c.base_id is not None:  # root policy: every base is a standalone keyframe
+                assert rows[c.base_id].base_id is None and rows[c.base_id].depth == 0
+        for i in range(5):
+            assert _same(repo.checkout(f"main@step={i}"), _state(i))
+
+
+def test_blocking_commits_encode_inline_and_modes(tmp_path: Path, db_url: str) -> None:
+    with ckptrepo.Repo.init(tmp_path / "b", db_url=db_url, chunk_size=CHUNK, idle_repack=False) as repo:
+        repo.commit(_state(0), blocking=True)
+        assert not _deferred(repo) and set(_encodings(repo)) != {Encoding.RAW}
+    # Each further repository in its own SQLite file (the fixture's database holds one).
+    with ckptrepo.Repo.init(tmp_path / "i", chunk_size=CHUNK, encode="inline") as repo:
+        repo.commit(_state(0)).wait()
+        assert not _deferred(repo)
+    with ckptrepo.Repo.init(tmp_path / "f", chunk_size=CHUNK, encode="deferred") as repo:
+        repo.commit(_state(0), blocking=True)
+        assert _deferred(repo)
+    with ckptrepo.Repo.init(tmp_path / "r", chunk_size=CHUNK, compression=False) as repo:
+        repo.commit(_state(0)).wait()
+        assert not _deferred(repo) and repo.repack().chunks_encoded == 0
+    with pytest.raises(errors.UsageError):
+        ckptrepo.Repo.init(tmp_path / "x", encode="later")
+    assert not (tmp_path / "x" / ".ckpt").exists()
+
+
+def test_idle_repack_runs_between_commits(tmp_path: Path, db_url: str) -> None:
+    with ckptrepo.Repo.init(tmp_path / "w", db_url=db_url, chunk_size=CHUNK, pack_target=8 * CHUNK) as repo:
+        for i in range(3):
+            repo.commit(_state(i), step=i).wait()
+        repo._committer.drain()  # lets nothing new start; the idle run in progress stops at a batch
+        # An idle run either finished or gave way; what it recorded is complete, the rest waits.
+        for i in range(3):
+            assert _same(repo.checkout(f"main@step={i}"), _state(i))
+        repo.repack()
+        assert not _deferred(repo)
+        assert repo.verify(full=True).ok
+
+
+def test_dry_run_changes_nothing(repo: ckptrepo.Repo) -> None:
+    _commit_all(repo, 2)
+    before = (repo.stats(), _deferred(repo))
+    report = repo.repack(dry_run=True)
+    assert report.dry_run and report.deferred_packs == len(before[1]) and report.packs_written == 0
+    assert (repo.stats(), _deferred(repo)) == before
+
+
+@pytest.mark.parametrize("point", ["repack.chunk", "pack.before_put", "pack.after_put", "repack.before_commit"])
+def test_a_failed_repack_changes_nothing(repo: ckptrepo.Repo, point: str) -> None:
+    ids = _commit_all(repo, 2)
+    before = (repo.stats(), sorted(_deferred(repo)), _encodings(repo))
+    with faults.inject(point, "raise"), pytest.raises(faults.InjectedFault):
+        repo.repack()
+    assert (repo.stats(), sorted(_deferred(repo)), _encodings(repo)) == before
+    report = repo.verify(full=True)
+    assert report.ok and not report.temporary_files, report.to_json()
+    for i, cid in enumerate(ids):
+        assert _same(repo.checkout(cid), _state(i))
+    assert repo.repack().chunks_encoded > 0  # the next run does the work
+    assert repo.verify(full=True).ok
+
+
+def test_a_failure_after_a_batch_keeps_that_batch(repo: ckptrepo.Repo) -> None:
+    ids = _commit_all(repo, 3)
+    with faults.inject("repack.after_commit", "raise"), pytest.raises(faults.InjectedFault):
+        repo.repack()
+    assert repo.verify(full=True).ok
+    for i, cid in enumerate(ids):
+        assert _same(repo.checkout(cid), _state(i))
+    repo.repack()
+    assert not _deferred(repo) and repo.verify(full=True).ok
+
+
+def test_gc_keeps_retired_packs_for_the_grace_period(repo: ckptrepo.Repo) -> None:
+    ids = _commit_all(repo, 2)
+    old = set(_deferred(repo))
+    with repo._sessions() as s:  # a reader that looked a location up before the repack
+        stale = {c.id: (c.pack_id, c.offset, c.length) for c in s.scalars(select(Chunk).where(Chunk.pack_id.in_(old)))}
+    repo.repack()
+    kept = repo.gc(grace=3600)
+    assert kept.packs_removed == 0 and kept.young_objects_kept >= len(old)
+    for pid, offset, length in stale.values():  # old locations still read
+        assert len(repo._backend.get_range(f"packs/{pid[:2]}/{pid}.pack", offset, length)) == length
+    gone = repo.gc(grace=0)
+    assert gone.packs_removed == len(old)
+    for i, cid in enumerate(ids):
+        assert _same(repo.checkout(cid), _state(i))
+    report = repo.verify(full=True)
+    assert report.ok and not report.unreferenced_packs
+
+
+def test_compaction_moves_live_chunks_of_sparse_packs(repo: ckptrepo.Repo) -> None:
+    repo.commit(_state(0), step=0).wait()
+    repo.branch("side")
+    repo.commit(_state(1), step=1, branch="side").wait()
+    repo.commit({"only": torch.randn(6 * CHUNK // 4)}, branch="tmp").wait()
+    repo.repack()
+    repo.delete_branch("tmp", force=True)
+    report = repo.gc(grace=0)
+    assert report.commits_removed == 1
+    assert report.partial_packs > 0
+    packed = repo.repack(compact_below=0.9)  # a pack's header and index are the other ~0.1%
+    assert packed.sparse_packs == report.partial_packs and packed.chunks_copied > 0
+    assert repo.gc(grace=0).partial_packs == 0
+    assert _same(repo.checkout("main"), _state(0)) and _same(repo.checkout("side"), _state(1))
+    assert repo.verify(full=True).ok
+    with pytest.raises(errors.UsageError):
+        repo.repack(compact_below=2.0)
