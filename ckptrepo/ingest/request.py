@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -63,6 +64,10 @@ def check_metrics(metrics: Mapping[str, float] | None) -> dict[str, float]:
         except (TypeError, ValueError) as exc:
             raise UsageError(f"metric {name!r} = {value!r} is not a number",
                              hint="Metrics are scalars: pass float(x) or tensor.item().") from exc
+        if not math.isfinite(out[name]):
+            raise UsageError(f"metric {name!r} = {out[name]} is not a finite number",
+                             hint="Leave a diverged metric out of metrics= (non-finite tensors are flagged "
+                                  "by the commit itself), or record it in config= as a string.")
     return out
 
 

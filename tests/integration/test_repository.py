@@ -157,6 +157,9 @@ def test_bad_input_changes_nothing(repo: ckptrepo.Repo, tmp_path: Path) -> None:
     assert "opt/fn" in str(exc.value)
     with pytest.raises(errors.UsageError):
         repo.commit({"w": torch.randn(3)}, metrics={"loss": "low"})
+    for not_finite in (float("nan"), float("inf")):
+        with pytest.raises(errors.UsageError, match="not a finite number"):
+            repo.commit({"w": torch.randn(3)}, metrics={"loss": not_finite})
     with pytest.raises(errors.InvalidRefName):
         repo.commit({"w": torch.randn(3)}, branch="bad name")
     with pytest.raises(errors.RepositoryExists):
