@@ -147,6 +147,13 @@ DeltaOpt = Annotated[
     bool,
     typer.Option("--delta/--no-delta", help="Store chunks as XOR deltas against the parent's when that is smaller."),
 ]
+EncodeOpt = Annotated[
+    str,
+    typer.Option("--encode", metavar="auto|inline|deferred",
+                 help="When new chunks are encoded: auto (asynchronous commits store them raw and a background "
+                      "repack encodes them when the process is idle; blocking commits encode), inline (while "
+                      "committing), deferred (only by `ckpt repack`)."),
+]
 DeltaBaseOpt = Annotated[
     str,
     typer.Option("--delta-base", metavar="root|parent",
@@ -283,6 +290,13 @@ TagForceOpt = Annotated[
 DeleteOpt = Annotated[bool, typer.Option("--delete", "-d", help="Delete NAME (its commits stay until `ckpt gc`).")]
 
 # gc -----------------------------------------------------------------------------
+
+CompactBelowOpt = Annotated[
+    float,
+    typer.Option("--compact-below", min=0.0, max=1.0, metavar="FRACTION",
+                 help="Also move the live chunks of packs whose live bytes are less than this fraction of "
+                      "their size (what gc keeps of partly dead packs) into new packs; 0: off."),
+]
 
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", "-n", help="Report what would be removed; change nothing.")]
 GraceOpt = Annotated[

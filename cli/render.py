@@ -20,6 +20,7 @@ from rich.text import Text
 
 from ckptrepo.ids import short
 from ckptrepo.lineage.reports import Diff, HistoryPoint, TensorDelta
+from ckptrepo.repack import RepackReport
 from ckptrepo.types import Commit, GcReport, Problem, RefInfo, RepoStats, TensorInfo, VerifyReport
 
 # file=None: rich writes to whatever sys.stdout / sys.stderr is at print time.
@@ -242,6 +243,27 @@ def gc_summary(report: GcReport) -> Table:
         grid.add_row("kept (partly live)", str(report.partial_packs),
                      f"packs also holding live chunks; {size(report.dead_bytes_in_partial_packs)} of dead ones")
     grid.add_row("time", seconds(report.seconds), "")
+    return grid
+
+
+def repack_summary(report: RepackReport) -> Table:
+    """``ckpt repack``: what was read, encoded, copied and written, and the bytes before and after."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column(justify="right")
+    grid.add_column(style="dim")
+    would = "to read" if report.dry_run else "read"
+    grid.add_row("packs", str(report.packs_read),
+                 f"{would}: {report.deferred_packs} written raw by commits, {report.sparse_packs} mostly dead")
+    if report.dry_run:
+        grid.add_row("bytes", size(report.bytes_before), "stored in their live chunks now")
+        return grid
+    grid.add_row("chunks encoded", str(report.chunks_encoded), f"{report.delta_chunks} of them as deltas")
+    grid.add_row("chunks copied", str(report.chunks_copied), "moved as they were")
+    grid.add_row("bytes", f"{size(report.bytes_before)} -> {size(report.bytes_after)}", "the moved chunks, stored")
+    grid.add_row("packs written", str(report.packs_written), size(report.pack_bytes_written))
+    grid.add_row("packs retired", str(report.packs_retired), "a gc deletes them once older than its grace period")
+    grid.add_row("time", seconds(report.seconds), f"{report.cpu_s:.2f} CPU-s")
     return grid
 
 

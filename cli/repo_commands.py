@@ -23,6 +23,7 @@ from .options import (
     DeltaOpt,
     DemoDirOpt,
     DemoStepsOpt,
+    EncodeOpt,
     InitPathArg,
     JsonOpt,
     StoreUrlOpt,
@@ -39,12 +40,14 @@ def init(
     delta: DeltaOpt = True,
     max_delta_depth: DeltaDepthOpt = None,
     delta_base: DeltaBaseOpt = "root",
+    encode: EncodeOpt = "auto",
     as_json: JsonOpt = False,
 ) -> None:
     """Create a repository in PATH/.ckpt (its database, chunk store and settings)."""
     target = path if path is not None else current().repo or Path(".")
     with Repo.init(target, db_url=db, store_url=store, chunk_size=chunk_size, compression=compression,
-                   delta=delta, max_delta_depth=max_delta_depth, delta_base=delta_base) as repo:
+                   delta=delta, max_delta_depth=max_delta_depth, delta_base=delta_base,
+                   encode=encode) as repo:
         repo_dir, config = repo.repo_dir, repo.config
     if as_json:
         render.emit_json({"path": str(repo_dir.parent), "repo_dir": str(repo_dir), **_public(config)})
@@ -56,7 +59,7 @@ def init(
     delta_desc = f"on ({config.delta_base}, depth {config.max_delta_depth})" if on else "off"
     render.out.print(
         f"chunk size {render.size(config.chunk_size)}, compression {'on' if config.compression else 'off'}, "
-        f"delta {delta_desc}, "
+        f"delta {delta_desc}, encode {config.encode if config.compression else 'off'}, "
         f"database: {database}, store: {store_desc}",
         markup=False,
         style="dim",

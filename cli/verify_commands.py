@@ -1,11 +1,11 @@
-"""``ckpt verify`` (check the database against the pack store, read-only) and ``ckpt gc``."""
+"""``ckpt verify`` (check the database against the pack store, read-only), ``ckpt gc`` and ``ckpt repack``."""
 
 from __future__ import annotations
 
 from ckptrepo import errors
 
 from . import render
-from .options import DryRunOpt, FullOpt, GraceOpt, JsonOpt
+from .options import CompactBelowOpt, DryRunOpt, FullOpt, GraceOpt, JsonOpt
 from .session import current
 
 
@@ -51,3 +51,19 @@ def gc(dry_run: DryRunOpt = False, grace: GraceOpt = 3600.0, as_json: JsonOpt = 
         render.emit_json(report.to_json())
     else:
         render.out.print(render.gc_summary(report))
+
+
+def repack(compact_below: CompactBelowOpt = 0.0, dry_run: DryRunOpt = False, as_json: JsonOpt = False) -> None:
+    """Encode the chunks commits stored raw (deferred encoding) and optionally compact sparse packs.
+
+    New packs are made durable first, then one transaction per pack moves the chunks; the old
+    packs are retired, and a `ckpt gc` deletes them once retired for longer than its --grace.
+    Chunk ids and every commit's bytes stay as they were. Safe to interrupt at any point.
+    """
+    with current().open() as repo, render.phases(enabled=not as_json) as phase:
+        phase("counting what to repack" if dry_run else "encoding and moving chunks")
+        report = repo.repack(compact_below=compact_below, dry_run=dry_run)
+    if as_json:
+        render.emit_json(report.to_json())
+    else:
+        render.out.print(render.repack_summary(report))

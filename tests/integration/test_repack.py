@@ -4,13 +4,16 @@ read changes, storage shrinks, verify stays clean, and gc keeps retired packs fo
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from ckptrepo.cli.app import app
 from sqlalchemy import select
+from typer.testing import CliRunner
 
 import ckptrepo
 from ckptrepo import errors, faults
@@ -192,3 +195,27 @@ def test_compaction_moves_live_chunks_of_sparse_packs(repo: ckptrepo.Repo) -> No
     assert repo.verify(full=True).ok
     with pytest.raises(errors.UsageError):
         repo.repack(compact_below=2.0)
+
+
+def test_cli_init_encode_and_repack(tmp_path: Path) -> None:
+    runner = CliRunner()
+
+    def ckpt(*args: str) -> Any:
+        result = runner.invoke(app, ["--repo", str(tmp_path / "c"), *args], catch_exceptions=False)
+        assert result.exit_code == 0, result.stderr
+        return result
+
+    assert json.loads(ckpt("init", "--chunk-size", "64KiB", "--encode", "deferred", "--json").stdout)["encode"] == (
+        "deferred")
+    with ckptrepo.Repo.open(tmp_path / "c") as repo:
+        repo.commit(_state(0)).wait()
+        repo.commit(_state(1)).wait()
+    dry = json.loads(ckpt("repack", "--dry-run", "--json").stdout)
+    assert dry["dry_run"] and dry["deferred_packs"] > 0
+    done = json.loads(ckpt("repack", "--json").stdout)
+    assert done["chunks_encoded"] > 0 and done["bytes_after"] < done["bytes_before"]
+    assert "packs retired" in ckpt("repack").stdout
+    bad = runner.invoke(app, ["--repo", str(tmp_path / "c"), "repack", "--compact-below", "3"])
+    assert bad.exit_code == 2
+    with ckptrepo.Repo.open(tmp_path / "c") as repo:
+        assert _same(repo.checkout("main"), _state(1))
