@@ -738,8 +738,14 @@ class Repo:
             raise UsageError("this repository is closed", hint="Open it again with Repo.open(path).")
 
     def verify(self, *, full: bool = False) -> t.VerifyReport:
-        """Check database and packs against each other, read-only (see ``ckptrepo.verify``)."""
+        """Check database and packs against each other, read-only (see ``ckptrepo.verify``).
+
+        Waits for this repository's pending commits (and stops its background repack) first,
+        so that its own writes in progress are not reported as leftovers."""
         from ckptrepo.verify import verify
+
+        self._check_open()
+        self._committer.drain()
 
         return verify(self, full=full)
 

@@ -8,6 +8,10 @@ skipped otherwise; each test gets a fresh schema there, dropped afterwards.
 Object store: ``s3_url`` is an ``s3://`` store URL in a fresh bucket of a real S3-protocol
 server (moto's) that this session starts on loopback, with dummy credentials set in the
 environment for that test only.
+
+Background repack: off (``CKPT_IDLE_REPACK=0``) unless a test turns it on, so that what a
+test reads after a commit (stats, packs, encodings) does not depend on how far an idle-time
+repack got meanwhile; ``tests/integration/test_repack.py`` and the kill tests run it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from ckptrepo.db import migrate
 from ckptrepo.db.engine import database_url, make_engine
 
 POSTGRES_ENV = "CKPT_TEST_POSTGRES_URL"
+os.environ.setdefault("CKPT_IDLE_REPACK", "0")
 S3_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "ckpt-test",
     "AWS_SECRET_ACCESS_KEY": "ckpt-test-secret",

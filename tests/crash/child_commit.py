@@ -13,10 +13,13 @@ Modes::
     python child_commit.py run REPO LOG [COMMITS]
         One run in this process (COMMITS commits, default: until killed). Faults come from
         CKPT_FAULTS, which ckptrepo reads when it is imported.
+    python child_commit.py repack REPO
+        One ``repo.repack()`` of an existing repository in this process (faults as above).
     python child_commit.py serve
         Fork server, so that dozens of runs do not each pay for importing torch: imports
         ckptrepo once (and runs no torch op, so forking is safe), then for each JSON line
-        {"repo", "log", "commits", "faults"} on stdin forks a child that arms CKPT_FAULTS=faults
+        {"repo", "log", "commits", "faults"} (or {"mode": "repack", "repo", "faults"}) on stdin
+        forks a child that arms CKPT_FAULTS=faults
         exactly as a fresh process would (by re-reading the variable) and does one run.
         Writes one JSON line to stdout when the child started ({"pid"}) and one when it ended
         ({"pid", "exit"} or {"pid", "signal"}). Exits at the end of stdin.
@@ -84,6 +87,12 @@ def run(repo_path: Path, log_path: Path, commits: int | None) -> None:
         repo.close()
 
 
+def repack(repo_path: Path) -> None:
+    """Encode what the commits of ``repo_path`` stored raw (see ``Repo.repack``)."""
+    with ckptrepo.Repo.open(repo_path) as repo:
+        repo.repack()
+
+
 def _serve() -> None:
     for line in sys.stdin:
         request = json.loads(line)
@@ -93,7 +102,10 @@ def _serve() -> None:
             try:
                 os.environ[faults.ENV] = request.get("faults") or ""
                 importlib.reload(faults)  # arms CKPT_FAULTS the way a fresh import would
-                run(Path(request["repo"]), Path(request["log"]), request.get("commits"))
+                if request.get("mode") == "repack":
+                    repack(Path(request["repo"]))
+                else:
+                    run(Path(request["repo"]), Path(request["log"]), request.get("commits"))
             except BaseException as exc:
                 print(f"child {os.getpid()} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
                 code = 1
@@ -111,6 +123,8 @@ def main(argv: list[str]) -> None:
     if argv[:1] == ["serve"]:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         _serve()
+    elif argv[:1] == ["repack"] and len(argv) == 2:
+        repack(Path(argv[1]))
     elif argv[:1] == ["run"] and len(argv) in (3, 4):
         run(Path(argv[1]), Path(argv[2]), int(argv[3]) if len(argv) == 4 else None)
     else:

@@ -77,6 +77,8 @@ def _child_env() -> dict[str, str]:
     env.pop(faults.ENV, None)
     # One BLAS/OpenMP thread: the fork server then holds no helper thread when it forks.
     env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    # The background repack on, as by default: kills also land in repacks between commits.
+    env["CKPT_IDLE_REPACK"] = "1"
     return env
 
 
@@ -103,10 +105,10 @@ class ForkServer:
         except queue.Empty:
             raise AssertionError(f"fork server silent for {timeout} s") from None
 
-    def start(self, repo: Path, log: Path, *, commits: int | None = None, spec: str = "") -> int:
+    def start(self, repo: Path, log: Path, *, commits: int | None = None, spec: str = "", mode: str = "run") -> int:
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps({"repo": str(repo), "log": str(log), "commits": commits,
-                                          "faults": spec}) + "\n")
+                                          "faults": spec, "mode": mode}) + "\n")
         self.proc.stdin.flush()
         return int(self._next(RUN_TIMEOUT)["pid"])
 
@@ -271,3 +273,41 @@ def test_kill_at_random_moments(server: ForkServer, tmp_path: Path) -> None:
         assert repo.verify(full=True).ok
     print(f"random kills: {RANDOM_KILLS} in {time.monotonic() - started:.1f} s, {chk.top + 1} commits; "
           f"checks that saw temporary files: {chk.temporary.total()}, unreferenced packs: {chk.unreferenced.total()}")
+
+
+# Repack of 6 commits (~300 raw chunks in ~80 deferred packs of 256 KiB): fault point -> hit
+# counts to kill at, in the first and in later batches.
+REPACK_SCHEDULE: dict[str, tuple[int, ...]] = {
+    "repack.chunk": (1, 50, 200),
+    "pack.write": (1, 60, 180),
+    "pack.before_put": (1, 5, 20),
+    "pack.after_put": (1, 6, 21),
+    "repack.before_commit": (1, 7),
+    "repack.after_commit": (1, 8),
+}
+
+
+@pytest.mark.slow
+def test_kill_repack_at_every_fault_point(server: ForkServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGKILL a repacking process at each of its fault points: every commit still restores
+    bit-exactly, verify finds no error, and a later repack and gc finish the job."""
+    monkeypatch.setenv("CKPT_IDLE_REPACK", "0")  # commits in this process leave their raw packs to the repack
+    for point, nths in REPACK_SCHEDULE.items():
+        chk = Checker(tmp_path / point, tmp_path / f"{point}.log")
+        child.run(chk.repo, chk.log, 6)
+        chk.check(f"{point} before")
+        for nth in nths:
+            spec = f"{point}=kill@{nth}"
+            _killed(server.wait(server.start(chk.repo, chk.log, spec=spec, mode="repack")), spec)
+            chk.kills[point] += 1
+            chk.check(spec)
+        end = server.wait(server.start(chk.repo, chk.log, mode="repack"))
+        assert end.get("exit") == 0, f"{point}: the repack after the kills failed: {end}"
+        with ckptrepo.Repo.open(chk.repo) as repo:
+            assert repo.repack(dry_run=True).deferred_packs == 0
+            repo.gc(grace=0)
+        chk.check(f"{point} end")
+        chk.continues(server, point)
+        with ckptrepo.Repo.open(chk.repo) as repo:
+            report = repo.verify(full=True)
+            assert report.ok and not report.unreferenced_packs and not report.temporary_files, report.to_json()

@@ -5,6 +5,7 @@ read changes, storage shrinks, verify stays clean, and gc keeps retired packs fo
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -114,16 +115,25 @@ def test_blocking_commits_encode_inline_and_modes(tmp_path: Path, db_url: str) -
 
 
 def test_idle_repack_runs_between_commits(tmp_path: Path, db_url: str) -> None:
-    with ckptrepo.Repo.init(tmp_path / "w", db_url=db_url, chunk_size=CHUNK, pack_target=8 * CHUNK) as repo:
+    with ckptrepo.Repo.init(tmp_path / "w", db_url=db_url, chunk_size=CHUNK, pack_target=8 * CHUNK,
+                            idle_repack=True) as repo:
         for i in range(3):
             repo.commit(_state(i), step=i).wait()
-        repo._committer.drain()  # lets nothing new start; the idle run in progress stops at a batch
-        # An idle run either finished or gave way; what it recorded is complete, the rest waits.
-        for i in range(3):
+        # Left alone, the background repack encodes everything the commits stored raw.
+        deadline = time.monotonic() + 120
+        while _deferred(repo) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _deferred(repo) and Encoding.DELTA in _encodings(repo)
+        # A commit makes a running one give way; what it recorded is complete, the rest waits.
+        for i in range(3, 6):
+            repo.commit(_state(i), step=i)
+        repo._committer.drain()
+        for i in range(6):
             assert _same(repo.checkout(f"main@step={i}"), _state(i))
+        report = repo.verify(full=True)
+        assert report.ok and not report.temporary_files, report.to_json()
         repo.repack()
         assert not _deferred(repo)
-        assert repo.verify(full=True).ok
 
 
 def test_dry_run_changes_nothing(repo: ckptrepo.Repo) -> None:
