@@ -1,6 +1,7 @@
 /*
  * Byte-plane kernels for ckptrepo.chunks.codecs: split elements into byte planes, join
- * planes back into elements, XOR one buffer into another.
+ * planes back into elements, XOR one buffer into another, and the word-difference delta
+ * (zigzag(a - b) per little-endian word, and its inverse).
  *
  * Layout (the codecs' BYTEGROUP/DELTA plane layout): for n = len(elements) / width,
  * plane k occupies planes[k*n : (k+1)*n] and holds byte k of every element. Trailing
@@ -151,6 +152,35 @@ static void xor_bytes(uint8_t *dst, const uint8_t *src, Py_ssize_t len) {
     for (; i < len; i++) dst[i] ^= src[i];
 }
 
+/* Word-difference delta over the first len / W little-endian words (W = 2, 4, 8; the
+   caller handles trailing bytes): dst = zigzag(dst - src), the difference wrapping modulo
+   2^(8W) and zigzag-mapped (0, -1, 1, -2, ... -> 0, 1, 2, 3, ...) so a small difference of
+   either sign has high bytes of zero. unzigzag_add inverts it: dst = unzigzag(dst) + src. */
+#define ZIGZAG_KERNELS(T, BITS)                                                          \
+    static void zigzag_sub_##BITS(uint8_t *dst, const uint8_t *src, Py_ssize_t n) {     \
+        for (Py_ssize_t i = 0; i < n; i++) {                                            \
+            T a, b;                                                                     \
+            memcpy(&a, dst + i * sizeof(T), sizeof(T));                                 \
+            memcpy(&b, src + i * sizeof(T), sizeof(T));                                 \
+            T d = (T)(a - b);                                                           \
+            T z = (T)((T)(d << 1) ^ (T)(0 - (d >> (BITS - 1))));                        \
+            memcpy(dst + i * sizeof(T), &z, sizeof(T));                                 \
+        }                                                                               \
+    }                                                                                   \
+    static void unzigzag_add_##BITS(uint8_t *dst, const uint8_t *src, Py_ssize_t n) {   \
+        for (Py_ssize_t i = 0; i < n; i++) {                                            \
+            T z, b;                                                                     \
+            memcpy(&z, dst + i * sizeof(T), sizeof(T));                                 \
+            memcpy(&b, src + i * sizeof(T), sizeof(T));                                 \
+            T d = (T)((T)(z >> 1) ^ (T)(0 - (z & 1)));                                  \
+            T a = (T)(b + d);                                                           \
+            memcpy(dst + i * sizeof(T), &a, sizeof(T));                                 \
+        }                                                                               \
+    }
+ZIGZAG_KERNELS(uint16_t, 16)
+ZIGZAG_KERNELS(uint32_t, 32)
+ZIGZAG_KERNELS(uint64_t, 64)
+
 static int get_buffers(PyObject *src_obj, PyObject *dst_obj, Py_buffer *src, Py_buffer *dst) {
     if (PyObject_GetBuffer(src_obj, src, PyBUF_SIMPLE) < 0) return -1;
     if (PyObject_GetBuffer(dst_obj, dst, PyBUF_WRITABLE) < 0) {
@@ -224,6 +254,36 @@ static PyObject *planes_xor_into(PyObject *self, PyObject *args) {
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
     Py_RETURN_NONE;
+}
+
+static PyObject *word_delta(PyObject *args, const char *fmt, int inverse) {
+    PyObject *dst_obj, *src_obj;
+    int width;
+    if (!PyArg_ParseTuple(args, fmt, &dst_obj, &src_obj, &width)) return NULL;
+    if (width != 2 && width != 4 && width != 8)
+        return PyErr_Format(PyExc_ValueError, "word delta of width %d (2, 4 or 8)", width);
+    Py_buffer src, dst;
+    if (get_buffers(src_obj, dst_obj, &src, &dst) < 0) return NULL;
+    if (src.len != dst.len) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&dst);
+        return PyErr_Format(PyExc_ValueError, "word delta of %zd bytes against %zd bytes", dst.len, src.len);
+    }
+    Py_ssize_t n = dst.len / width;
+    Py_BEGIN_ALLOW_THREADS
+    if (width == 2) (inverse ? unzigzag_add_16 : zigzag_sub_16)(dst.buf, src.buf, n);
+    else if (width == 4) (inverse ? unzigzag_add_32 : zigzag_sub_32)(dst.buf, src.buf, n);
+    else (inverse ? unzigzag_add_64 : zigzag_sub_64)(dst.buf, src.buf, n);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    Py_RETURN_NONE;
+}
+
+static PyObject *planes_zigzag_sub(PyObject *self, PyObject *args) { return word_delta(args, "OOi:zigzag_sub", 0); }
+
+static PyObject *planes_unzigzag_add(PyObject *self, PyObject *args) {
+    return word_delta(args, "OOi:unzigzag_add", 1);
 }
 
 /* One pass of statistics over float32 (kind 0), float64 (kind 1) or bfloat16 (kind 2)
@@ -484,6 +544,10 @@ static PyMethodDef methods[] = {
     {"join", planes_join, METH_VARARGS,
      "join(planes, width, elements): inverse of split; writes len(planes) bytes of elements."},
     {"xor_into", planes_xor_into, METH_VARARGS, "xor_into(dst, src): dst ^= src, equal lengths."},
+    {"zigzag_sub", planes_zigzag_sub, METH_VARARGS,
+     "zigzag_sub(dst, src, width): dst = zigzag(dst - src) per width-byte word (2, 4, 8); tail bytes untouched."},
+    {"unzigzag_add", planes_unzigzag_add, METH_VARARGS,
+     "unzigzag_add(dst, src, width): dst = unzigzag(dst) + src per width-byte word; inverse of zigzag_sub."},
     {NULL, NULL, 0, NULL},
 };
 

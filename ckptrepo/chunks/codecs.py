@@ -18,12 +18,21 @@ every element: element ``i``'s byte ``k`` is ``plane_k[i]``. For little-endian
 floats the last plane carries the sign and the high exponent bits — the plane that
 compresses — while the low mantissa planes look random and are stored as is.
 
-DELTA payloads have the BYTEGROUP layout (width 1 allowed) and hold the planes of
-``chunk XOR base``, where ``base`` is another chunk of the same length (usually the same
-tensor's chunk at the same offset in the parent commit). For related checkpoints the
-XOR zeroes the sign, the exponent and the high mantissa bits of most elements, so the
-high planes compress to almost nothing. The base is named in the chunk index, not in
-the payload; ``decode_delta`` takes its decoded bytes.
+DELTA payloads have the BYTEGROUP layout (width 1 allowed) and hold the planes of a
+difference between the chunk and ``base``, another chunk of the same length (usually the
+same tensor's chunk at the same offset in the parent commit). The version byte says which:
+
+- version 1: ``chunk XOR base``;
+- version 2 (widths 2, 4 and 8): the word difference ``zigzag(chunk - base)``, each W-byte
+  little-endian word subtracted modulo 2^(8W) and zigzag-mapped (0, -1, 1, -2 ... ->
+  0, 1, 2, 3 ...); the ``raw_length % W`` tail bytes are XOR-ed.
+
+For related checkpoints either zeroes the sign, the exponent and the high mantissa bits of
+most elements, so the high planes compress to almost nothing. The difference does better
+than XOR where a value moved across a run of equal mantissa bits (a small step from
+1.0111 to 1.1000 is one unit of difference but four flipped bits), which is what weight
+decay does to every weight no gradient touched. The base is named in the chunk index, not
+in the payload; ``decode_delta`` takes its decoded bytes.
 
 ZSTD payloads are a single zstd frame with its content size; RAW payloads are the
 bytes themselves. Decoding checks lengths only: the chunk id (BLAKE3 of the decoded
@@ -48,6 +57,7 @@ except ImportError:  # pragma: no cover - exercised when the extension is not co
     _native = None  # type: ignore[assignment]
 
 BYTEGROUP_VERSION = 1
+WORD_DELTA_VERSION = 2  # DELTA payloads whose planes hold zigzag(chunk - base) words
 _HEAD = struct.Struct("<BB")
 _PLANE = struct.Struct("<BI")
 _MODE_STORED = 0
@@ -222,7 +232,7 @@ def _join_planes(planes: np.ndarray, width: int, out: np.ndarray) -> None:
 
 def _group(
     raw: memoryview, width: int, level: int, keep: float, *, sample_first: bool, limit: float | None = None,
-    hint: PlaneHint | None = None, key: str = "alone",
+    hint: PlaneHint | None = None, key: str = "alone", version: int = BYTEGROUP_VERSION,
 ) -> memoryview | None:
     """A BYTEGROUP-layout payload of ``raw``, or None if it would not be below ``limit`` bytes
     (default: ``keep`` of its size).
@@ -280,7 +290,7 @@ def _group(
         cursor += tail
     if cursor >= (keep * total if limit is None else limit):
         return None
-    _HEAD.pack_into(out.data, 0, BYTEGROUP_VERSION, width)
+    _HEAD.pack_into(out.data, 0, version, width)
     for k, (mode, length) in enumerate(plane_desc):
         _PLANE.pack_into(out.data, _HEAD.size + k * _PLANE.size, mode, length)
     return out[:cursor].data
@@ -310,6 +320,42 @@ def xor_bytes(a: memoryview | bytes, b: memoryview | bytes) -> np.ndarray:
         np.bitwise_xor(np.frombuffer(va, dtype=np.uint8, offset=words * 8),
                        np.frombuffer(vb, dtype=np.uint8, offset=words * 8), out=out[words * 8 :])
     return out
+
+
+def delta_words(chunk: memoryview | bytes, base: memoryview | bytes, width: int) -> tuple[np.ndarray, int]:
+    """A new array holding the DELTA transform of ``chunk`` against ``base`` (equal lengths)
+    and its payload version: the zigzag word difference for widths 2, 4 and 8, else XOR."""
+    if width not in _WORD:
+        return xor_bytes(chunk, base), BYTEGROUP_VERSION
+    va, vb = _byte_view(chunk), _byte_view(base)
+    if len(va) != len(vb):
+        raise UsageError(f"delta of {len(va)} bytes against {len(vb)}")
+    out = np.frombuffer(va, dtype=np.uint8).copy()
+    words = len(va) // width * width
+    if _native is not None:
+        _native.zigzag_sub(out[:words], vb[:words], width)
+    else:
+        a = out[:words].view(_WORD[width])
+        a -= np.frombuffer(vb, dtype=_WORD[width], count=words // width)  # wraps modulo 2^(8W)
+        sign = (a >> (8 * width - 1)).astype(_WORD[width])
+        np.bitwise_xor(a << 1, np.negative(sign), out=a)  # 0 - sign: all ones for a negative difference
+    if words < len(va):
+        np.bitwise_xor(out[words:], np.frombuffer(vb, dtype=np.uint8, offset=words), out=out[words:])
+    return out, WORD_DELTA_VERSION
+
+
+def _undo_word_delta(target: np.ndarray, base: memoryview, width: int) -> None:
+    """Inverse of ``delta_words`` for version 2, in place: ``target`` holds the decoded planes."""
+    words = len(target) // width * width
+    if _native is not None:
+        _native.unzigzag_add(target[:words], base[:words], width)
+    else:
+        z = target[:words].view(_WORD[width])
+        low = np.bitwise_and(z, 1)
+        np.bitwise_xor(z >> 1, np.negative(low), out=z)
+        z += np.frombuffer(base, dtype=_WORD[width], count=words // width)
+    if words < len(target):
+        np.bitwise_xor(target[words:], np.frombuffer(base, dtype=np.uint8, offset=words), out=target[words:])
 
 
 def encode(
@@ -366,8 +412,9 @@ def encode_with_base(
         ratio = hint.alone_ratio()
         if ratio is not None:
             estimate = ratio * len(view)
-            delta = _group(xor_bytes(view, base).data, width, level, keep, sample_first=False,
-                           limit=keep * estimate, hint=hint, key="delta")
+            diff, version = delta_words(view, base, width)
+            delta = _group(diff.data, width, level, keep, sample_first=False,
+                           limit=keep * estimate, hint=hint, key="delta", version=version)
             if delta is not None:
                 hint.delta_result(True)
                 return Encoding.DELTA, delta, round(estimate)
@@ -378,8 +425,9 @@ def encode_with_base(
         return encoding, payload, len(payload)
     if len(_byte_view(base)) != len(view):
         raise UsageError(f"delta base is {len(_byte_view(base))} bytes, the chunk {len(view)}")
-    delta = _group(xor_bytes(view, base).data, width, level, keep, sample_first=False, limit=keep * len(payload),
-                   hint=hint, key="delta")
+    diff, version = delta_words(view, base, width)
+    delta = _group(diff.data, width, level, keep, sample_first=False, limit=keep * len(payload),
+                   hint=hint, key="delta", version=version)
     if hint is not None:
         hint.delta_result(delta is not None)
     if delta is None:
@@ -409,11 +457,12 @@ def _unzstd(frame: memoryview | bytes, expected: int) -> bytes:
 
 
 def _parse_planes(payload: memoryview, raw_length: int, min_width: int) -> tuple[int, list[tuple[int, int]]]:
+    """Check a plane payload's header and table; DELTA payloads (``min_width`` 1) may be version 2."""
     if len(payload) < _HEAD.size:
         raise _corrupt("byte-plane payload is shorter than its header")
     version, width = _HEAD.unpack_from(payload, 0)
-    if version != BYTEGROUP_VERSION:
-        raise _corrupt(f"byte-plane payload version {version}, expected {BYTEGROUP_VERSION}")
+    if version != BYTEGROUP_VERSION and not (version == WORD_DELTA_VERSION and min_width == 1 and width in _WORD):
+        raise _corrupt(f"byte-plane payload version {version} (width {width}) is not one this reader knows")
     if width < min_width:
         raise _corrupt(f"byte-plane width {width} is below {min_width}")
     head = _HEAD.size + width * _PLANE.size
@@ -521,7 +570,11 @@ def decode_delta(payload: bytes | memoryview, base: bytes | memoryview, out: mem
     base_view = _byte_view(base)
     if len(base_view) != len(target):
         raise _corrupt(f"delta base is {len(base_view)} bytes, the chunk {len(target)}")
-    _decode_planes(_byte_view(payload), len(target), target, 1)
+    body = _byte_view(payload)
+    _decode_planes(body, len(target), target, 1)
     if len(target):
         arr = np.frombuffer(target, dtype=np.uint8)
-        np.bitwise_xor(arr, np.frombuffer(base_view, dtype=np.uint8), out=arr)
+        if body[0] == WORD_DELTA_VERSION:
+            _undo_word_delta(arr, base_view, body[1])
+        else:
+            np.bitwise_xor(arr, np.frombuffer(base_view, dtype=np.uint8), out=arr)

@@ -11,7 +11,8 @@ import pytest
 import torch
 import zstandard
 
-from ckptrepo.chunks.codecs import Encoding, decode, encode
+from ckptrepo.chunks import codecs
+from ckptrepo.chunks.codecs import Encoding, decode, decode_delta, encode, encode_with_base
 from ckptrepo.errors import IntegrityError, UsageError
 
 
@@ -250,6 +251,62 @@ def test_delta_and_unknown_encodings() -> None:
         decode(Encoding.DELTA, b"xx", 2)
     with pytest.raises(IntegrityError, match="9"):
         decode(9, b"xx", 2)
+
+
+# --- pinned DELTA formats ------------------------------------------------------------
+
+
+def test_word_delta_exact_bytes_of_a_hand_built_payload() -> None:
+    # Two u16 words and a one-byte tail against a base: differences +1 and -2 zigzag to 2 and 3,
+    # the tail is XOR-ed. Version 2, width 2, both planes stored.
+    base = bytes([0x10, 0x00, 0x05, 0x01, 0xF0])
+    raw = bytes([0x11, 0x00, 0x03, 0x01, 0x0F])
+    payload = (
+        b"\x02\x02"  # version 2 (word difference), width 2
+        + b"\x00\x02\x00\x00\x00" * 2  # (stored, 2 bytes) per plane
+        + bytes([2, 3])  # plane 0: low bytes of zigzag(+1), zigzag(-2)
+        + bytes([0, 0])  # plane 1: high bytes
+        + bytes([0xFF])  # tail: 0x0F XOR 0xF0
+    )
+    out = bytearray(5)
+    decode_delta(payload, base, memoryview(out))
+    assert bytes(out) == raw
+
+
+def test_xor_delta_payloads_still_decode() -> None:
+    # Version 1 (XOR) is what width 1 and odd widths write, and what older repositories hold.
+    base = bytes([1, 2, 3, 4])
+    payload = b"\x01\x02" + b"\x00\x02\x00\x00\x00" * 2 + bytes([1, 0, 2, 0])
+    out = bytearray(4)
+    decode_delta(payload, base, memoryview(out))
+    assert bytes(out) == bytes([0, 0, 3, 4])  # planes join to XOR bytes 1, 2, 0, 0
+
+
+@pytest.mark.parametrize("version", [0, 3, 255])
+def test_unknown_delta_versions_are_integrity_errors(version: int) -> None:
+    payload = bytes([version, 2]) + b"\x00\x02\x00\x00\x00" * 2 + bytes(4)
+    with pytest.raises(IntegrityError, match="version"):
+        decode_delta(payload, bytes(4), memoryview(bytearray(4)))
+
+
+def test_word_delta_is_not_a_bytegroup_payload() -> None:
+    with pytest.raises(IntegrityError, match="version"):
+        decode(Encoding.BYTEGROUP, b"\x02\x02" + b"\x00\x02\x00\x00\x00" * 2 + bytes(4), 4)
+
+
+def test_weight_decay_steps_delta_to_a_fraction_of_xor() -> None:
+    # Weights no gradient touched move only by decoupled weight decay, w * (1 - lr * wd) per
+    # step: a few units of the last place, which XOR turns into carries across equal bits.
+    w = torch.randn(1 << 18, dtype=torch.float32) * 0.05
+    decayed = w * (1 - 2e-5 * 0.01) ** 10
+    raw, base = decayed.numpy().tobytes(), w.numpy().tobytes()
+    encoding, payload, _ = encode_with_base(raw, 4, base)
+    assert encoding is Encoding.DELTA and bytes(payload)[0] == 2
+    xor_only = codecs._group(codecs.xor_bytes(raw, base).data, 4, 1, 2.0, sample_first=False)
+    assert xor_only is not None and len(payload) < 0.6 * len(xor_only)
+    out = bytearray(len(raw))
+    decode_delta(payload, base, memoryview(out))
+    assert bytes(out) == raw
 
 
 # --- throughput report (printed, not asserted) ----------------------------------------
