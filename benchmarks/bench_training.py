@@ -12,7 +12,14 @@ full interval of training):
     and directory, blocking,
   - ckptrepo every k: ``repo.commit(...)`` without waiting in the loop; the segment's time
     includes the final flush (``wait()`` of the last commit, reported on its own), so no
-    background work is left out. Run with the default ``CKPT_WORKERS`` (all cores) and with
+    commit's background work is left out. With the default settings (``encode="auto"``) a
+    commit stores its new chunks raw and the encoding is deferred: a background repack at
+    idle priority runs between commits, and what it has not done when the segment ends is
+    done by ``repo.repack()`` right after it, outside the timed segment but reported: its
+    wall and CPU time, the stored bytes before and after, and "overhead incl. repack", the
+    overhead had that repack run on the training cores before training went on.
+    ``--inline`` adds every k with ``encode="inline"`` (encoding while committing).
+    Run with the default ``CKPT_WORKERS`` (all cores) and with
     ``CKPT_WORKERS=1`` (k=10, 50); with ``--nice`` also with ckptrepo's threads at nice 19.
 Each ckptrepo segment uses a fresh repository whose staging arena was allocated by an
 untimed warm-up commit (steady state). The model keeps training across segments; the order
@@ -29,10 +36,14 @@ training thread (GIL and CPU contention together). "attrib %" estimates the over
 inside each segment (checkpoint calls + final flush + the extra time of overlapped steps, over
 the segment's other steps): robust to load from other processes, but blind to a slowdown
 that lasts the whole segment (e.g. while a repository's idle threads exist), which only the
-wall column shows.
+wall column shows. "CPU %" is the process's CPU time over the segment against its
+neighbours' CPU per step: every CPU-second checkpointing took, whether or not it delayed a
+step (an upper bound for two saturated cores, steady where the wall time drifts with the
+machine; idle-priority work that only filled idle moments counts here, not in the wall).
+Each figure is shown with its spread (min..max over rounds).
 
     python benchmarks/bench_training.py [--steps 100] [--rounds 3] [--quick] [--nice] [--normal-priority]
-        [--no-compression] [--dir PATH]
+        [--no-compression] [--inline] [--dir PATH]
 """
 
 from __future__ import annotations
@@ -129,6 +140,12 @@ class Segment:
     wait: list[float] = field(default_factory=list)
     new_bytes: list[int] = field(default_factory=list)
     flush: float = 0.0
+    cpu: float = 0.0  # process CPU seconds over the timed segment (all threads)
+    repack_s: float = 0.0  # the repack after the segment (untimed for the overhead)
+    repack_cpu: float = 0.0
+    stored_deferred: int = 0  # stored bytes before that repack
+    stored_after: int = 0
+    pending_after: int = 0  # bytes still stored raw when the segment ended
     load: ForeignLoad = field(default_factory=ForeignLoad)  # what other processes took meanwhile
 
 
@@ -173,6 +190,7 @@ def run_segment(cfg: Config, trainer: Trainer, steps: int, base: Path) -> Segmen
     seg = Segment(total=0.0, steps=[])
     load = ForeignLoad().start()
     try:
+        cpu0 = time.process_time()
         start = time.perf_counter()
         for s in range(steps):
             if cfg.kind != "none" and s % cfg.k == 0:
@@ -191,10 +209,21 @@ def run_segment(cfg: Config, trainer: Trainer, steps: int, base: Path) -> Segmen
         flush_start = time.perf_counter()
         commits = [h.wait() for _, h in handles]  # the final flush: no background work left out
         end = time.perf_counter()
+        seg.cpu = time.process_time() - cpu0
         seg.total = end - start
         seg.flush = end - flush_start
         load.stop()
         seg.load = load
+        if repo is not None:  # the deferred encoding: done now, measured, reported
+            from ckptrepo import repack as packer
+
+            seg.pending_after = packer.pending(repo._sessions)[1]
+            seg.stored_deferred = repo.stats().stored_bytes
+            cpu1, t1 = time.process_time(), time.perf_counter()
+            repo.repack()
+            seg.repack_s = time.perf_counter() - t1
+            seg.repack_cpu = time.process_time() - cpu1
+            seg.stored_after = repo.stats().stored_bytes
         for (staged, _), c in zip(handles, commits, strict=True):
             seg.windows.append((staged, staged + c.persist_s))
             seg.persist.append(c.persist_s)
@@ -225,6 +254,14 @@ def attributed(seg: Segment, fallback_step: float) -> float:
     return 100.0 * extra / (len(seg.steps) * base)
 
 
+def spread(values: list[float]) -> tuple[float, float]:
+    return (min(values), max(values)) if values else (float("nan"), float("nan"))
+
+
+def fmt_spread(sp: tuple[float, float]) -> str:
+    return f"{sp[0]:.1f}..{sp[1]:.1f}"
+
+
 def configs(args: argparse.Namespace) -> list[Config]:
     out = [Config("none")]
     for k in KS:
@@ -240,6 +277,8 @@ def configs(args: argparse.Namespace) -> list[Config]:
                    for k in KS)
     if args.no_compression:
         out.extend(Config(f"ckptrepo k={k} no-compression", k, "ckpt", init={"compression": False}) for k in KS)
+    if args.inline:
+        out.extend(Config(f"ckptrepo k={k} inline", k, "ckpt", init={"encode": "inline"}) for k in KS)
     return out
 
 
@@ -259,6 +298,8 @@ def main() -> None:
                     help="also every k with background_priority='normal' (phase 2 threads not in SCHED_IDLE)")
     ap.add_argument("--no-compression", action="store_true",
                     help="also every k with a repository made with compression=False (hash, dedup, raw chunks)")
+    ap.add_argument("--inline", action="store_true",
+                    help="also every k with encode='inline' (chunks encoded while committing, no repack)")
     ap.add_argument("--d-model", type=int, default=320)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=8192)
@@ -303,7 +344,10 @@ def run(base: Path, args: argparse.Namespace) -> None:
     results: dict[str, list[Segment]] = {c.name: [] for c in cfgs}
     overheads: dict[str, list[float]] = {c.name: [] for c in cfgs}
     attrib: dict[str, list[float]] = {c.name: [] for c in cfgs}
+    cpu_over: dict[str, list[float]] = {c.name: [] for c in cfgs}
+    with_repack: dict[str, list[float]] = {c.name: [] for c in cfgs}
     none_steps: list[float] = []  # s/step of every no-checkpoint segment
+    none_cpu: list[float] = []  # CPU-s/step of every no-checkpoint segment
     foreign: list[ForeignLoad] = []  # what other processes took during each kept segment
     started = time.perf_counter()
     for r in range(args.rounds):
@@ -314,30 +358,38 @@ def run(base: Path, args: argparse.Namespace) -> None:
         others = others[r % len(others):] + others[: r % len(others)]
         none_seg = measure(cfgs[0], args.none_steps)
         before = none_seg.total / args.none_steps
+        before_cpu = none_seg.cpu / args.none_steps
         none_steps.append(before)
+        none_cpu.append(before_cpu)
         foreign.append(none_seg.load)
         for cfg in others:
             steps = max(cfg.k, args.steps)
             seg = measure(cfg, steps)
             none_seg = measure(cfgs[0], args.none_steps)
             after = none_seg.total / args.none_steps
+            after_cpu = none_seg.cpu / args.none_steps
             none_steps.append(after)
+            none_cpu.append(after_cpu)
             foreign.extend([seg.load, none_seg.load])
             results[cfg.name].append(seg)
             overheads[cfg.name].append(100.0 * (seg.total / (steps * (before + after) / 2) - 1.0))
             attrib[cfg.name].append(attributed(seg, (before + after) / 2))
-            before = after
+            cpu_over[cfg.name].append(100.0 * (seg.cpu / (steps * (before_cpu + after_cpu) / 2) - 1.0))
+            with_repack[cfg.name].append(100.0 * ((seg.total + seg.repack_s) / (steps * (before + after) / 2) - 1.0))
+            before, before_cpu = after, after_cpu
         recent = foreign[-2 * len(others) - 1:]
         print(f"  round {r + 1}/{args.rounds} done ({time.perf_counter() - started:.0f} s; other processes took "
               f"{100 * median([x.share for x in recent]):.0f}% of the CPU, wrote "
               f"{median([x.write_mib_s for x in recent]):.0f} MiB/s): overhead % wall/attributed: "
-              + ", ".join(f"{c.name} {overheads[c.name][-1]:.1f}/{attrib[c.name][-1]:.1f}" for c in cfgs[1:]),
+              + ", ".join(f"{c.name} {overheads[c.name][-1]:.1f}/{attrib[c.name][-1]:.1f}" for c in cfgs[1:])
+              + "; CPU %: " + ", ".join(f"{c.name} {cpu_over[c.name][-1]:.1f}" for c in cfgs[1:]),
               flush=True)
 
     step_none = median(none_steps)
     shares, writes = [x.share for x in foreign], [x.write_mib_s for x in foreign]
     extra: dict[str, Any] = {"steps": args.steps, "rounds": args.rounds, "state_mib": state_mib,
                              "params": trainer.params(), "step_none_s": step_none, "none_s_per_step": none_steps,
+                             "none_cpu_s_per_step": none_cpu,
                              "foreign_cpu": shares, "foreign_write_mib_s": writes, "thrown": thrown,
                              "configs": {}}
     print(f"\nother processes took {100 * median(shares):.0f}% of the CPU and wrote {median(writes):.0f} MiB/s "
@@ -357,7 +409,11 @@ def run(base: Path, args: argparse.Namespace) -> None:
         stall = median([statistics.mean(s.ckpt_times) for s in segs])
         info: dict[str, Any] = {"s_per_step": per_step, "overhead_pct": over, "attributed_pct": att,
                                 "checkpoints": n_ck, "stall_mean_s": stall, "overheads": overheads[cfg.name],
-                                "attributed": attrib[cfg.name]}
+                                "attributed": attrib[cfg.name], "cpu_pct": median(cpu_over[cfg.name]),
+                                "cpu_overheads": cpu_over[cfg.name],
+                                "spread_wall": spread(overheads[cfg.name]),
+                                "spread_attributed": spread(attrib[cfg.name]),
+                                "spread_cpu": spread(cpu_over[cfg.name])}
         line = f"{cfg.name:<28}{per_step:8.4f}{over:9.1f}{att:9.1f}{n_ck:6d}{stall:9.3f}"
         if cfg.kind == "ckpt":
             wait = median([statistics.mean(s.wait) for s in segs])
@@ -371,8 +427,23 @@ def run(base: Path, args: argparse.Namespace) -> None:
                      f"{1000 * median(during):14.1f} / {1000 * median(outside):5.1f}")
             info.update(wait_mean_s=wait, persist_mean_s=persist, interval_s=interval, fits=fits, flush_s=flush,
                         step_during_p2_s=median(during), step_outside_p2_s=median(outside),
-                        new_mib=median([statistics.mean(s.new_bytes) for s in segs]) / MIB)
+                        new_mib=median([statistics.mean(s.new_bytes) for s in segs]) / MIB,
+                        with_repack_pct=median(with_repack[cfg.name]), spread_with_repack=spread(with_repack[cfg.name]),
+                        repack_s=median([s.repack_s for s in segs]),
+                        repack_cpu_per_commit=median([s.repack_cpu / max(1, len(s.persist)) for s in segs]),
+                        cpu_per_commit=median([(s.cpu - len(s.steps) * median(none_cpu)) / max(1, len(s.persist))
+                                               for s in segs]),
+                        pending_mib=median([s.pending_after for s in segs]) / MIB,
+                        stored_deferred_mib=median([s.stored_deferred for s in segs]) / MIB,
+                        stored_after_mib=median([s.stored_after for s in segs]) / MIB)
         print(line)
+        print(f"{'':<28}wall {fmt_spread(info['spread_wall'])}, attributed {fmt_spread(info['spread_attributed'])}, "
+              f"CPU {info['cpu_pct']:.1f} ({fmt_spread(info['spread_cpu'])})"
+              + (f"; incl. repack {info['with_repack_pct']:.1f} ({fmt_spread(info['spread_with_repack'])}); "
+                 f"CPU-s per commit ~{info['cpu_per_commit']:.2f}; left raw at the end {info['pending_mib']:.0f} MiB, "
+                 f"repack {info['repack_s']:.2f} s ({info['repack_cpu_per_commit']:.2f} CPU-s per commit), stored "
+                 f"{info['stored_deferred_mib']:.0f} -> {info['stored_after_mib']:.0f} MiB"
+                 if cfg.kind == "ckpt" else ""))
         extra["configs"][cfg.name] = info
 
     rows: list[tuple[str, float, str]] = [("no checkpointing, s/step", step_none, "")]
@@ -380,14 +451,27 @@ def run(base: Path, args: argparse.Namespace) -> None:
         c = extra["configs"][f"ckptrepo k={k}"]
         ts = extra["configs"][f"torch.save k={k}"]
         fits = "fits" if c["fits"] else "does not fit"
-        for label, key in (("wall", "overhead_pct"), ("attributed", "attributed_pct")):
+        for label, key, sp in (("wall", "overhead_pct", "spread_wall"), ("attributed", "attributed_pct",
+                                                                           "spread_attributed"),
+                               ("CPU", "cpu_pct", "spread_cpu")):
             goal = goal_note(c[key], 3.5) if c["fits"] else "goal <= 3.5 applies where phase 2 fits"
             rows.append((f"ckptrepo k={k} overhead % ({label})", c[key],
-                         f"{goal}; phase 2 {fits} ({c['persist_mean_s']:.2f} s vs {c['interval_s']:.2f} s)"))
-            rows.append((f"torch.save k={k} overhead % ({label})", ts[key], ""))
+                         f"{goal}; {fmt_spread(c[sp])}; phase 2 {fits} ({c['persist_mean_s']:.2f} s vs "
+                         f"{c['interval_s']:.2f} s)"))
+            rows.append((f"torch.save k={k} overhead % ({label})", ts[key], fmt_spread(ts[sp])))
             rows.append((f"RATIO ckptrepo / torch.save overhead, k={k} ({label})",
                          c[key] / ts[key] if ts[key] else float("nan"),
                          goal_note(c[key] / ts[key], 1.0) if ts[key] > 0 else "torch.save overhead <= 0: noise"))
+        rows.append((f"ckptrepo k={k} overhead % incl. the repack after it (wall)", c["with_repack_pct"],
+                     f"{fmt_spread(c['spread_with_repack'])}; deferred work: {c['repack_s']:.2f} s, "
+                     f"{c['repack_cpu_per_commit']:.2f} CPU-s per commit; stored {c['stored_deferred_mib']:.0f} -> "
+                     f"{c['stored_after_mib']:.0f} MiB"))
+    for name in [c.name for c in cfgs if c.kind == "ckpt" and c.init]:
+        info = extra["configs"][name]
+        for label, key, sp in (("wall", "overhead_pct", "spread_wall"), ("attributed", "attributed_pct",
+                                                                         "spread_attributed"),
+                               ("CPU", "cpu_pct", "spread_cpu")):
+            rows.append((f"{name} overhead % ({label})", info[key], f"{fmt_spread(info[sp])}; for comparison"))
     for name in [c.name for c in cfgs if c.workers is not None or c.nice]:
         info = extra["configs"][name]
         rows.append((f"{name} overhead % (wall)", info["overhead_pct"], "knob comparison"))

@@ -711,6 +711,13 @@ class Repo:
         return packer.repack(self._sessions, self._backend, self._reader, self._pool, self.config,
                              compact_below=compact_below, dry_run=dry_run)
 
+    def repack_pending(self) -> tuple[int, int]:
+        """``(packs, bytes)`` that commits stored raw and no repack has encoded yet."""
+        from ckptrepo import repack as packer
+
+        self._check_open()
+        return packer.pending(self._sessions)
+
     def branches(self) -> list[t.RefInfo]:
         """Every branch, by name."""
         return self._refs("branch")

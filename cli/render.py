@@ -185,7 +185,7 @@ def ref_table(refs_: Sequence[RefInfo], commits: Mapping[str, Commit], *, curren
     return table
 
 
-def stats_table(stats: RepoStats) -> Table:
+def stats_table(stats: RepoStats, awaiting_repack: tuple[int, int] = (0, 0)) -> Table:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column(justify="right")
@@ -201,6 +201,9 @@ def stats_table(stats: RepoStats) -> Table:
     grid.add_row("saved by compression", size(stats.compression_saved_bytes), "zstd and byte grouping, standalone")
     grid.add_row("saved by delta", size(stats.delta_saved_bytes),
                  f"{stats.delta_chunks} chunks stored as XOR against a base chunk")
+    if awaiting_repack[0]:
+        grid.add_row("awaiting repack", size(awaiting_repack[1]),
+                     f"{awaiting_repack[0]} packs stored raw by commits; `ckpt repack` encodes them")
     return grid
 
 

@@ -70,10 +70,11 @@ def stats(as_json: JsonOpt = False) -> None:
     """Show the repository's size: commits, logical, unique and stored bytes, dedup and compression."""
     with current().open() as repo:
         result = repo.stats()
+        packs, raw = repo.repack_pending()
     if as_json:
-        render.emit_json(result.to_json())
+        render.emit_json({**result.to_json(), "awaiting_repack_packs": packs, "awaiting_repack_bytes": raw})
     else:
-        render.out.print(render.stats_table(result))
+        render.out.print(render.stats_table(result, awaiting_repack=(packs, raw)))
 
 
 def db_upgrade(as_json: JsonOpt = False) -> None:

@@ -220,11 +220,15 @@ def test_cli_init_encode_and_repack(tmp_path: Path) -> None:
     with ckptrepo.Repo.open(tmp_path / "c") as repo:
         repo.commit(_state(0)).wait()
         repo.commit(_state(1)).wait()
+    stats = json.loads(ckpt("stats", "--json").stdout)
+    assert stats["awaiting_repack_packs"] > 0 and stats["awaiting_repack_bytes"] > 0
+    assert "awaiting repack" in ckpt("stats").stdout
     dry = json.loads(ckpt("repack", "--dry-run", "--json").stdout)
     assert dry["dry_run"] and dry["deferred_packs"] > 0
     done = json.loads(ckpt("repack", "--json").stdout)
     assert done["chunks_encoded"] > 0 and done["bytes_after"] < done["bytes_before"]
     assert "packs retired" in ckpt("repack").stdout
+    assert json.loads(ckpt("stats", "--json").stdout)["awaiting_repack_bytes"] == 0
     bad = runner.invoke(app, ["--repo", str(tmp_path / "c"), "repack", "--compact-below", "3"])
     assert bad.exit_code == 2
     with ckptrepo.Repo.open(tmp_path / "c") as repo:
