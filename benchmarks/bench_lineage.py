@@ -47,7 +47,7 @@ from _common import ForeignLoad, report, timed
 import ckptrepo
 from ckptrepo.db import lines
 from ckptrepo.db.engine import database_url, write_connection
-from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Metric, Pack, Ref, Tensor, TensorChunk
+from ckptrepo.db.models import Chunk, Commit, Edge, Entry, EntryRun, Metric, Pack, Ref, Tensor, TensorChunk
 from ckptrepo.lineage import analysis, queries
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -67,6 +67,7 @@ class Lineage:
 
     commits: list[dict[str, Any]] = field(default_factory=list)
     edges: list[dict[str, Any]] = field(default_factory=list)
+    runs: list[dict[str, Any]] = field(default_factory=list)  # entry_runs rows
     metrics: list[dict[str, Any]] = field(default_factory=list)
     refs: dict[str, str] = field(default_factory=dict)
     tensors: dict[str, dict[str, str]] = field(default_factory=dict)  # commit id -> {name: tensor id}
@@ -143,6 +144,13 @@ def build(n_commits: int, depth: int, seed: int = 0) -> Lineage:
     placed = lines.assign_all((c["id"], c["first_parent_id"], c["id"] in extra) for c in lin.commits)
     for c in lin.commits:
         c.update(placed[c["id"]]._asdict())
+    # The rows kept by line that ``catalog.record_commit`` writes: fork marks on edges, and
+    # where each tensor name changes along a line.
+    lin.edges = lines.with_forks(lin.edges, {c["id"]: (c["line_id"], c["fp_depth"]) for c in lin.commits})
+    for c in lin.commits:
+        continues = c["first_parent_id"] is not None and c["line_id"] != c["id"]
+        lin.runs += lines.runs_of(c["line_id"], c["fp_depth"], lin.tensors[c["id"]],
+                                  lin.tensors[c["first_parent_id"]] if continues else None)
     return lin
 
 
@@ -167,6 +175,7 @@ def load(engine: Engine, lin: Lineage) -> None:
         (Commit, lambda: lin.commits),
         (Entry, lambda: [{"commit_id": c, "name": n, "tensor_id": t}
                          for c, names in lin.tensors.items() for n, t in names.items()]),
+        (EntryRun, lambda: lin.runs),
         (Edge, lambda: lin.edges),
         (Metric, lambda: lin.metrics),
         (Ref, lambda: [{"kind": "branch", "name": n, "commit_id": c, "updated_at": T0} for n, c in lin.refs.items()]),

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session
 
 from ckptrepo.db import lines
 from ckptrepo.db.engine import insert_ignore
-from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Metric, Pack, Ref, Tensor, TensorChunk
+from ckptrepo.db.models import Chunk, Commit, Edge, Entry, EntryRun, Metric, Pack, Ref, Tensor, TensorChunk
 
 _IN_BATCH = 500
 
@@ -107,7 +107,8 @@ def record_commit(
     """Insert everything one commit adds. Rows another commit inserted concurrently
     (same chunk, same tensor) are kept as they are: content ids make them equal.
     The commit's ``first_parent_id`` is taken from ``edges`` (its ``parent`` edge at
-    position 0), whatever ``commit`` says, and its first-parent line from ``lines.place``."""
+    position 0), whatever ``commit`` says, and its first-parent line from ``lines.place``;
+    the rows kept by line (``edges.fork_line_id``, ``entry_runs``) are derived here too."""
     edge_list = list(edges)
     # Rows go in key order: two transactions inserting overlapping keys then lock them in the
     # same order and cannot deadlock (PostgreSQL); base chunks sort before their deltas.
@@ -157,9 +158,22 @@ def record_commit(
             insert_ignore(Entry),
             [{"commit_id": commit["id"], "name": n, "tensor_id": tid} for n, tid in entries.items()],
         )
+    # Where this commit's tensors change along its line: against its first parent's entries
+    # when it continues that parent's line, all of them when it starts a line.
+    continues = first is not None and spot.line_id != commit["id"]
+    parent_entries = (dict(session.execute(select(Entry.name, Entry.tensor_id).where(Entry.commit_id == first))
+                           .all()) if continues else None)
+    runs = lines.runs_of(spot.line_id, spot.fp_depth, entries, parent_entries)
+    if runs:
+        session.execute(insert(EntryRun), runs)
+    parents = {cid: (line, depth) for cid, line, depth in session.execute(
+        select(Commit.id, Commit.line_id, Commit.fp_depth).where(Commit.id.in_([e.parent_id for e in edge_list])))}
     for e in edge_list:
+        # A parent that does not exist is refused by the foreign key at the flush below.
+        fork = lines.fork_of(e.kind, e.position, (spot.line_id, spot.fp_depth), parents.get(e.parent_id, ("", -1)))
         session.add(
-            Edge(child_id=commit["id"], parent_id=e.parent_id, kind=e.kind, position=e.position, mapping=e.mapping)
+            Edge(child_id=commit["id"], parent_id=e.parent_id, kind=e.kind, position=e.position, mapping=e.mapping,
+                 fork_line_id=fork[0] if fork else None, fork_depth=fork[1] if fork else None)
         )
     for name, value in metrics.items():
         session.add(Metric(commit_id=commit["id"], name=name, value=value))

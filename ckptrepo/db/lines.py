@@ -17,6 +17,12 @@ inserts it; ``assign_all`` does the same for many commits at once (schema migrat
 loads). Nothing else writes these columns: they never change once a commit exists (gc
 deletes a commit only with every commit above it on its line).
 
+Two things are kept by line for the queries that would otherwise step once per commit:
+``edges.fork_line_id``/``fork_depth`` mark each edge that leaves a line (``fork_of``), so the
+descendants of a commit are a few line ranges plus the edges forking off them; and
+``entry_runs`` holds where each tensor name changes along a line (``runs_of``), so a tensor's
+history reads the changes of each line range instead of one entry per commit.
+
 A commit is also *linear* when it has no parent other than its first parent, and that one
 (if any) is linear: its ancestors through every edge kind are then its first-parent chain,
 so ancestor and log queries read the chain instead of walking edges.
@@ -24,7 +30,7 @@ so ancestor and log queries read the chain instead of walking edges.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from sqlalchemy import and_, select
@@ -92,6 +98,40 @@ def assign_all(commits: Iterable[tuple[str, str | None, bool]],
         placed[cid] = out[cid] = spot
         taken.add((spot.line_id, spot.fp_depth))
     return out
+
+
+def fork_of(kind: str, position: int, child: tuple[str, int], parent: tuple[str, int]) -> tuple[str, int] | None:
+    """``(fork_line_id, fork_depth)`` of an edge of ``kind`` at ``position`` from a child placed at
+    ``child`` to a parent placed at ``parent`` (each ``(line_id, fp_depth)``): the parent's place,
+    unless the edge is the one along which the child continues the parent's line (None)."""
+    if kind == "parent" and position == 0 and child[0] == parent[0]:
+        return None
+    return parent
+
+
+def with_forks(edges: Iterable[Mapping[str, Any]], places: Mapping[str, tuple[str, int]]) -> list[dict[str, Any]]:
+    """Edge rows (``child_id``, ``parent_id``, ``kind``, ``position``, ...) with the
+    ``fork_line_id`` and ``fork_depth`` that ``catalog.record_commit`` stores (``fork_of``),
+    given every commit's ``(line_id, fp_depth)``: for rows inserted in bulk."""
+    out: list[dict[str, Any]] = []
+    for e in edges:
+        fork = fork_of(e["kind"], e["position"], places[e["child_id"]], places[e["parent_id"]])
+        out.append({**e, "fork_line_id": fork[0] if fork else None, "fork_depth": fork[1] if fork else None})
+    return out
+
+
+def runs_of(line_id: str, fp_depth: int, entries: Mapping[str, str],
+            parent_entries: Mapping[str, str] | None) -> list[dict[str, Any]]:
+    """The ``entry_runs`` rows of a commit placed at ``(line_id, fp_depth)`` whose tensors are
+    ``entries`` (name -> tensor id): every entry when it starts its line (``parent_entries``
+    None), else the names whose tensor differs from ``parent_entries`` (its first parent's, on
+    the same line), with ``tensor_id`` None for those the parent has and it has not."""
+    if parent_entries is None:
+        changed: dict[str, str | None] = dict(entries)
+    else:
+        changed = {n: t for n, t in entries.items() if parent_entries.get(n) != t}
+        changed.update((n, None) for n in parent_entries if n not in entries)
+    return [{"name": n, "line_id": line_id, "fp_depth": fp_depth, "tensor_id": t} for n, t in changed.items()]
 
 
 # Made once: building an alias's column proxies cost ~5 ms per query (``commits`` is wide).

@@ -18,6 +18,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
     MetaData,
@@ -235,6 +236,34 @@ class Edge(Base):
     kind: Mapped[str] = mapped_column(String(16))
     position: Mapped[int] = mapped_column(Integer, default=0)
     mapping: Mapped[Any | None] = mapped_column(JsonType, default=None)
+    # Where the edge leaves a first-parent line (``ckptrepo.db.lines``): the parent's ``line_id``
+    # and ``fp_depth`` on every edge but the one along which the child continues its first
+    # parent's line (NULL there). Written once, with the edge (schema 0008).
+    fork_line_id: Mapped[str | None] = mapped_column(Id, default=None)
+    fork_depth: Mapped[int | None] = mapped_column(Integer, default=None)
+
+
+class EntryRun(Base):
+    """Where tensor ``name`` changes along a first-parent line (``ckptrepo.db.lines``).
+
+    A row for every commit at ``(line_id, fp_depth)`` whose entry ``name`` differs from its
+    first parent's (another tensor, added, or removed: ``tensor_id`` NULL) when it continues
+    that parent's line, and one for each entry of the commit that starts a line. The tensor
+    of ``name`` at depth ``d`` of a line is the row of the highest ``fp_depth <= d`` (none:
+    absent). Derived from ``entries`` and written with the commit (``catalog.record_commit``);
+    deleted with its commit (ON DELETE CASCADE, by the commit's place on its line).
+    """
+
+    __tablename__ = "entry_runs"
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    line_id: Mapped[str] = mapped_column(Id, primary_key=True)
+    fp_depth: Mapped[int] = mapped_column(Integer, primary_key=True)
+    tensor_id: Mapped[str | None] = mapped_column(Id, default=None)
+    __table_args__ = (
+        ForeignKeyConstraint(["line_id", "fp_depth"], ["commits.line_id", "commits.fp_depth"], ondelete="CASCADE"),
+        # Stored in its key's order on SQLite (no separate rowid table).
+        {"sqlite_with_rowid": False},
+    )
 
 
 class Ref(Base):
@@ -267,6 +296,13 @@ Index("ux_commits_line", Commit.line_id, Commit.fp_depth, unique=True,
 # on position). The parent-side one also indexes the ``parent_id`` foreign key.
 Index("ix_edges_child_walk", Edge.child_id, Edge.kind, Edge.position, Edge.parent_id)
 Index("ix_edges_parent_walk", Edge.parent_id, Edge.kind, Edge.child_id)
+# The edges that leave a first-parent line, by where they leave it: a walk up to descendants
+# steps per line (a line's range of commits, then the edges forking off that range) instead of
+# per commit. Partial: the edges along lines, nearly all of them, are left out.
+Index("ix_edges_forks", Edge.fork_line_id, Edge.fork_depth, Edge.kind, Edge.child_id, Edge.parent_id,
+      sqlite_where=Edge.fork_line_id.is_not(None), postgresql_where=Edge.fork_line_id.is_not(None))
+# ``entry_runs`` by commit place, for the cascade when gc deletes a commit.
+Index("ix_entry_runs_line", EntryRun.line_id, EntryRun.fp_depth)
 # PostgreSQL only: ``history`` looks one tensor name up in ``entries`` at each commit of a
 # chain. Through the primary key (commit_id, name) those lookups land on leaf pages spread
 # over the whole index (millions of rows, larger than a default server's shared_buffers)

@@ -6,7 +6,8 @@ bound parameter. *Ancestors* follow edges from child to parent, *descendants* fr
 to child, through edges of the given ``kinds`` only (default: all of ``EDGE_KINDS``). Walks
 are set recursions (UNION, not UNION ALL), so they end on any DAG, however many paths reconverge;
 the exceptions, a line of parents (``_line_of_parents``) and descendants on SQLite
-(``_walk_edges``), are cut off by a LIMIT.
+(``_walk_edges``), are cut off by a LIMIT. Unbounded descendants through parent edges walk
+first-parent lines instead (``_line_ranges``): one step per line, not per commit.
 
 Ancestors and descendants come nearest first (breadth-first). ``commits.generation`` (1 +
 the highest generation of a commit's parents, through any edge kind; written once, at
@@ -22,10 +23,11 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime
+from itertools import pairwise
 from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import CTE, ColumnElement, Select, cast, func, literal, select
+from sqlalchemy import CTE, ColumnElement, Select, and_, cast, func, literal, select
 from sqlalchemy.orm import Session, aliased
 
 from ckptrepo.db import lines
@@ -216,8 +218,71 @@ def _is_linear(session: Session, commit_id: str) -> bool:
 def descendant_ids(session: Session, start: str, kinds: Collection[str] = EDGE_KINDS,
                    max_depth: int | None = None) -> list[str]:
     """The proper descendants of ``start`` (itself excluded), at most ``max_depth`` edges away,
-    nearest first: breadth-first from ``start``, each commit's children by id."""
+    nearest first: breadth-first from ``start``, each commit's children by id.
+
+    Without ``max_depth``, through ``parent`` edges among others, they are read by first-parent
+    line (``_line_ranges``); otherwise (a walk that stops early, or one that may not follow a
+    line) by walking edges."""
+    if max_depth is None and "parent" in kinds:
+        return _line_descendants(session, start, kinds)
     return _nearest_first(session, start, kinds, max_depth, down=False)
+
+
+def _line_ranges(start: str, kinds: Collection[str]) -> CTE:
+    """CTE ``(line, lo)``: for each first-parent line that holds descendants of ``start`` (or
+    ``start``), the lowest depth from which all of the line's commits are: ``start``'s place,
+    then the place of each child reached through an edge of ``kinds`` leaving a line range
+    (``Edge.fork_line_id``). One recursive step per line, not per commit; assumes ``parent``
+    in ``kinds`` (a line's commits follow each other through parent edges)."""
+    seed = select(Commit.line_id.label("line"), Commit.fp_depth.label("lo")).where(Commit.id == start)
+    walk = seed.cte("line_walk", recursive=True)
+    child = aliased(Commit, name="fork_child")
+    step = (select(child.line_id, child.fp_depth)
+            .select_from(walk)
+            .join(Edge, and_(Edge.fork_line_id == walk.c.line, Edge.fork_depth >= walk.c.lo))
+            .join(child, child.id == Edge.child_id)
+            .where(*_kind_filter(kinds)))
+    # UNION: a line reached again at a depth seen before adds nothing, so the walk ends.
+    walk = walk.union(step)
+    return select(walk.c.line, func.min(walk.c.lo).label("lo")).group_by(walk.c.line).cte("line_ranges")
+
+
+def _line_descendants(session: Session, start: str, kinds: Collection[str]) -> list[str]:
+    """``descendant_ids`` without a depth limit, ``parent`` among ``kinds``: the commits of the
+    line ranges (``_line_ranges``), each one's child on its line, and the edges of ``kinds``
+    forking off the ranges, in two queries; breadth-first order is worked out in memory."""
+    conn = session.connection()
+    ranges = _line_ranges(start, kinds)
+    placed = fetch_tuples(conn, select(Commit.line_id, Commit.fp_depth, Commit.id)
+                          .join(ranges, and_(Commit.line_id == ranges.c.line, Commit.fp_depth >= ranges.c.lo)))
+    if not placed:
+        return []
+    forks = fetch_tuples(conn, select(Edge.parent_id, Edge.child_id)
+                         .join(ranges, and_(Edge.fork_line_id == ranges.c.line, Edge.fork_depth >= ranges.c.lo))
+                         .where(*_kind_filter(kinds)))
+    # Along a line, a commit's child there is the commit one depth above it (rows mostly come
+    # in that order already, which makes the sort cheap).
+    placed.sort()
+    along = {cid: up for (line, depth, cid), (line2, depth2, up) in pairwise(placed)
+             if depth2 == depth + 1 and line == line2}
+    off: dict[str, list[str]] = {}
+    for parent, child in forks:
+        off.setdefault(parent, []).append(child)
+    order, seen = [start], {start}
+    for node in order:
+        more = off.get(node)
+        if more is None:
+            up = along.get(node)
+            if up is not None and up not in seen:
+                seen.add(up)
+                order.append(up)
+            continue
+        up = along.get(node)
+        for c in sorted([*more, up] if up is not None else more):
+            if c not in seen:
+                seen.add(c)
+                order.append(c)
+    return order[1:]
 
 
 class _Bands:

@@ -341,6 +341,11 @@ def _with_lines(rows: list[dict[str, Any]], parents: dict[str, list[tuple[str, s
     return [{**r, "first_parent_id": firsts[r["id"]], **placed[r["id"]]._asdict()} for r in rows]
 
 
+def _with_forks(edges: list[dict[str, Any]], commits: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``edges`` with the fork marks ``catalog.record_commit`` would store (``lines.with_forks``)."""
+    return lines.with_forks(edges, {c["id"]: (c["line_id"], c["fp_depth"]) for c in commits})
+
+
 def _random_dag(repo: ckptrepo.Repo, n: int, seed: int) -> tuple[list[str], dict[str, list[tuple[str, str]]]]:
     """Insert ``n`` commits in a few long lines with forks, merges and transfers; returns the ids
     (oldest first) and each commit's parents as (id, kind) in position order."""
@@ -369,9 +374,10 @@ def _random_dag(repo: ckptrepo.Repo, n: int, seed: int) -> tuple[list[str], dict
                      "step": i, "branch": f"line{i % 3}"})
         edges += [{"child_id": cid, "parent_id": p, "kind": k, "position": j} for j, (p, k) in enumerate(ps)]
     with write_connection(repo._engine) as conn:
-        conn.execute(insert(Commit), _with_lines(rows, parents))
+        placed = _with_lines(rows, parents)
+        conn.execute(insert(Commit), placed)
         if edges:
-            conn.execute(insert(Edge), edges)
+            conn.execute(insert(Edge), _with_forks(edges, placed))
         conn.execute(insert(Metric), [{"commit_id": c, "name": "loss", "value": rng.random()} for c in ids])
     return ids, parents
 
@@ -429,11 +435,12 @@ def test_descendants_where_paths_multiply(tmp_path: Path, db_url: str) -> None:
             children[p].add(child)
     with ckptrepo.Repo.init(tmp_path / "diamonds", db_url=db_url) as repo:
         with write_connection(repo._engine) as conn:
-            conn.execute(insert(Commit), _with_lines([{"id": c, "created_at": T0 + timedelta(seconds=i),
-                                                       "generation": gen[c], "skeleton": {}}
-                                                      for i, c in enumerate(ids)], parents))
-            conn.execute(insert(Edge), [{"child_id": c, "parent_id": p, "kind": k, "position": j}
-                                        for c, ps in parents.items() for j, (p, k) in enumerate(ps)])
+            placed = _with_lines([{"id": c, "created_at": T0 + timedelta(seconds=i), "generation": gen[c],
+                                   "skeleton": {}} for i, c in enumerate(ids)], parents)
+            conn.execute(insert(Commit), placed)
+            conn.execute(insert(Edge), _with_forks([{"child_id": c, "parent_id": p, "kind": k, "position": j}
+                                                    for c, ps in parents.items() for j, (p, k) in enumerate(ps)],
+                                                   placed))
         with repo._sessions() as s:
             repeated = s.connection().execute(graph._edge_walk(ids[0], graph.EDGE_KINDS, None, down=False,
                                                                repeat=True)).all()

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 import ckptrepo
 from ckptrepo.db import lines, migrate
 from ckptrepo.db.engine import fetch_tuples, make_engine, session_factory, write_transaction
-from ckptrepo.db.models import Commit
+from ckptrepo.db.models import Commit, Edge, Entry, EntryRun, Ref
 from ckptrepo.lineage import graph, queries
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -169,3 +169,79 @@ def test_linear_commits_answer_ancestors_and_log_from_the_chain(tmp_path: Path, 
             low = [c.id for c in repo.log(rev, where="loss < 3.5")]
             assert low == [cid for cid in full if (repo.get_commit(cid).metrics or {}).get("loss", 9) < 3.5]
             assert [c.id for c in repo.log(rev, where="loss < 3.5", limit=1, offset=1)] == low[1:2]
+
+
+_Forks = set[tuple[str, str, str | None, int | None]]
+_Runs = set[tuple[str, str, int, str | None]]
+
+
+def _line_rows(repo: ckptrepo.Repo) -> tuple[_Forks, _Runs]:
+    """Every edge's fork mark ``(child, parent, fork_line_id, fork_depth)`` and every ``entry_runs`` row."""
+    with repo._sessions() as s:
+        conn = s.connection()
+        forks = set(fetch_tuples(conn, select(Edge.child_id, Edge.parent_id, Edge.fork_line_id, Edge.fork_depth)))
+        runs = set(fetch_tuples(conn, select(EntryRun.name, EntryRun.line_id, EntryRun.fp_depth, EntryRun.tensor_id)))
+    return forks, runs
+
+
+def test_rows_kept_by_line_are_written_with_commits_and_by_the_migration_alike(tmp_path: Path, db_url: str) -> None:
+    """``edges.fork_line_id``/``fork_depth`` and ``entry_runs``: as ``catalog.record_commit`` writes
+    them, as migration 0008 derives them, what they say (each commit's tensors, read back from the
+    runs of its line), and the runs going with their commits."""
+    path = tmp_path / "repo"
+    with ckptrepo.Repo.init(path, db_url=db_url) as repo:
+        for i in range(4):  # "b" appears at 1, changes at 2; "a" goes away at 3
+            state = {"w": torch.full((4,), float(i // 2))}
+            if i < 3:
+                state["a"] = torch.ones(2)
+            if i:
+                state["b"] = torch.full((3,), float(i))
+            repo.commit(state, branch="main", step=i, blocking=True).wait()
+        repo.branch("fork", "main~2")
+        for i in range(2):
+            repo.commit({"w": torch.full((4,), 10.0 + i), "a": torch.ones(2)}, branch="fork", blocking=True).wait()
+        main, fork = repo.resolve("main"), repo.resolve("fork")
+        repo.commit({"w": torch.zeros(4)}, branch="main", parents=[main, fork], blocking=True).wait()
+        repo.commit({"w": torch.ones(4)}, branch="moved", transfer_from=fork, blocking=True).wait()
+        forks, runs = _line_rows(repo)
+        with repo._sessions() as s:
+            places = {cid: (line, depth) for cid, line, depth in s.execute(select(Commit.id, Commit.line_id,
+                                                                                  Commit.fp_depth))}
+            kinds = {(c, p): (k, pos) for c, p, k, pos in s.execute(select(Edge.child_id, Edge.parent_id, Edge.kind,
+                                                                             Edge.position))}
+            entries = {cid: dict(s.execute(select(Entry.name, Entry.tensor_id).where(Entry.commit_id == cid)).all())
+                       for cid in places}
+        # An edge along which its child continues the parent's line has no mark; every other
+        # edge carries the parent's place. Here: the fork's first commit, the merge's second
+        # parent, and the transfer.
+        assert {(c, p): (line, depth) for c, p, line, depth in forks} == {
+            (c, p): (None, None) if lines.fork_of(*kinds[c, p], places[c], places[p]) is None else places[p]
+            for c, p, _, _ in forks}
+        assert sum(1 for *_, line, _ in forks if line is not None) == 3
+        # Each commit's tensors are the newest run at or below its depth on its line.
+        for cid, (line, depth) in places.items():
+            newest: dict[str, tuple[int, str | None]] = {}
+            for name, run_line, run_depth, tid in runs:
+                if run_line == line and run_depth <= depth and run_depth >= newest.get(name, (-1, None))[0]:
+                    newest[name] = (run_depth, tid)
+            assert {n: t for n, (_, t) in newest.items() if t is not None} == entries[cid], cid
+        assert any(tid is None for *_, tid in runs)  # "a" went away on main
+    engine = make_engine(db_url)
+    try:
+        migrate.downgrade(engine, "0009")
+        with session_factory(engine)() as s:
+            columns = s.connection().dialect.get_columns(s.connection(), "edges")
+            assert "fork_line_id" not in {c["name"] for c in columns}
+        migrate.upgrade(engine)
+    finally:
+        engine.dispose()
+    with ckptrepo.Repo.open(path) as repo:
+        assert _line_rows(repo) == (forks, runs)
+        # Runs go with their commit: delete the fork's head (as gc would) and its runs are gone.
+        with write_transaction(repo._sessions) as s:
+            s.execute(delete(Edge).where(Edge.child_id.in_([repo.resolve("moved"), fork, repo.resolve("main")])))
+            s.execute(delete(Entry).where(Entry.commit_id == fork))
+            s.execute(delete(Ref).where(Ref.commit_id == fork))
+            s.execute(delete(Commit).where(Commit.id == fork))
+        left = _line_rows(repo)[1]
+        assert left == {r for r in runs if (r[1], r[2]) != places[fork]} != runs
