@@ -8,10 +8,10 @@ chunk pairs whose ids differ, through the repository's verifying ``ChunkReader``
 difference over identical chunks is zero, and their share of the norms is recovered from
 the stored L2 norms (``ckptrepo.lineage.exact``). Result types are in ``reports``.
 
-Query budget: ``diff`` runs two queries whatever the number of tensors; ``history`` one
-query over the first-parent chain (one index range per line, ``ckptrepo.db.lines``) that
-looks the tensor up in ``entries`` for each commit, joined with tensors where it changes, plus one query for close name
-matches when the tensor is nowhere on the chain.
+Query budget: ``diff`` runs two queries whatever the number of tensors; ``history`` two: the
+first-parent chain (one index range per line, ``ckptrepo.db.lines``) and the tensor's runs
+along it (``entry_runs``: one key range per line, joined with tensors where it changes), plus
+one query for close name matches when the tensor is nowhere on the chain.
 Functions take the ``Repo`` and open their own short read session; they never write.
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from operator import itemgetter
@@ -31,7 +30,7 @@ from sqlalchemy.orm import Session, aliased
 from ckptrepo.chunks.store import ChunkLocation
 from ckptrepo.db import catalog, lines
 from ckptrepo.db.engine import fetch_tuples
-from ckptrepo.db.models import Chunk, Commit, Entry, Metric, Tensor, TensorChunk, utc_datetime
+from ckptrepo.db.models import Chunk, Commit, Entry, EntryRun, Metric, Tensor, TensorChunk, utc_datetime
 from ckptrepo.errors import UnknownTensor, UsageError
 from ckptrepo.ids import short
 from ckptrepo.lineage import revparse
@@ -268,12 +267,11 @@ def history(repo: Repo, name: str, *, along: str = "main", limit: int | None = N
     with repo._sessions() as s:
         head = revparse.resolve(s, along)
         # The driver's tuples, not ORM or Core rows: one per commit of the chain, 10,000 for a long
-        # run. Sorted head first here: the query promises no order, and the rows mostly come in
-        # order already.
+        # run. Sorted head first here: the queries promise no order, and rows mostly come in order.
         conn = s.connection()
-        rows = sorted(fetch_tuples(conn, _history_query(head, name, walked, conn.dialect.name)),
-                      key=itemgetter(0))
-        tensors = _history_tensors(name, rows)
+        rows = sorted(fetch_tuples(conn, _chain_query(head, walked)), key=itemgetter(0))
+        runs = sorted(fetch_tuples(conn, _runs_query(head, name, walked)), key=itemgetter(0))
+        tensors, differing = _history_tensors(name, rows, runs)
         if not any(tensors[:limit]):
             names = s.scalars(select(Entry.name).where(Entry.commit_id == head))
             which = f"None of the last {limit} commits" if limit is not None and len(rows) > limit else "No commit"
@@ -286,83 +284,111 @@ def history(repo: Repo, name: str, *, along: str = "main", limit: int | None = N
     last = len(rows) - 1
     for i, row in enumerate(rows[:limit]):
         this = tensors[i]
-        # The first parent's row carries how many chunk positions differ from its child's tensor.
-        prev, differing = (tensors[i + 1], rows[i + 1][5]) if i < last else (None, 0)
-        status, changed, n = _compare(prev, this, differing)
+        prev = tensors[i + 1] if i < last else None
+        if this is prev:  # the same tensor as its first parent's (or absent from both)
+            status, changed, n = ("unchanged", 0, this.info.n_chunks) if this is not None else ("absent", 0, 0)
+        else:
+            status, changed, n = _compare(prev, this, differing.get(i, 0))
         points.append(HistoryPoint(row[1], row[2], utc_datetime(row[3]), row[0], status,
                                    this.info if this else None, prev.info if prev else None, changed, n))
     return points
 
 
-def _history_tensors(name: str, rows: Sequence[Any]) -> list[_Side | None]:
-    """The tensor of each row of ``_history_query`` (head first): a row holds tensor columns only
-    where its ``fresh`` flag is set, and otherwise has its child's tensor, the previous row's."""
-    out: list[_Side | None] = []
-    side: _Side | None = None
+def _history_tensors(name: str, rows: Sequence[Any], runs: Sequence[Any]) -> tuple[list[_Side | None], dict[int, int]]:
+    """The tensor of each row of ``_chain_query`` (head first), from the rows of ``_runs_query``
+    (head first), and for each depth where a run begins with a tensor other than the one
+    before it, how many chunk positions differ between the two.
+
+    A run covers its depth and the depths above it (nearer the head) up to the next run; a
+    line's first commit (``starts``) begins afresh: without a run there, the tensor is absent.
+    Equal tensor ids give the one ``_Side`` object (``history`` compares them by identity).
+    """
+    sides: dict[str, _Side] = {}
     shapes: dict[Any, tuple[int, ...]] = {}  # usually one shape for thousands of tensors
-    for row in rows:
-        if row[4]:
-            side = _side(name, row[6:], shapes)
+    at: dict[int, _Side | None] = {}
+    differing: dict[int, int] = {}
+    side: _Side | None = None
+    deepest = len(rows) - 1
+    for depth, tid, _fresh, changed, *columns in reversed(runs):  # oldest first
+        if tid is None:
+            side = None
+        else:
+            # Rows that are not ``fresh`` carry no columns: their tensor is an older run's, read there.
+            known = sides.get(tid)
+            if known is None:
+                known = _side(name, [tid, *columns], shapes)
+                assert known is not None  # a tensor id: a tensor
+                sides[tid] = known
+            side = known
+        if depth > deepest:  # the run in effect at the deepest commit walked, begun below it
+            at[deepest] = side
+        else:
+            at[depth] = side
+            if changed:
+                differing[depth] = changed
+    out: list[_Side | None] = []
+    side = None
+    for depth in range(deepest, -1, -1):
+        if depth in at:
+            side = at[depth]
+        elif rows[depth][4]:
+            side = None
         out.append(side)
-    return out
+    out.reverse()
+    return out, differing
 
 
-def _history_query(head: str, name: str, walked: int | None, dialect: str) -> Any:
-    """Rows (depth, id, step, created_at, fresh, differing, tensor columns...) of ``head``'s
-    first-parent chain, at most ``walked`` commits, in no particular order (to be fetched with
-    ``fetch_tuples``: ``utc_datetime`` reads ``created_at``, ``_side`` the tensor columns).
+def _chain_query(head: str, walked: int | None) -> Any:
+    """Rows (depth, id, step, created_at, starts) of ``head``'s first-parent chain, at most
+    ``walked`` commits, depth 0 = head, in no particular order; ``starts``: the commit is the
+    first of its line. One index range per line (``lines``; index-only on PostgreSQL). To be
+    fetched with ``fetch_tuples``: ``utc_datetime`` reads ``created_at``."""
+    return lines.chain_commits(head, walked, Commit.id, Commit.step, Commit.created_at,
+                               (Commit.id == Commit.line_id).label("starts"))
 
-    The chain's commits come as one index range per first-parent line (``lines``), each
-    with its tensor ``name`` (``tid``) and, by ``lag`` in chain order, its child's (``ctid``).
-    ``fresh``: the tensor differs from the child's (always true for the head when it has the
-    tensor), and only such rows carry the tensor's columns (NULL when the commit has no such
-    tensor); ``differing`` counts the positions whose chunk ids differ between the two
-    tensors when both exist and differ, else 0."""
-    chain = _tensor_chain(head, name, walked, dialect)
-    fresh: ColumnElement[bool] = chain.c.tid.is_distinct_from(chain.c.ctid)
+
+def _runs_query(head: str, name: str, walked: int | None) -> Any:
+    """Rows (depth, tid, fresh, differing, tensor columns except the id...) of the runs of tensor
+    ``name`` along ``head``'s first-parent chain (``EntryRun``), in no particular order: one key
+    range of ``entry_runs`` per line of the chain, from the line's first commit (or, when
+    ``walked`` cuts the chain inside a line, from the run in effect at the deepest commit
+    walked) up to the chain's last commit on it.
+
+    ``depth``: the chain depth of the run's first commit; ``tid`` its tensor (NULL: absent).
+    ``fresh``: ``tid`` differs from the next older run's (by ``lag`` in chain order), and only
+    such rows carry the tensor's columns; ``differing`` counts the positions whose chunk ids
+    differ between the two tensors when both exist and differ, else 0."""
+    hops = lines.line_hops(head, walked)
+    run = aliased(EntryRun, name="run")
+    cond = [run.name == name, run.line_id == hops.c.line, run.fp_depth <= hops.c.upto]
+    if walked is not None:
+        lowest = hops.c.top - walked + 1
+        older = aliased(EntryRun, name="older_run")
+        begun = (select(func.max(older.fp_depth))
+                 .where(older.name == name, older.line_id == hops.c.line, older.fp_depth <= lowest)
+                 .correlate(hops).scalar_subquery())
+        cond.append(run.fp_depth >= func.coalesce(begun, lowest))
+    found = (select((hops.c.top - run.fp_depth).label("depth"), run.tensor_id.label("tid"))
+             .select_from(hops).join(run, and_(*cond)).subquery("found"))
+    chain = select(found.c.depth, found.c.tid,
+                   func.lag(found.c.tid).over(order_by=found.c.depth.desc()).label("otid")).subquery("runs")
+    fresh: ColumnElement[bool] = chain.c.tid.is_distinct_from(chain.c.otid)
     tc1, tc2 = aliased(TensorChunk), aliased(TensorChunk)
     differing = (
         select(func.count())
         .select_from(tc1)
-        .join(tc2, and_(tc2.tensor_id == chain.c.ctid, tc2.seq == tc1.seq))
+        .join(tc2, and_(tc2.tensor_id == chain.c.otid, tc2.seq == tc1.seq))
         .where(tc1.tensor_id == chain.c.tid, tc1.chunk_id != tc2.chunk_id)
         .correlate(chain)
         .scalar_subquery()
     )
     return (
-        select(chain.c.depth, chain.c.id, chain.c.step, chain.c.created_at, fresh.label("fresh"),
-               case((chain.c.tid != chain.c.ctid, differing), else_=0).label("differing"), *_tensor_cols(Tensor))
+        select(chain.c.depth, chain.c.tid, fresh.label("fresh"),
+               case((chain.c.tid != chain.c.otid, differing), else_=0).label("differing"),
+               *_tensor_cols(Tensor)[1:])
         .select_from(chain)
         # Not ``and_(Tensor.id == tid, fresh)``: SQLite would look every row's tensor up, then test.
         .outerjoin(Tensor, Tensor.id == case((fresh, chain.c.tid)))
-    )
-
-
-def _tensor_chain(head: str, name: str, limit: int | None, dialect: str) -> Any:
-    """Subquery (depth, id, step, created_at, tid, ctid) of ``head`` and its first parents,
-    depth 0 = head, at most ``limit`` rows: ``tid`` is the commit's tensor ``name`` (NULL when
-    it has none) and ``ctid`` the ``tid`` of its child on the chain (NULL for the head).
-
-    PostgreSQL looks ``tid`` up with a join (index-only, ``ix_entries_name_commit``); SQLite
-    with a correlated subquery, because for the join it first builds a Bloom filter over all
-    of ``entries`` (10,000-commit chain of a 2-million-entry repository: 279 against 91 ms)."""
-    chain = lines.chain_commits(head, limit, Commit.id, Commit.step, Commit.created_at).subquery("chain")
-    if dialect == "postgresql":
-        found = (select(chain.c.depth, chain.c.id, chain.c.step, chain.c.created_at, Entry.tensor_id.label("tid"))
-                 .select_from(chain)
-                 .outerjoin(Entry, and_(Entry.commit_id == chain.c.id, Entry.name == name)))
-    else:
-        tid = (select(Entry.tensor_id).where(Entry.commit_id == chain.c.id, Entry.name == name)
-               .correlate(chain).scalar_subquery())
-        found = select(chain.c.depth, chain.c.id, chain.c.step, chain.c.created_at, tid.label("tid"))
-    rows: Any = found.subquery("found")
-    if dialect == "sqlite" and sqlite3.sqlite_version_info >= (3, 35, 0):
-        # Materialized: flattened into the window's query, the lookup ran twice per row.
-        rows = found.cte("found").prefix_with("MATERIALIZED")
-    return (
-        select(rows.c.depth, rows.c.id, rows.c.step, rows.c.created_at, rows.c.tid,
-               func.lag(rows.c.tid).over(order_by=rows.c.depth).label("ctid"))
-        .subquery("tensor_chain")
     )
 
 

@@ -29,7 +29,7 @@ import ckptrepo
 from ckptrepo import errors
 from ckptrepo.db import lines
 from ckptrepo.db.engine import fetch_tuples, write_connection
-from ckptrepo.db.models import Commit, Edge, Metric
+from ckptrepo.db.models import Commit, Edge, Entry, Metric, TensorChunk
 from ckptrepo.lineage import analysis, graph, queries
 from ckptrepo.types import Parent
 
@@ -449,10 +449,39 @@ def test_descendants_where_paths_multiply(tmp_path: Path, db_url: str) -> None:
             assert queries.descendants(repo, start) == _bfs_up(start, children)
 
 
+def _history_by_entries(repo: ckptrepo.Repo, along: str, name: str, limit: int | None) -> list[tuple[Any, ...]]:
+    """What ``analysis.history`` says, worked out from ``entries`` and ``tensor_chunks`` commit by
+    commit: (commit, status, tensor id, previous tensor id, chunks changed, chunk count)."""
+    chain = [repo.resolve(along)]
+    while (up := repo.get_commit(chain[-1]).parents) and up[0].kind == "parent":
+        chain.append(up[0].id)
+    with repo._sessions() as s:
+        tids = [s.scalar(select(Entry.tensor_id).where(Entry.commit_id == c, Entry.name == name)) for c in chain]
+        chunks = {t: list(s.scalars(select(TensorChunk.chunk_id).where(TensorChunk.tensor_id == t)
+                                    .order_by(TensorChunk.seq))) for t in set(tids) - {None}}
+    out = []
+    for i, (cid, this) in enumerate(zip(chain, tids, strict=True)):
+        prev = tids[i + 1] if i + 1 < len(chain) else None
+        if this is None and prev is None:
+            out.append((cid, "absent", None, None, 0, 0))
+        elif this is None or prev is None:
+            n = len(chunks[this or prev])  # type: ignore[index]
+            out.append((cid, "added" if prev is None else "removed", this, prev, n, n))
+        elif this == prev:
+            out.append((cid, "unchanged", this, prev, 0, len(chunks[this])))
+        else:
+            a, b = chunks[prev], chunks[this]
+            differ = sum(x != y for x, y in zip(a, b, strict=False)) + abs(len(a) - len(b))
+            out.append((cid, "changed", this, prev, differ, max(len(a), len(b))))
+    return out[:limit]
+
+
 def test_history_rows(tmp_path: Path, db_url: str) -> None:
     """``analysis.history`` along a chain whose tensor appears, stays, changes, goes away and
-    comes back, whole or cut short, and for a tensor no commit has; and along a fork that
-    left the line of its parent (its chain crosses from one first-parent line to another)."""
+    comes back, whole or cut short, and for a tensor no commit has; along a fork that left the
+    line of its parent (its chain crosses from one first-parent line to another), and a fork
+    whose first commit lacks the tensor its fork point has (a line starts afresh), the same as
+    worked out from ``entries`` commit by commit."""
     values = [None, 1.0, 1.0, 2.0, None, None, 3.0, 3.0, 4.0, 4.0]
     with ckptrepo.Repo.init(tmp_path / "hist", db_url=db_url) as repo:
         for i, v in enumerate(values):
@@ -460,16 +489,6 @@ def test_history_rows(tmp_path: Path, db_url: str) -> None:
             if v is not None:
                 state["w"] = torch.full((2, 5000), v)  # several chunks: ``differing`` counts positions
             repo.commit(state, branch="main", message=str(i), step=i, blocking=True).wait()
-        with repo._sessions() as s:
-            conn = s.connection()
-            head = repo.resolve("main")
-            for name, walked in itertools.product(("w", "other", "absent"), (None, 1, 2, 5, 20)):
-                rows, other = (sorted(fetch_tuples(conn, analysis._history_query(head, name, walked, dialect)))
-                               for dialect in ("sqlite", "postgresql"))  # both query shapes, same rows
-                assert rows == other, (name, walked)
-                assert [r[0] for r in rows] == list(range(min(walked or 99, len(values))))
-                if name != "w":  # "other" changes in every commit; "absent" is in none
-                    assert [r[4] for r in rows] == [name == "other"] * len(rows)
         points = analysis.history(repo, "w", along="main")
         assert [p.status for p in points] == ["unchanged", "changed", "unchanged", "added", "absent", "removed",
                                               "changed", "unchanged", "added", "absent"]
@@ -478,9 +497,29 @@ def test_history_rows(tmp_path: Path, db_url: str) -> None:
         along_fork = analysis.history(repo, "w", along="fork")
         assert [p.step for p in along_fork] == [100, 3, 2, 1, 0]
         assert [p.status for p in along_fork] == ["changed", "changed", "unchanged", "added", "absent"]
+        repo.branch("gap", "main~2")  # "w" is 3.0 there; the fork drops it, then brings the same tensor back
+        repo.commit({"other": torch.zeros(3)}, branch="gap", step=200, blocking=True).wait()
+        repo.commit({"w": torch.full((2, 5000), 3.0), "other": torch.zeros(3)}, branch="gap", step=201,
+                    blocking=True).wait()
+        assert [p.status for p in analysis.history(repo, "w", along="gap", limit=4)] == [
+            "added", "removed", "unchanged", "added"]
+        for along, name, limit in itertools.product(("main", "fork", "gap", "gap~1", "main~3"),
+                                                    ("w", "other"), (None, 1, 2, 3, 5, 20)):
+            expected = _history_by_entries(repo, along, name, limit)
+            if all(tid is None for _, _, tid, *_ in expected):
+                with pytest.raises(errors.UnknownTensor):
+                    analysis.history(repo, name, along=along, limit=limit)
+                continue
+            found = [(p.commit_id, p.status, p.tensor.tensor_id if p.tensor else None,
+                      p.previous.tensor_id if p.previous else None, p.chunks_changed, p.n_chunks)
+                     for p in analysis.history(repo, name, along=along, limit=limit)]
+            assert found == expected, (along, name, limit)
+        with pytest.raises(errors.UnknownTensor):
+            analysis.history(repo, "absent", along="gap")
         with repo._sessions() as s:
             placed = dict(s.execute(select(Commit.id, Commit.line_id)).all())
         assert placed[repo.resolve("fork")] == repo.resolve("fork") != placed[repo.resolve("main~6")]
+        assert placed[repo.resolve("gap~1")] == repo.resolve("gap~1")
 
 
 @pytest.mark.parametrize("kinds", [graph.EDGE_KINDS, ("merge", "parent")])
