@@ -18,19 +18,20 @@ Functions take the ``Repo`` and open their own short read session; they never wr
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from sqlalchemy import ColumnElement, Text, and_, case, cast, func, select
+from sqlalchemy import ColumnElement, Text, and_, bindparam, case, cast, func, null, select, union_all
 from sqlalchemy.orm import Session, aliased
 
 from ckptrepo.chunks.store import ChunkLocation
 from ckptrepo.db import catalog, lines
-from ckptrepo.db.engine import fetch_tuples
-from ckptrepo.db.models import Chunk, Commit, Entry, EntryRun, Metric, Tensor, TensorChunk, utc_datetime
+from ckptrepo.db.engine import fetch_tuples, serial_plans
+from ckptrepo.db.models import Chunk, Commit, Entry, EntryRun, Id, Metric, Tensor, TensorChunk, utc_datetime
 from ckptrepo.errors import UnknownTensor, UsageError
 from ckptrepo.ids import short
 from ckptrepo.lineage import revparse
@@ -138,19 +139,21 @@ def diff(repo: Repo, a: str, b: str, *, exact: bool = False) -> Diff:
     with repo._sessions() as s:
         a_id, b_id = revparse.resolve(s, a), revparse.resolve(s, b)
         sides: dict[str, list[_Side | None]] = {}
+        differing: dict[str, int] = {}
         shapes: dict[Any, tuple[int, ...]] = {}  # layers share shapes: each JSON text parsed once
-        rows = fetch_tuples(s.connection(), select(Entry.commit_id, Entry.name, *_tensor_cols(Tensor))
-                            .join(Tensor, Tensor.id == Entry.tensor_id).where(Entry.commit_id.in_([a_id, b_id])))
-        for row in rows:
-            slots = sides.setdefault(row[1], [None, None])
-            known = slots[0] or slots[1]  # an unchanged tensor: the same row on both sides
-            side = known if known and known.info.tensor_id == row[2] else _side(row[1], row[2:], shapes)
-            if row[0] == a_id:
-                slots[0] = side
-            if row[0] == b_id:
-                slots[1] = side
+        width = len(_TENSOR_FIELDS)
+        conn = s.connection()
+        serial_plans(conn)
+        for name, tb, changed, *columns in fetch_tuples(conn, _diff_query(), {"a": a_id, "b": b_id}):
+            sa = _side(name, columns[:width], shapes)
+            # An unchanged tensor comes once, on a's side.
+            sb = sa if sa is not None and tb == sa.info.tensor_id else _side(name, columns[width:], shapes)
+            sides[name] = [sa, sb]
+            if changed:
+                differing[name] = changed
         pairs: dict[str, list[ChunkPair]] = {}
-        differing = _differing_chunks(s, a_id, b_id, pairs if exact else None)
+        if exact:
+            _differing_chunks(s, a_id, b_id, pairs)
         requests = _exact_requests(s, sides, pairs) if exact else []
     out: list[TensorDelta] = []
     for name in sorted(sides):
@@ -160,6 +163,41 @@ def diff(repo: Repo, a: str, b: str, *, exact: bool = False) -> Diff:
     if exact:
         out = _with_exact(out, sides, compare(repo._reader, repo._pool, requests))
     return Diff(a_id, b_id, exact, tuple(out))
+
+
+@functools.cache
+def _diff_query() -> Any:
+    """Rows (name, b's tensor id, differing, a's tensor columns, b's tensor columns) of every
+    tensor name of commits ``:a`` and ``:b`` (bound at execution), one query, built once (to
+    be fetched with ``fetch_tuples``): a tensor missing on a side has NULL columns there; b's
+    columns are NULL too when b has a's tensor (one lookup per distinct tensor); ``differing``
+    counts the positions whose chunk ids differ when both sides have different tensors, else 0."""
+    a_id, b_id = bindparam("a", type_=Id), bindparam("b", type_=Id)
+    ea = select(Entry.name, Entry.tensor_id).where(Entry.commit_id == a_id).subquery("ea")
+    eb = select(Entry.name, Entry.tensor_id).where(Entry.commit_id == b_id).subquery("eb")
+    in_a = select(Entry.name).where(Entry.commit_id == a_id, Entry.name == eb.c.name).correlate(eb)
+    both = union_all(
+        select(ea.c.name, ea.c.tensor_id.label("ta"), eb.c.tensor_id.label("tb"))
+        .select_from(ea.outerjoin(eb, eb.c.name == ea.c.name)),
+        select(eb.c.name, null().label("ta"), eb.c.tensor_id).where(~in_a.exists()),
+    ).subquery("both_sides")
+    tc1, tc2 = aliased(TensorChunk), aliased(TensorChunk)
+    differing = (
+        select(func.count())
+        .select_from(tc1)
+        .join(tc2, and_(tc2.tensor_id == both.c.tb, tc2.seq == tc1.seq))
+        .where(tc1.tensor_id == both.c.ta, tc1.chunk_id != tc2.chunk_id)
+        .correlate(both)
+        .scalar_subquery()
+    )
+    ta, tb = aliased(Tensor, name="ta_row"), aliased(Tensor, name="tb_row")
+    return (
+        select(both.c.name, both.c.tb, case((both.c.ta != both.c.tb, differing), else_=0), *_tensor_cols(ta),
+               *_tensor_cols(tb))
+        .select_from(both)
+        .outerjoin(ta, ta.id == both.c.ta)
+        .outerjoin(tb, tb.id == case((both.c.tb.is_distinct_from(both.c.ta), both.c.tb)))
+    )
 
 
 def _differing_chunks(

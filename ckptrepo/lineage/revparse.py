@@ -91,15 +91,18 @@ def resolve(session: Session, rev: str) -> str:
 
 
 def _resolve_name(session: Session, name: str, rev: str) -> str:
+    # A branch before a tag of the same name; both looked up at once (one round trip).
+    refs = dict(session.execute(select(Ref.kind, Ref.commit_id).where(Ref.name == name,
+                                                                      Ref.kind.in_(("branch", "tag")))).all())
     for kind in ("branch", "tag"):
-        ref = session.get(Ref, (kind, name))
-        if ref is not None:
-            return ref.commit_id
+        if kind in refs:
+            return str(refs[kind])
     lowered = name.lower()
     if not is_hex(lowered) or len(lowered) < MIN_PREFIX or len(lowered) > ID_HEX_LEN:
         raise UnknownRevision(rev=rev)
     if len(lowered) == ID_HEX_LEN:
-        if session.get(Commit, lowered) is None:
+        # The id only: loading the row would parse its skeleton (thousands of names for a large model).
+        if session.scalar(select(Commit.id).where(Commit.id == lowered)) is None:
             raise UnknownRevision(rev=rev)
         return lowered
     # Bound parameter on an indexed primary key: a prefix scan, never SQL text.
