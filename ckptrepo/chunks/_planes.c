@@ -20,16 +20,18 @@
 #include <emmintrin.h>
 #endif
 
-static void split_generic(const uint8_t *src, uint8_t *dst, Py_ssize_t n, int width) {
+/* Split n elements into planes that start `stride` bytes apart (stride == n for a whole
+   chunk; larger when a block of elements fills part of each plane). */
+static void split_generic_at(const uint8_t *src, uint8_t *dst, Py_ssize_t stride, Py_ssize_t n, int width) {
     for (int k = 0; k < width; k++) {
-        uint8_t *plane = dst + (Py_ssize_t)k * n;
+        uint8_t *plane = dst + (Py_ssize_t)k * stride;
         const uint8_t *s = src + k;
         for (Py_ssize_t i = 0; i < n; i++) plane[i] = s[i * width];
     }
 }
 
-static void split4(const uint8_t *src, uint8_t *dst, Py_ssize_t n) {
-    uint8_t *p0 = dst, *p1 = dst + n, *p2 = dst + 2 * n, *p3 = dst + 3 * n;
+static void split4_at(const uint8_t *src, uint8_t *dst, Py_ssize_t stride, Py_ssize_t n) {
+    uint8_t *p0 = dst, *p1 = dst + stride, *p2 = dst + 2 * stride, *p3 = dst + 3 * stride;
     Py_ssize_t i = 0;
 #ifdef __SSE2__
     const __m128i lo = _mm_set1_epi32(0xff);
@@ -60,8 +62,8 @@ static void split4(const uint8_t *src, uint8_t *dst, Py_ssize_t n) {
     }
 }
 
-static void split2(const uint8_t *src, uint8_t *dst, Py_ssize_t n) {
-    uint8_t *p0 = dst, *p1 = dst + n;
+static void split2_at(const uint8_t *src, uint8_t *dst, Py_ssize_t stride, Py_ssize_t n) {
+    uint8_t *p0 = dst, *p1 = dst + stride;
     Py_ssize_t i = 0;
 #ifdef __SSE2__
     const __m128i lo = _mm_set1_epi16(0xff);
@@ -76,6 +78,12 @@ static void split2(const uint8_t *src, uint8_t *dst, Py_ssize_t n) {
         p0[i] = src[2 * i];
         p1[i] = src[2 * i + 1];
     }
+}
+
+static void split_at(const uint8_t *src, uint8_t *dst, Py_ssize_t stride, Py_ssize_t n, int width) {
+    if (width == 4) split4_at(src, dst, stride, n);
+    else if (width == 2) split2_at(src, dst, stride, n);
+    else split_generic_at(src, dst, stride, n, width);
 }
 
 static void join_generic(const uint8_t *src, uint8_t *dst, Py_ssize_t n, int width) {
@@ -181,6 +189,22 @@ ZIGZAG_KERNELS(uint16_t, 16)
 ZIGZAG_KERNELS(uint32_t, 32)
 ZIGZAG_KERNELS(uint64_t, 64)
 
+/* zigzag(a - b) for n words of width W, split straight into planes (plane k at
+   planes + k * n): the difference of a block goes through a small buffer that stays in
+   the L1 cache, so the chunk is read once and the planes written once. */
+#define ZIGZAG_BLOCK 2048
+static void zigzag_split(const uint8_t *a, const uint8_t *b, uint8_t *planes, Py_ssize_t n, int width) {
+    uint8_t block[ZIGZAG_BLOCK * 8];
+    for (Py_ssize_t i0 = 0; i0 < n; i0 += ZIGZAG_BLOCK) {
+        Py_ssize_t count = n - i0 < ZIGZAG_BLOCK ? n - i0 : ZIGZAG_BLOCK;
+        memcpy(block, a + i0 * width, (size_t)(count * width));
+        if (width == 2) zigzag_sub_16(block, b + i0 * width, count);
+        else if (width == 4) zigzag_sub_32(block, b + i0 * width, count);
+        else zigzag_sub_64(block, b + i0 * width, count);
+        split_at(block, planes + i0, n, count, width);
+    }
+}
+
 static int get_buffers(PyObject *src_obj, PyObject *dst_obj, Py_buffer *src, Py_buffer *dst) {
     if (PyObject_GetBuffer(src_obj, src, PyBUF_SIMPLE) < 0) return -1;
     if (PyObject_GetBuffer(dst_obj, dst, PyBUF_WRITABLE) < 0) {
@@ -204,9 +228,7 @@ static PyObject *planes_split(PyObject *self, PyObject *args) {
         return PyErr_Format(PyExc_ValueError, "planes buffer is %zd bytes, expected %zd", dst.len, n * width);
     }
     Py_BEGIN_ALLOW_THREADS
-    if (width == 4) split4(src.buf, dst.buf, n);
-    else if (width == 2) split2(src.buf, dst.buf, n);
-    else split_generic(src.buf, dst.buf, n, width);
+    split_at(src.buf, dst.buf, n, n, width);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
@@ -278,6 +300,37 @@ static PyObject *word_delta(PyObject *args, const char *fmt, int inverse) {
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
     Py_RETURN_NONE;
+}
+
+static PyObject *planes_zigzag_split(PyObject *self, PyObject *args) {
+    PyObject *a_obj, *b_obj, *planes_obj;
+    int width;
+    if (!PyArg_ParseTuple(args, "OOiO:zigzag_split", &a_obj, &b_obj, &width, &planes_obj)) return NULL;
+    if (width != 2 && width != 4 && width != 8)
+        return PyErr_Format(PyExc_ValueError, "word delta of width %d (2, 4 or 8)", width);
+    Py_buffer a, b, planes;
+    if (PyObject_GetBuffer(a_obj, &a, PyBUF_SIMPLE) < 0) return NULL;
+    if (get_buffers(b_obj, planes_obj, &b, &planes) < 0) {
+        PyBuffer_Release(&a);
+        return NULL;
+    }
+    Py_ssize_t n = a.len / width;
+    PyObject *result = NULL;
+    if (b.len != a.len) {
+        PyErr_Format(PyExc_ValueError, "word delta of %zd bytes against %zd bytes", a.len, b.len);
+    } else if (planes.len != n * width) {
+        PyErr_Format(PyExc_ValueError, "planes buffer is %zd bytes, expected %zd", planes.len, n * width);
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        zigzag_split(a.buf, b.buf, planes.buf, n, width);
+        Py_END_ALLOW_THREADS
+        result = Py_None;
+        Py_INCREF(result);
+    }
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&planes);
+    return result;
 }
 
 static PyObject *planes_zigzag_sub(PyObject *self, PyObject *args) { return word_delta(args, "OOi:zigzag_sub", 0); }
@@ -546,6 +599,8 @@ static PyMethodDef methods[] = {
     {"xor_into", planes_xor_into, METH_VARARGS, "xor_into(dst, src): dst ^= src, equal lengths."},
     {"zigzag_sub", planes_zigzag_sub, METH_VARARGS,
      "zigzag_sub(dst, src, width): dst = zigzag(dst - src) per width-byte word (2, 4, 8); tail bytes untouched."},
+    {"zigzag_split", planes_zigzag_split, METH_VARARGS,
+     "zigzag_split(a, b, width, planes): the planes of zigzag(a - b) per width-byte word; tail bytes untouched."},
     {"unzigzag_add", planes_unzigzag_add, METH_VARARGS,
      "unzigzag_add(dst, src, width): dst = unzigzag(dst) + src per width-byte word; inverse of zigzag_sub."},
     {NULL, NULL, 0, NULL},

@@ -230,9 +230,21 @@ def _join_planes(planes: np.ndarray, width: int, out: np.ndarray) -> None:
         elements[:, k] = planes[k]
 
 
+def _delta_planes(raw: memoryview, base: memoryview, width: int, planes: np.ndarray) -> int:
+    """Fill ``planes`` (width, n) with the planes of the DELTA transform of the first ``n``
+    elements of ``raw`` against ``base``; returns the payload version it makes."""
+    n = planes.shape[1]
+    if _native is not None and width in _WORD:
+        _native.zigzag_split(raw[: n * width], base[: n * width], width, planes.reshape(-1))
+        return WORD_DELTA_VERSION
+    diff, version = delta_words(raw[: n * width], base[: n * width], width)
+    _split_planes(diff.data, width, planes)
+    return version
+
+
 def _group(
     raw: memoryview, width: int, level: int, keep: float, *, sample_first: bool, limit: float | None = None,
-    hint: PlaneHint | None = None, key: str = "alone", version: int = BYTEGROUP_VERSION,
+    hint: PlaneHint | None = None, key: str = "alone", base: memoryview | None = None,
 ) -> memoryview | None:
     """A BYTEGROUP-layout payload of ``raw``, or None if it would not be below ``limit`` bytes
     (default: ``keep`` of its size).
@@ -242,6 +254,8 @@ def _group(
     plane shrank below ``keep``. With ``sample_first`` the samples are taken from the
     interleaved bytes, so a chunk none of whose planes compress costs no plane split.
     With a ``hint``, its plan for ``key`` replaces the samples, and the outcome updates it.
+    With ``base`` (as long as ``raw``) the payload is a DELTA one: the planes of the word
+    difference against it (version 2), or of the XOR for widths other than 2, 4 and 8.
     """
     comp = _compressor(level)
     total = len(raw)
@@ -263,7 +277,11 @@ def _group(
     # their slot, so compaction only ever moves bytes towards the front.
     out = np.empty(head + total, dtype=np.uint8)
     planes = out[head : head + n * width].reshape(width, n)
-    _split_planes(raw, width, planes)
+    version = BYTEGROUP_VERSION
+    if base is None:
+        _split_planes(raw, width, planes)
+    else:
+        version = _delta_planes(raw, base, width, planes)
     if pays is None:
         pays = [_pays(comp, planes[k], keep) for k in range(width)]
     cursor = head
@@ -287,6 +305,8 @@ def _group(
         hint.learn(key, paid)
     if tail:
         out[cursor : cursor + tail] = np.frombuffer(raw, dtype=np.uint8, offset=n * width)
+        if base is not None:
+            out[cursor : cursor + tail] ^= np.frombuffer(base, dtype=np.uint8, offset=n * width)
         cursor += tail
     if cursor >= (keep * total if limit is None else limit):
         return None
@@ -412,9 +432,8 @@ def encode_with_base(
         ratio = hint.alone_ratio()
         if ratio is not None:
             estimate = ratio * len(view)
-            diff, version = delta_words(view, base, width)
-            delta = _group(diff.data, width, level, keep, sample_first=False,
-                           limit=keep * estimate, hint=hint, key="delta", version=version)
+            delta = _group(view, width, level, keep, sample_first=False,
+                           limit=keep * estimate, hint=hint, key="delta", base=_byte_view(base))
             if delta is not None:
                 hint.delta_result(True)
                 return Encoding.DELTA, delta, round(estimate)
@@ -425,9 +444,8 @@ def encode_with_base(
         return encoding, payload, len(payload)
     if len(_byte_view(base)) != len(view):
         raise UsageError(f"delta base is {len(_byte_view(base))} bytes, the chunk {len(view)}")
-    diff, version = delta_words(view, base, width)
-    delta = _group(diff.data, width, level, keep, sample_first=False, limit=keep * len(payload),
-                   hint=hint, key="delta", version=version)
+    delta = _group(view, width, level, keep, sample_first=False, limit=keep * len(payload),
+                   hint=hint, key="delta", base=_byte_view(base))
     if hint is not None:
         hint.delta_result(delta is not None)
     if delta is None:
