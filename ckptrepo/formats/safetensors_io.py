@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,8 @@ from safetensors import safe_open
 
 from ckptrepo.errors import CkptError, InvalidInput, UnsupportedState, UsageError
 from ckptrepo.formats._files import atomic_output, summarize
-from ckptrepo.state import SUPPORTED_DTYPES, flatten, is_flat_tensor_dict, unflatten
+from ckptrepo.state import SUPPORTED_DTYPES, flatten, is_flat_tensor_dict, tensor_bytes, unflatten
+from ckptrepo.storage.appendfile import AppendFile
 
 SKELETON_KEY = "ckptrepo.skeleton"
 _load_safetensors_bytes = safetensors.torch.load  # the safetensors format holds no pickle
@@ -131,5 +133,61 @@ def write_safetensors(state: Any, path: Path, *, allow_pickle: bool = False) -> 
         raise UsageError(f"cannot write {path}: a state file holds a dict, not {type(state).__name__}")
     seen: set[int] = set()
     tensors = {name: _writable(name, t, seen) for name, t in named.items()}
+    header = _header(tensors, metadata)
+    if header is None:
+        with atomic_output(path) as tmp:
+            safetensors.torch.save_file(tensors, str(tmp), metadata=metadata)
+        return
     with atomic_output(path) as tmp:
-        safetensors.torch.save_file(tensors, str(tmp), metadata=metadata)
+        out = AppendFile(path.parent, prefix=tmp.name + ".", suffix="")
+        try:
+            out.write(header[0])
+            for name in header[1]:
+                if tensors[name].numel():
+                    out.write(tensor_bytes(tensors[name]))
+            out.finish()  # fsynced: atomic_output fsyncs again (cheap) before the rename
+        except BaseException:
+            out.abort()
+            raise
+        os.replace(out.path, tmp)
+
+
+def _header(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> tuple[bytes, list[str]] | None:
+    """The header ``safetensors.torch.save_file`` writes for ``tensors``, and the order of their
+    bytes after it; None when it cannot be reproduced (the caller then uses save_file).
+
+    The library orders tensors by dtype, then name, never by size, and names dtypes its own
+    way: both are read off its header for zero-length stand-ins of the same dtypes. The header
+    made here for those stand-ins must equal the library's byte for byte (padding aside), so
+    a library that formats differently falls back to save_file instead of writing a file it
+    would not have written. Tests compare whole files with save_file's output.
+    """
+    if len(metadata) > 1:  # the library writes several metadata keys in hash order
+        return None
+    stand_ins = {name: torch.empty(0, dtype=t.dtype) for name, t in tensors.items()}
+    reference = safetensors.torch.save(stand_ins, metadata=metadata)
+    try:
+        (length,) = struct.unpack_from("<Q", reference, 0)
+        parsed = json.loads(reference[8 : 8 + length])
+        names = [k for k in parsed if k != "__metadata__"]
+    except (struct.error, ValueError, TypeError):
+        return None
+
+    def render(shapes: dict[str, list[int]], sizes: dict[str, int]) -> bytes:
+        doc: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+        offset = 0
+        for name in names:
+            doc[name] = {"dtype": parsed[name]["dtype"], "shape": shapes[name],
+                         "data_offsets": [offset, offset + sizes[name]]}
+            offset += sizes[name]
+        text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+        text += b" " * (-len(text) % 8)
+        return struct.pack("<Q", len(text)) + text
+
+    try:
+        if sorted(names) != sorted(tensors) or render({n: [0] for n in names}, dict.fromkeys(names, 0)) != reference:
+            return None
+    except (KeyError, TypeError, ValueError):  # a header of another shape than this code knows
+        return None
+    head = render({n: list(tensors[n].shape) for n in names}, {n: tensors[n].nbytes for n in names})
+    return head, names

@@ -6,6 +6,7 @@ import gc
 import json
 import math
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +14,13 @@ import numpy as np
 import pytest
 import safetensors.torch
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from ckptrepo.errors import InvalidInput, UnsupportedState, UsageError
 from ckptrepo.formats import read_state, write_state
 from ckptrepo.state import tensor_bytes
+from ckptrepo.storage.appendfile import AppendFile
 
 
 class Payload:
@@ -67,6 +71,54 @@ def test_flat_safetensors_round_trip_bit_identical(tmp_path: Path) -> None:
     with safetensors.safe_open(path, "pt") as f:
         assert f.metadata() == {"format": "pt"}
     assert_same_files_list(tmp_path, {"model.safetensors"})
+
+
+def test_flat_safetensors_are_the_bytes_save_file_writes(tmp_path: Path) -> None:
+    """The direct-I/O writer reproduces safetensors' own file byte for byte (header order by
+    dtype then name, dtype names, padding), so a checkout of a committed file is that file."""
+    tensors = {n: t for n, t in flat_tensors().items() if n not in ("tied.weight", "view.t")}
+    tensors["名前"] = torch.ones(2, dtype=torch.int8)
+    tensors['quote"\\'] = torch.zeros(3, dtype=torch.float64)
+    ours, theirs = tmp_path / "ours.safetensors", tmp_path / "theirs.safetensors"
+    write_state(tensors, ours)
+    safetensors.torch.save_file(tensors, str(theirs), metadata={"format": "pt"})
+    assert ours.read_bytes() == theirs.read_bytes()
+    assert_same_files_list(tmp_path, {"ours.safetensors", "theirs.safetensors"})
+
+
+@given(
+    specs=hst.dictionaries(
+        hst.text(min_size=1, max_size=12),
+        hst.tuples(hst.sampled_from([torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.uint8,
+                                     torch.bool, torch.float64, torch.int32]),
+                   hst.lists(hst.integers(0, 9), max_size=3)),
+        max_size=8,
+    )
+)
+@settings(max_examples=40, deadline=None)
+def test_any_flat_dict_is_written_as_save_file_writes_it(specs: dict[str, tuple[torch.dtype, list[int]]]) -> None:
+    tensors = {n: (torch.rand(shape) * 100).to(dtype) for n, (dtype, shape) in specs.items()}
+    with tempfile.TemporaryDirectory() as folder:
+        ours, theirs = Path(folder) / "ours.safetensors", Path(folder) / "theirs.safetensors"
+        write_state(tensors, ours)
+        safetensors.torch.save_file(tensors, str(theirs), metadata={"format": "pt"})
+        assert ours.read_bytes() == theirs.read_bytes()
+
+
+def test_a_header_the_writer_cannot_reproduce_falls_back_to_save_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_save = safetensors.torch.save
+
+    def other_format(tensors: dict[str, torch.Tensor], metadata: Any = None) -> bytes:
+        data = real_save(tensors, metadata=metadata)
+        return data[:8] + data[8:].replace(b'"dtype"', b'"DTYPE"', 1)  # a library that formats differently
+
+    monkeypatch.setattr(safetensors.torch, "save", other_format)
+    tensors = {"w": torch.randn(5), "b": torch.ones(2, dtype=torch.bfloat16)}
+    write_state(tensors, tmp_path / "a.safetensors")
+    loaded = safetensors.torch.load_file(tmp_path / "a.safetensors")
+    assert all(same_bits(loaded[n], t) for n, t in tensors.items())
 
 
 def test_mapped_safetensors_read_the_same_bits_from_the_file(tmp_path: Path) -> None:
@@ -250,8 +302,26 @@ def test_failed_write_keeps_the_old_file(tmp_path: Path, monkeypatch: pytest.Mon
 
     monkeypatch.setattr(safetensors.torch, "save_file", crash)
     with pytest.raises(UsageError, match="No space left"):
-        write_state({"w": torch.zeros(2)}, path)
+        write_state({"w": torch.zeros(2), "nested": {"b": torch.ones(1)}}, path)  # written by save_file
     assert path.read_bytes() == before
+    assert_same_files_list(tmp_path, {"model.safetensors"})
+
+
+def test_failed_direct_write_keeps_the_old_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "model.safetensors"
+    write_state({"w": torch.ones(2)}, path)
+    before = path.read_bytes()
+    calls = []
+
+    def full_disk(self: AppendFile, data: bytes | memoryview) -> None:
+        calls.append(len(memoryview(data)))
+        if len(calls) > 1:  # the header went in; the first tensor does not
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(AppendFile, "write", full_disk)
+    with pytest.raises(UsageError, match="No space left"):
+        write_state({"w": torch.zeros(1 << 16)}, path)
+    assert len(calls) == 2 and path.read_bytes() == before
     assert_same_files_list(tmp_path, {"model.safetensors"})
 
 
