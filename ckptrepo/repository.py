@@ -29,6 +29,7 @@ from ckptrepo import faults
 from ckptrepo import gc as collector
 from ckptrepo import state as st
 from ckptrepo import types as t
+from ckptrepo.chunks.codecs import PlaneHint
 from ckptrepo.chunks.store import ChunkLocation, ChunkReader, PackSink
 from ckptrepo.config import REPO_DIRNAME, RepoConfig, default_workers, env_int
 from ckptrepo.db import catalog, migrate, views
@@ -68,6 +69,7 @@ if TYPE_CHECKING:
 from ckptrepo.storage import Backend, open_backend
 
 DEFAULT_BRANCH = "main"
+_MAX_HINTS = 100_000  # per-name encoding hints kept across commits (a few hundred bytes each)
 
 
 def _repo_dir(path: str | Path) -> Path:
@@ -111,6 +113,9 @@ class Repo:
         self._backend: Backend = open_backend(config.store_url, repo_dir / "store")
         self._reader = ChunkReader(self._backend, self._locate_chunks)
         self._base_cache = BaseCache(env_int("DELTA_CACHE", DEFAULT_BUDGET))
+        # What encoding learnt per tensor name (planes that pay, deltas that win), reused by
+        # later commits of this process; only encoding choices, never content.
+        self._plane_hints: dict[str, PlaneHint] = {}
         self._pool = ThreadPoolExecutor(max_workers=default_workers(), thread_name_prefix="ckpt")
         lower = functools.partial(priority.lower_this_thread, self.background_priority)
         # Threads only asynchronous commits use (they may be lowered for good, see ingest.priority).
@@ -420,7 +425,9 @@ class Repo:
 
         # Write-ordering step 1: ingest returns only after every new pack is durable in the store.
         sink = PackSink(self._backend, self.config.pack_target)
-        result = ingest(req.tensors, sink, known, pool, opts, likely, plan, req.ready)
+        if len(self._plane_hints) > _MAX_HINTS:
+            self._plane_hints.clear()
+        result = ingest(req.tensors, sink, known, pool, opts, likely, plan, req.ready, self._plane_hints)
         result.deferred = defer
         edges = [catalog.EdgeRow(pid, "parent" if i == 0 else "merge", i) for i, pid in enumerate(parent_ids)]
         entries = {r.name: r.tensor_id for r in result.tensors}

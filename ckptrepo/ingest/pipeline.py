@@ -122,6 +122,7 @@ def ingest(
     likely_known: frozenset[str] = frozenset(),
     delta: DeltaPlan | None = None,
     ready: Callable[[int], None] | None = None,
+    hints: dict[str, PlaneHint] | None = None,
 ) -> IngestResult:
     """Store every tensor's chunks that the store lacks; return their records and packs.
 
@@ -131,11 +132,14 @@ def ingest(
     it is written. With ``delta``, chunks are also tried as deltas against their base
     (a base that cannot be read is skipped, never fatal). With ``ready``, the bytes of
     the ``i``-th tensor are read only after ``ready(i)`` returns (phase 1 may still be
-    copying the later ones). On any error nothing has been
+    copying the later ones). ``hints`` (by tensor name) carries what encoding learnt about
+    each tensor into later ingests of the same name — which byte planes pay, its standalone
+    ratio, whether deltas win — so a commit of a state seen before samples less; entries
+    are added for new names. On any error nothing has been
     inserted anywhere; packs already put in the backend stay unreferenced (``gc``
     reclaims them) and the sink is aborted.
     """
-    job = _Ingest(sink, known, pool, opts, likely_known, delta, ready)
+    job = _Ingest(sink, known, pool, opts, likely_known, delta, ready, hints)
     try:
         return job.run(tensors)
     except BaseException:
@@ -182,13 +186,14 @@ class _Ingest:
 
     def __init__(self, sink: PackSink, known: KnownFn, pool: Executor, opts: IngestOptions,
                  likely_known: frozenset[str], delta: DeltaPlan | None,
-                 ready: Callable[[int], None] | None = None) -> None:
+                 ready: Callable[[int], None] | None = None, hints: dict[str, PlaneHint] | None = None) -> None:
         self.sink, self.known, self.pool, self.opts, self.likely = sink, known, pool, opts, likely_known
         self.ready = ready
         self.delta = delta if opts.compression else None
         self.cache = self.delta.cache if self.delta is not None and self.delta.cache.budget else None
         self.bases: list[BaseTensor | None] = []
         self.hints: list[PlaneHint] = []
+        self.known_hints = hints if hints is not None else {}
         self.queued: set[str] = set()
         self.hashing: deque[Future[_Hashed]] = deque()
         self.encoding: deque[Future[_Done]] = deque()
@@ -208,7 +213,7 @@ class _Ingest:
             base = self.delta.tensors.get(name) if self.delta is not None else None
             ok = base is not None and base.dtype == tensors[name].dtype and base.chunk_size == self.opts.chunk_size
             self.bases.append(base if ok else None)
-            self.hints.append(PlaneHint())
+            self.hints.append(self.known_hints.setdefault(name, PlaneHint()))
         ids: list[list[str]] = []
         parts: list[list[Moments]] = []
         views: list[memoryview] = []

@@ -191,3 +191,30 @@ def test_a_damaged_base_does_not_break_later_commits(tmp_path: Path, where: str)
         assert all(_same(restored[k], second[k]) for k in second)
         with pytest.raises(errors.IntegrityError):
             repo.checkout("main~1")  # the damaged commit itself is reported, not repaired
+
+
+def test_encoding_hints_carry_over_to_later_commits(repo: ckptrepo.Repo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A repository that committed a tensor before knows its standalone size and which planes
+    pay, so a delta of a later commit is tried without encoding the chunk standalone too;
+    the hints are about encoding only and never change what is stored."""
+    from ckptrepo.chunks import codecs
+
+    calls: list[int] = []
+    real = codecs._standalone
+
+    def counted(*args: object, **kw: object) -> object:
+        calls.append(1)
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(codecs, "_standalone", counted)
+    state = {"w": torch.randn(16 * 1024) * 0.02}  # one chunk
+    for seed in range(3):
+        state = _drift(state, seed)
+        calls.clear()
+        commit = repo.commit(state, blocking=True).wait()
+    assert calls == [] and "w" in repo._plane_hints  # the third commit encoded its delta only
+    assert _same(repo.checkout(commit.id)["w"], state["w"])
+    repo._plane_hints.clear()
+    calls.clear()
+    repo.commit(_drift(state, 9), blocking=True).wait()
+    assert calls == [1]  # without hints the chunk is measured standalone first
