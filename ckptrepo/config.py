@@ -34,7 +34,7 @@ class RepoConfig:
     chunk raw (no zstd, byte grouping or delta); ``delta`` False keeps standalone
     compression but no delta encoding; ``max_delta_depth`` bounds delta chains (a chunk
     whose base is already that deep is stored standalone, starting a new chain).
-    ``delta_base`` ``"root"`` XORs against the parent chunk's keyframe (reads decode at
+    ``delta_base`` ``"root"`` takes deltas against the parent chunk's keyframe (reads decode at
     most two chunks), ``"parent"`` against the parent chunk itself (chains of up to
     ``max_delta_depth`` hops: slightly smaller, slower to read).
     ``encode`` says when new chunks are encoded (only with ``compression``): ``"inline"``

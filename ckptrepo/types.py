@@ -123,7 +123,7 @@ class RepoStats:
 
     Savings split three ways that add up to ``logical_bytes - stored_bytes``:
     ``dedup_saved_bytes`` (identical chunks stored once), ``compression_saved_bytes``
-    (standalone zstd / byte grouping) and ``delta_saved_bytes`` (XOR against a base chunk,
+    (standalone zstd / byte grouping) and ``delta_saved_bytes`` (difference from a base chunk,
     beyond what standalone compression would have saved)."""
 
     commits: int

@@ -145,7 +145,7 @@ CompressionOpt = Annotated[
 ]
 DeltaOpt = Annotated[
     bool,
-    typer.Option("--delta/--no-delta", help="Store chunks as XOR deltas against the parent's when that is smaller."),
+    typer.Option("--delta/--no-delta", help="Store chunks as differences from the parent's when that is smaller."),
 ]
 EncodeOpt = Annotated[
     str,
@@ -157,7 +157,7 @@ EncodeOpt = Annotated[
 DeltaBaseOpt = Annotated[
     str,
     typer.Option("--delta-base", metavar="root|parent",
-                 help="XOR against the parent chunk's keyframe (root: reads decode at most 2 chunks) "
+                 help="Delta against the parent chunk's keyframe (root: reads decode at most 2 chunks) "
                       "or the parent chunk itself (parent: chains up to --max-delta-depth)."),
 ]
 DeltaDepthOpt = Annotated[

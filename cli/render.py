@@ -200,7 +200,7 @@ def stats_table(stats: RepoStats, awaiting_repack: tuple[int, int] = (0, 0)) -> 
     grid.add_row("saved by dedup", size(stats.dedup_saved_bytes), "identical chunks stored once")
     grid.add_row("saved by compression", size(stats.compression_saved_bytes), "zstd and byte grouping, standalone")
     grid.add_row("saved by delta", size(stats.delta_saved_bytes),
-                 f"{stats.delta_chunks} chunks stored as XOR against a base chunk")
+                 f"{stats.delta_chunks} chunks stored as a difference from a base chunk")
     if awaiting_repack[0]:
         grid.add_row("awaiting repack", size(awaiting_repack[1]),
                      f"{awaiting_repack[0]} packs stored raw by commits; `ckpt repack` encodes them")

@@ -199,7 +199,7 @@ class ChunkReader:
     """Reads chunks by location, decodes them and verifies ``BLAKE3(decoded) == chunk_id``.
 
     A DELTA chunk is decoded by first decoding its base (recursively, down its chain,
-    without verifying the intermediate bases) and XOR-ing its planes in; only the final
+    without verifying the intermediate bases) and applying its difference; only the final
     bytes are verified, so a corrupt base fails the check instead of yielding wrong bytes.
     Bases are taken from the ``bases`` mapping given to a read (see ``bases_for``), else
     asked of ``lookup``.

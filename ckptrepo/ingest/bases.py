@@ -1,4 +1,4 @@
-"""Choosing delta bases for a commit: which earlier tensor each new tensor is XOR-ed against.
+"""Choosing delta bases for a commit: which earlier tensor each new tensor is a difference from.
 
 A chunk's base is the base tensor's chunk at the same offset (policy ``parent``) or, by
 default, that chunk's chain root (policy ``root``): the standalone keyframe it is itself

@@ -17,7 +17,7 @@ state's copy + 300 MiB. BLAKE3, zstd, numpy and the byte-plane kernels release t
 
 Delta encoding: ``DeltaPlan`` names, per tensor, the base tensor's chunks (the same
 name in the first parent, or the mapped tensor of a transfer source). A chunk whose
-base has the same length and a chain shorter than ``max_depth`` is also encoded as XOR
+base has the same length and a chain shorter than ``max_depth`` is also encoded as a difference
 against the base's bytes (from the ``BaseCache`` or decoded from the store) and stored
 that way when that is smaller than its standalone encoding.
 """
