@@ -24,19 +24,21 @@
    packs and database). The page cache is dropped before every tool's ingest and restore (when
    running as root), so every tool reads cold.
 3. Restore: base and the last commit of every branch, into files, by each tool (ckptrepo:
-   ``checkout`` + the writer ``ckpt checkout -o x.safetensors`` uses). Each restored file is
+   ``Repo.export``, what ``ckpt checkout REV -o x.safetensors`` does). Each restored file is
    fsynced inside the timing (ckptrepo's writer fsyncs; restic and borg are fsynced after
    their command) and compared with the original byte for byte afterwards.
 4. Delta chain: ``checkout`` of the last fork commit (chain base → finetune 1, 2 → fork 1..N)
    in the default repository vs the same commit in the ``delta=False`` repository, and vs the
    base commit (no parent, stored standalone) of the default repository; warm cache, median of 3.
 
-    python benchmarks/bench_storage.py [--lineage minilm|synthetic] [--data DIR] [--dir PATH] [--restic-max] [--quick]
+    python benchmarks/bench_storage.py [--lineage minilm|synthetic] [--steps N] [--data DIR] [--dir PATH]
+                                       [--restic-max] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import filecmp
 import inspect
 import json
@@ -61,7 +63,7 @@ from _common import ForeignLoad, drop_caches, fsync_path, goal_note, report, scr
 from _lineage import MIB, Entry
 
 from ckptrepo import Repo
-from ckptrepo.formats import read_state, write_state
+from ckptrepo.formats import read_state
 
 # ----------------------------------------------------------------------------- stores
 
@@ -160,7 +162,7 @@ class CkptStore(Store):
         with Repo.open(self.root) as repo:
             for name in names:
                 out[name] = target / f"{name}.safetensors"
-                write_state(repo.checkout(self.ids[name]), out[name])  # what `ckpt checkout -o` does; fsyncs
+                repo.export(self.ids[name], out[name])  # what `ckpt checkout -o` does; fsyncs
         return out
 
 
@@ -283,18 +285,23 @@ def main() -> None:
                          "synthetic: a transformer trained from scratch on synthetic sequences")
     ap.add_argument("--data", type=Path, default=None,
                     help="lineage files (default: <tmp>/ckptrepo-bench-storage-LINEAGE[-quick]); reused when complete")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="optimizer steps between two checkpoints of a branch (default: the lineage's own, 10 "
+                         "for minilm, 4 for synthetic); other data, so another --data folder")
     ap.add_argument("--dir", type=Path, default=None, help="where repositories go (default: a temp dir under /work)")
     ap.add_argument("--restic-max", action="store_true", help="also restic --compression max (slow)")
     ap.add_argument("--quick", action="store_true", help="a small model and 3 commits per branch (smoke run)")
     args = ap.parse_args()
     data = args.data or Path(tempfile.gettempdir()) / (
-        f"ckptrepo-bench-storage-{args.lineage}" + ("-quick" if args.quick else ""))
+        f"ckptrepo-bench-storage-{args.lineage}" + ("-quick" if args.quick else "")
+        + (f"-steps{args.steps}" if args.steps else ""))
+    steps = {"steps": args.steps} if args.steps else {}
     if args.lineage == "minilm":
-        entries, info = lineage_minilm.make_lineage(
-            data, lineage_minilm.QUICK if args.quick else lineage_minilm.MiniLMConfig())
+        cfg_m = lineage_minilm.QUICK if args.quick else lineage_minilm.MiniLMConfig()
+        entries, info = lineage_minilm.make_lineage(data, dataclasses.replace(cfg_m, **steps))
     else:
-        entries, info = lineage_synthetic.make_lineage(
-            data, lineage_synthetic.QUICK if args.quick else lineage_synthetic.TrainConfig())
+        cfg_s = lineage_synthetic.QUICK if args.quick else lineage_synthetic.TrainConfig()
+        entries, info = lineage_synthetic.make_lineage(data, dataclasses.replace(cfg_s, **steps))
     with scratch_dir(args.dir) as base:
         bench(base, data, entries, info, args)
 

@@ -50,6 +50,7 @@ from ckptrepo.errors import (
     UnreachableCommits,
     UsageError,
 )
+from ckptrepo.export import export as export_state
 from ckptrepo.ids import hash_json, short
 from ckptrepo.ingest import priority, request
 from ckptrepo.ingest.basecache import DEFAULT_BUDGET, BaseCache
@@ -623,6 +624,26 @@ class Repo:
         if into is not None:
             st.load_into(into, restored)
         return restored
+
+    def export(self, rev: str, path: str | Path) -> str:
+        """Write the state committed at ``rev`` to ``path`` (``.safetensors``, or ``.pt``/``.pth``/
+        ``.bin``/``.ckpt`` for ``torch.save``), atomically; returns the commit's id.
+
+        The file is what ``write_state(repo.checkout(rev), path)`` writes, every chunk verified;
+        a flat dict of tensors going to ``.safetensors`` is streamed (each tensor written while
+        the later ones are decoded) instead of restored whole first.
+        """
+        self._check_open()
+        with self._sessions() as s:
+            cid = revparse.resolve(s, rev)
+            row = s.get(CommitRow, cid)
+            assert row is not None
+            layout = catalog.tensor_layout(s, cid)
+            chunks = catalog.chunk_locations(s, [tr.id for _, tr in layout])
+        items = {e.name: (tr, chunks[tr.id]) for e, tr in layout}
+        export_state(Path(path), row.skeleton, items, self._reader, self._pool, commit_id=cid,
+                     checkout=lambda: self.checkout(cid))
+        return cid
 
     def load_tensor(self, rev: str, name: str) -> torch.Tensor:
         """One tensor of a commit, reading only that tensor's chunks."""

@@ -7,8 +7,8 @@ the way). Callers get tensors that share no memory with any cache.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from concurrent.futures import Executor
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Executor, wait
 
 import torch
 
@@ -53,26 +53,51 @@ def read_tensors(
     its hash check (a delta chunk's too when its base is damaged), or the chunks do not
     add up to the tensor's size.
     """
-    buffers: dict[str, torch.Tensor] = {}
+    return dict(iter_tensors(reader, pool, items, commit_id=commit_id))
+
+
+def iter_tensors(
+    reader: ChunkReader,
+    pool: Executor,
+    items: Sequence[tuple[str, Tensor, list[Chunk]]],
+    *,
+    commit_id: str,
+    jobs_per_worker: int = 4,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``read_tensors`` as a stream: every decoding job is submitted at once, and each tensor
+    is yielded, in ``items`` order, as soon as the jobs holding its chunks are done, so a
+    caller can write it while the later ones are still being decoded. Raises as
+    ``read_tensors`` does, when the failing tensor's turn comes; jobs still running when the
+    iteration stops early are waited for (none of them writes anywhere afterwards).
+    """
+    buffers: list[torch.Tensor] = []
     work: list[tuple[str, ChunkLocation, memoryview]] = []
+    ends: list[int] = []  # one past each item's last chunk in ``work``
     for name, row, chunks in items:
         if sum(c.raw_length for c in chunks) != row.nbytes or len(chunks) != row.n_chunks:
             raise IntegrityError(detail=f"tensor {name!r} of commit {commit_id[:10]} has missing chunks")
         buf = torch.empty(row.nbytes, dtype=torch.uint8)
-        buffers[name] = buf
+        buffers.append(buf)
         view = buf.numpy().data if row.nbytes else memoryview(bytearray())
         offset = 0
         for chunk in chunks:
             work.append((name, location(chunk), view[offset : offset + chunk.raw_length]))
             offset += chunk.raw_length
+        ends.append(len(work))
     # A few jobs per worker, each a run of chunks: per-chunk futures would cost the GIL more
     # than the decoding they schedule.
     bases = reader.bases_for(loc for _, loc, _ in work)  # delta chains' bases, one query per chain level
-    per_job = max(1, -(-len(work) // (4 * _workers(pool))))
+    per_job = max(1, -(-len(work) // (jobs_per_worker * _workers(pool))))
     jobs = [pool.submit(_read_run, reader, work[i : i + per_job], commit_id, bases)
             for i in range(0, len(work), per_job)]
-    for job in jobs:
-        job.result()
-    return {
-        name: st.tensor_from_bytes(buffers[name], row.dtype, list(row.shape)) for name, row, _ in items
-    }
+    try:
+        done = 0  # jobs finished, in order: they cover work[: done * per_job]
+        for (name, row, _), buf, end in zip(items, buffers, ends, strict=True):
+            while done * per_job < end:
+                jobs[done].result()
+                done += 1
+            yield name, st.tensor_from_bytes(buf, row.dtype, list(row.shape))
+    finally:
+        for job in jobs:
+            job.cancel()
+        wait(jobs)

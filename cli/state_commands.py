@@ -9,7 +9,7 @@ from typing import Any
 
 from ckptrepo import Repo, errors
 from ckptrepo import state as st
-from ckptrepo.formats import SAFETENSORS_SUFFIXES, TORCH_SUFFIXES, read_state, write_state
+from ckptrepo.formats import SAFETENSORS_SUFFIXES, TORCH_SUFFIXES, read_state
 from ckptrepo.ids import short
 from ckptrepo.lineage.analysis import unknown_name_hint
 
@@ -161,9 +161,7 @@ def _export(rev: str, output: Path, as_json: bool) -> None:
             hint=f"Name it {'/'.join(SAFETENSORS_SUFFIXES)}, or {'/'.join(TORCH_SUFFIXES)} for torch.save.",
         )
     with current().open() as repo:
-        commit_id = repo.resolve(rev)
-        state = repo.checkout(commit_id)
-    write_state(state, output)
+        commit_id = repo.export(rev, output)
     written = output.stat().st_size
     if as_json:
         render.emit_json({"id": commit_id, "short_id": short(commit_id), "path": str(output), "bytes": written})

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import struct
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -133,18 +135,26 @@ def write_safetensors(state: Any, path: Path, *, allow_pickle: bool = False) -> 
         raise UsageError(f"cannot write {path}: a state file holds a dict, not {type(state).__name__}")
     seen: set[int] = set()
     tensors = {name: _writable(name, t, seen) for name, t in named.items()}
-    header = _header(tensors, metadata)
+    header = flat_header({n: (t.dtype, list(t.shape)) for n, t in tensors.items()}, metadata)
     if header is None:
         with atomic_output(path) as tmp:
             safetensors.torch.save_file(tensors, str(tmp), metadata=metadata)
         return
+    write_flat(path, header[0], (tensor_bytes(tensors[name]) for name in header[1]))
+
+
+def write_flat(path: Path, header: bytes, payloads: Iterable[memoryview]) -> None:
+    """Write a flat safetensors file from its header (``flat_header``) and its tensors' bytes
+    in header order, atomically (as ``atomic_output``) and with direct I/O where the folder's
+    filesystem allows it (``AppendFile``). ``payloads`` may be a generator that produces each
+    tensor while the earlier ones are being written."""
     with atomic_output(path) as tmp:
         out = AppendFile(path.parent, prefix=tmp.name + ".", suffix="")
         try:
-            out.write(header[0])
-            for name in header[1]:
-                if tensors[name].numel():
-                    out.write(tensor_bytes(tensors[name]))
+            out.write(header)
+            for data in payloads:
+                if len(data):
+                    out.write(data)
             out.finish()  # fsynced: atomic_output fsyncs again (cheap) before the rename
         except BaseException:
             out.abort()
@@ -152,9 +162,12 @@ def write_safetensors(state: Any, path: Path, *, allow_pickle: bool = False) -> 
         os.replace(out.path, tmp)
 
 
-def _header(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> tuple[bytes, list[str]] | None:
-    """The header ``safetensors.torch.save_file`` writes for ``tensors``, and the order of their
-    bytes after it; None when it cannot be reproduced (the caller then uses save_file).
+def flat_header(specs: dict[str, tuple[torch.dtype, list[int]]],
+                metadata: dict[str, str]) -> tuple[bytes, list[str]] | None:
+    """The header ``safetensors.torch.save_file`` writes for tensors of these names, dtypes and
+    shapes, and the order of their bytes after it; None when it cannot be reproduced (the
+    caller then uses save_file). A file is the header, then each tensor's C-order bytes in
+    that order.
 
     The library orders tensors by dtype, then name, never by size, and names dtypes its own
     way: both are read off its header for zero-length stand-ins of the same dtypes. The header
@@ -164,7 +177,7 @@ def _header(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> tuple
     """
     if len(metadata) > 1:  # the library writes several metadata keys in hash order
         return None
-    stand_ins = {name: torch.empty(0, dtype=t.dtype) for name, t in tensors.items()}
+    stand_ins = {name: torch.empty(0, dtype=dtype) for name, (dtype, _) in specs.items()}
     reference = safetensors.torch.save(stand_ins, metadata=metadata)
     try:
         (length,) = struct.unpack_from("<Q", reference, 0)
@@ -185,9 +198,10 @@ def _header(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> tuple
         return struct.pack("<Q", len(text)) + text
 
     try:
-        if sorted(names) != sorted(tensors) or render({n: [0] for n in names}, dict.fromkeys(names, 0)) != reference:
+        if sorted(names) != sorted(specs) or render({n: [0] for n in names}, dict.fromkeys(names, 0)) != reference:
             return None
     except (KeyError, TypeError, ValueError):  # a header of another shape than this code knows
         return None
-    head = render({n: list(tensors[n].shape) for n in names}, {n: tensors[n].nbytes for n in names})
+    sizes = {n: math.prod(shape) * dtype.itemsize for n, (dtype, shape) in specs.items()}
+    head = render({n: list(specs[n][1]) for n in names}, sizes)
     return head, names
