@@ -148,9 +148,13 @@ def build(n_commits: int, depth: int, seed: int = 0) -> Lineage:
     # where each tensor name changes along a line.
     lin.edges = lines.with_forks(lin.edges, {c["id"]: (c["line_id"], c["fp_depth"]) for c in lin.commits})
     for c in lin.commits:
+        before = lin.tensors[c["first_parent_id"]] if c["first_parent_id"] is not None else {}
         continues = c["first_parent_id"] is not None and c["line_id"] != c["id"]
-        lin.runs += lines.runs_of(c["line_id"], c["fp_depth"], lin.tensors[c["id"]],
-                                  lin.tensors[c["first_parent_id"]] if continues else None)
+        for run in lines.runs_of(c["line_id"], c["fp_depth"], lin.tensors[c["id"]], before if continues else None):
+            # Each tensor here is one chunk (its id): another tensor differs in that one position.
+            run["changed_chunks"] = int(before.get(run["name"]) not in (None, run["tensor_id"])
+                                        and run["tensor_id"] is not None)
+            lin.runs.append(run)
     return lin
 
 

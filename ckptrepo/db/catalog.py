@@ -159,11 +159,19 @@ def record_commit(
             [{"commit_id": commit["id"], "name": n, "tensor_id": tid} for n, tid in entries.items()],
         )
     # Where this commit's tensors change along its line: against its first parent's entries
-    # when it continues that parent's line, all of them when it starts a line.
+    # when it continues that parent's line, all of them when it starts a line; with how many
+    # chunk positions differ from the first parent's tensor of the same name.
+    before: dict[str, str] = {}
+    if first is not None:
+        before = dict(session.execute(select(Entry.name, Entry.tensor_id).where(Entry.commit_id == first)).all())
     continues = first is not None and spot.line_id != commit["id"]
-    parent_entries = (dict(session.execute(select(Entry.name, Entry.tensor_id).where(Entry.commit_id == first))
-                           .all()) if continues else None)
-    runs = lines.runs_of(spot.line_id, spot.fp_depth, entries, parent_entries)
+    runs = lines.runs_of(spot.line_id, spot.fp_depth, entries, before if continues else None)
+    pairs = {(r["tensor_id"], before[r["name"]]) for r in runs
+             if r["tensor_id"] is not None and before.get(r["name"]) not in (None, r["tensor_id"])}
+    if pairs:
+        counts = changed_chunks(session, pairs)
+        for r in runs:
+            r["changed_chunks"] = counts.get((r["tensor_id"], before.get(r["name"], "")), 0)
     if runs:
         session.execute(insert(EntryRun), runs)
     parents = {cid: (line, depth) for cid, line, depth in session.execute(
@@ -178,6 +186,24 @@ def record_commit(
     for name, value in metrics.items():
         session.add(Metric(commit_id=commit["id"], name=name, value=value))
     session.flush()
+
+
+def changed_chunks(session: Session, pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], int]:
+    """For each pair of tensor ids ``(a, b)``: how many chunk positions both have hold different
+    chunk ids (pairs whose tensors are not stored count 0)."""
+    wanted = set(pairs)
+    ids = sorted({t for pair in wanted for t in pair})
+    chunks: dict[str, dict[int, str]] = {}
+    for start in range(0, len(ids), _IN_BATCH):
+        rows = session.execute(select(TensorChunk.tensor_id, TensorChunk.seq, TensorChunk.chunk_id)
+                               .where(TensorChunk.tensor_id.in_(ids[start : start + _IN_BATCH])))
+        for tid, seq, cid in rows:
+            chunks.setdefault(tid, {})[seq] = cid
+    out: dict[tuple[str, str], int] = {}
+    for a, b in wanted:
+        ca, cb = chunks.get(a, {}), chunks.get(b, {})
+        out[a, b] = sum(1 for seq, cid in ca.items() if seq in cb and cb[seq] != cid)
+    return out
 
 
 def move_branch(session: Session, name: str, new_id: str, expected: str | None, now: datetime) -> str | None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from sqlalchemy import and_, select
+from sqlalchemy import ColumnElement, and_, select
 from sqlalchemy.orm import Session, aliased
 
 from ckptrepo.db.models import Commit
@@ -125,13 +125,15 @@ def runs_of(line_id: str, fp_depth: int, entries: Mapping[str, str],
     """The ``entry_runs`` rows of a commit placed at ``(line_id, fp_depth)`` whose tensors are
     ``entries`` (name -> tensor id): every entry when it starts its line (``parent_entries``
     None), else the names whose tensor differs from ``parent_entries`` (its first parent's, on
-    the same line), with ``tensor_id`` None for those the parent has and it has not."""
+    the same line), with ``tensor_id`` None for those the parent has and it has not.
+    ``changed_chunks`` is left 0 for the caller to fill in (it needs the chunk lists)."""
     if parent_entries is None:
         changed: dict[str, str | None] = dict(entries)
     else:
         changed = {n: t for n, t in entries.items() if parent_entries.get(n) != t}
         changed.update((n, None) for n in parent_entries if n not in entries)
-    return [{"name": n, "line_id": line_id, "fp_depth": fp_depth, "tensor_id": t} for n, t in changed.items()]
+    return [{"name": n, "line_id": line_id, "fp_depth": fp_depth, "tensor_id": t, "changed_chunks": 0}
+            for n, t in changed.items()]
 
 
 # Made once: building an alias's column proxies cost ~5 ms per query (``commits`` is wide).
@@ -139,10 +141,11 @@ _FIRST = aliased(Commit, name="line_first")
 _FORK = aliased(Commit, name="line_fork")
 
 
-def line_hops(head: str, limit: int | None = None) -> Any:
+def line_hops(head: str | ColumnElement[str], limit: int | ColumnElement[int] | None = None) -> Any:
     """Recursive CTE ``(line, upto, top)``: the lines of ``head``'s first-parent chain, each
     with the depth of the chain's last commit on it (``upto``) and ``head``'s depth (``top``).
-    With a ``limit`` (commits), lines past the first ``limit`` commits of the chain are left out."""
+    With a ``limit`` (commits), lines past the first ``limit`` commits of the chain are left out.
+    ``head`` and ``limit`` may be bound parameters (a statement built once, run with values)."""
     hops = (select(Commit.line_id.label("line"), Commit.fp_depth.label("upto"), Commit.fp_depth.label("top"))
             .where(Commit.id == head)
             .cte("line_hops", recursive=True))
@@ -156,7 +159,8 @@ def line_hops(head: str, limit: int | None = None) -> Any:
     return hops.union_all(step)
 
 
-def chain_commits(head: str, limit: int | None = None, *columns: Any) -> Any:
+def chain_commits(head: str | ColumnElement[str], limit: int | ColumnElement[int] | None = None,
+                  *columns: Any) -> Any:
     """A select of ``(depth, *columns)`` over the commits of ``head``'s first-parent chain
     (``columns`` of ``Commit``, the commit's row in the FROM), depth 0 = ``head``, at most
     ``limit`` commits, in no particular order: one index range of ``commits`` per line."""

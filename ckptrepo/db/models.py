@@ -250,8 +250,11 @@ class EntryRun(Base):
     first parent's (another tensor, added, or removed: ``tensor_id`` NULL) when it continues
     that parent's line, and one for each entry of the commit that starts a line. The tensor
     of ``name`` at depth ``d`` of a line is the row of the highest ``fp_depth <= d`` (none:
-    absent). Derived from ``entries`` and written with the commit (``catalog.record_commit``);
-    deleted with its commit (ON DELETE CASCADE, by the commit's place on its line).
+    absent). ``changed_chunks``: when the commit's first parent has another tensor of that
+    name, how many chunk positions common to both hold different chunk ids (else 0), so a
+    history reads no chunk lists. Derived from ``entries`` and ``tensor_chunks`` and written
+    with the commit (``catalog.record_commit``); deleted with its commit (ON DELETE CASCADE,
+    by the commit's place on its line).
     """
 
     __tablename__ = "entry_runs"
@@ -259,6 +262,7 @@ class EntryRun(Base):
     line_id: Mapped[str] = mapped_column(Id, primary_key=True)
     fp_depth: Mapped[int] = mapped_column(Integer, primary_key=True)
     tensor_id: Mapped[str | None] = mapped_column(Id, default=None)
+    changed_chunks: Mapped[int] = mapped_column(Integer, default=0)
     __table_args__ = (
         ForeignKeyConstraint(["line_id", "fp_depth"], ["commits.line_id", "commits.fp_depth"], ondelete="CASCADE"),
         # Stored in its key's order on SQLite (no separate rowid table).

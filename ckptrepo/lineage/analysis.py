@@ -25,7 +25,7 @@ from dataclasses import replace
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from sqlalchemy import ColumnElement, Text, and_, bindparam, case, cast, func, null, select, union_all
+from sqlalchemy import Integer, Text, and_, bindparam, case, cast, func, null, select, union_all
 from sqlalchemy.orm import Session, aliased
 
 from ckptrepo.chunks.store import ChunkLocation
@@ -307,8 +307,10 @@ def history(repo: Repo, name: str, *, along: str = "main", limit: int | None = N
         # The driver's tuples, not ORM or Core rows: one per commit of the chain, 10,000 for a long
         # run. Sorted head first here: the queries promise no order, and rows mostly come in order.
         conn = s.connection()
-        rows = sorted(fetch_tuples(conn, _chain_query(head, walked)), key=itemgetter(0))
-        runs = sorted(fetch_tuples(conn, _runs_query(head, name, walked)), key=itemgetter(0))
+        chain, along_chain = _history_statements(walked is not None)
+        params: dict[str, Any] = {"head": head} if walked is None else {"head": head, "walked": walked}
+        rows = sorted(fetch_tuples(conn, chain, params), key=itemgetter(0))
+        runs = sorted(fetch_tuples(conn, along_chain, {**params, "name": name}), key=itemgetter(0))
         tensors, differing = _history_tensors(name, rows, runs)
         if not any(tensors[:limit]):
             names = s.scalars(select(Entry.name).where(Entry.commit_id == head))
@@ -333,9 +335,9 @@ def history(repo: Repo, name: str, *, along: str = "main", limit: int | None = N
 
 
 def _history_tensors(name: str, rows: Sequence[Any], runs: Sequence[Any]) -> tuple[list[_Side | None], dict[int, int]]:
-    """The tensor of each row of ``_chain_query`` (head first), from the rows of ``_runs_query``
-    (head first), and for each depth where a run begins with a tensor other than the one
-    before it, how many chunk positions differ between the two.
+    """The tensor of each row of the chain query (head first), from the rows of the runs query
+    (head first; ``_history_statements``), and for each depth where a run begins with a tensor
+    other than its first parent's, how many chunk positions differ between the two.
 
     A run covers its depth and the depths above it (nearer the head) up to the next run; a
     line's first commit (``starts``) begins afresh: without a run there, the tensor is absent.
@@ -347,11 +349,10 @@ def _history_tensors(name: str, rows: Sequence[Any], runs: Sequence[Any]) -> tup
     differing: dict[int, int] = {}
     side: _Side | None = None
     deepest = len(rows) - 1
-    for depth, tid, _fresh, changed, *columns in reversed(runs):  # oldest first
+    for depth, tid, changed, *columns in reversed(runs):  # oldest first
         if tid is None:
             side = None
         else:
-            # Rows that are not ``fresh`` carry no columns: their tensor is an older run's, read there.
             known = sides.get(tid)
             if known is None:
                 known = _side(name, [tid, *columns], shapes)
@@ -376,26 +377,27 @@ def _history_tensors(name: str, rows: Sequence[Any], runs: Sequence[Any]) -> tup
     return out, differing
 
 
-def _chain_query(head: str, walked: int | None) -> Any:
-    """Rows (depth, id, step, created_at, starts) of ``head``'s first-parent chain, at most
-    ``walked`` commits, depth 0 = head, in no particular order; ``starts``: the commit is the
-    first of its line. One index range per line (``lines``; index-only on PostgreSQL). To be
-    fetched with ``fetch_tuples``: ``utc_datetime`` reads ``created_at``."""
-    return lines.chain_commits(head, walked, Commit.id, Commit.step, Commit.created_at,
-                               (Commit.id == Commit.line_id).label("starts"))
+@functools.cache
+def _history_statements(limited: bool) -> tuple[Any, Any]:
+    """The two queries of ``history``, built once (with or without a limit) and run with bound
+    ``head``, ``name`` and (``limited``) ``walked``; fetched with ``fetch_tuples``.
 
+    The chain: rows (depth, id, step, created_at, starts) of ``head``'s first-parent chain,
+    at most ``walked`` commits, depth 0 = head, in no particular order; ``starts``: the
+    commit is the first of its line. One index range per line (``lines``; index-only on
+    PostgreSQL); ``utc_datetime`` reads ``created_at``.
 
-def _runs_query(head: str, name: str, walked: int | None) -> Any:
-    """Rows (depth, tid, fresh, differing, tensor columns except the id...) of the runs of tensor
-    ``name`` along ``head``'s first-parent chain (``EntryRun``), in no particular order: one key
-    range of ``entry_runs`` per line of the chain, from the line's first commit (or, when
-    ``walked`` cuts the chain inside a line, from the run in effect at the deepest commit
-    walked) up to the chain's last commit on it.
-
-    ``depth``: the chain depth of the run's first commit; ``tid`` its tensor (NULL: absent).
-    ``fresh``: ``tid`` differs from the next older run's (by ``lag`` in chain order), and only
-    such rows carry the tensor's columns; ``differing`` counts the positions whose chunk ids
-    differ between the two tensors when both exist and differ, else 0."""
+    The runs: rows (depth, tid, changed_chunks, tensor columns but the id...) of the runs of
+    tensor ``name`` along that chain (``EntryRun``), in no particular order: one key range of
+    ``entry_runs`` per line of the chain, from the line's first commit (or, when ``walked``
+    cuts the chain inside a line, from the run in effect at the deepest commit walked) up to
+    the chain's last commit on it. ``depth``: the chain depth of the run's first commit;
+    ``tid`` its tensor (NULL: absent), joined with its ``tensors`` row.
+    """
+    head, name = bindparam("head", type_=Id), bindparam("name", type_=Text)
+    walked = bindparam("walked", type_=Integer) if limited else None
+    chain = lines.chain_commits(head, walked, Commit.id, Commit.step, Commit.created_at,
+                                (Commit.id == Commit.line_id).label("starts"))
     hops = lines.line_hops(head, walked)
     run = aliased(EntryRun, name="run")
     cond = [run.name == name, run.line_id == hops.c.line, run.fp_depth <= hops.c.upto]
@@ -406,28 +408,10 @@ def _runs_query(head: str, name: str, walked: int | None) -> Any:
                  .where(older.name == name, older.line_id == hops.c.line, older.fp_depth <= lowest)
                  .correlate(hops).scalar_subquery())
         cond.append(run.fp_depth >= func.coalesce(begun, lowest))
-    found = (select((hops.c.top - run.fp_depth).label("depth"), run.tensor_id.label("tid"))
-             .select_from(hops).join(run, and_(*cond)).subquery("found"))
-    chain = select(found.c.depth, found.c.tid,
-                   func.lag(found.c.tid).over(order_by=found.c.depth.desc()).label("otid")).subquery("runs")
-    fresh: ColumnElement[bool] = chain.c.tid.is_distinct_from(chain.c.otid)
-    tc1, tc2 = aliased(TensorChunk), aliased(TensorChunk)
-    differing = (
-        select(func.count())
-        .select_from(tc1)
-        .join(tc2, and_(tc2.tensor_id == chain.c.otid, tc2.seq == tc1.seq))
-        .where(tc1.tensor_id == chain.c.tid, tc1.chunk_id != tc2.chunk_id)
-        .correlate(chain)
-        .scalar_subquery()
-    )
-    return (
-        select(chain.c.depth, chain.c.tid, fresh.label("fresh"),
-               case((chain.c.tid != chain.c.otid, differing), else_=0).label("differing"),
-               *_tensor_cols(Tensor)[1:])
-        .select_from(chain)
-        # Not ``and_(Tensor.id == tid, fresh)``: SQLite would look every row's tensor up, then test.
-        .outerjoin(Tensor, Tensor.id == case((fresh, chain.c.tid)))
-    )
+    runs = (select((hops.c.top - run.fp_depth).label("depth"), run.tensor_id, run.changed_chunks,
+                   *_tensor_cols(Tensor)[1:])
+            .select_from(hops).join(run, and_(*cond)).outerjoin(Tensor, Tensor.id == run.tensor_id))
+    return chain, runs
 
 
 # -- metrics -----------------------------------------------------------------------------------

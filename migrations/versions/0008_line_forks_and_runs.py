@@ -16,9 +16,10 @@ Both now read by first-parent line (``ckptrepo.db.lines``):
   the one along which the child continues its first parent's line, with the partial index
   ``ix_edges_forks``. The descendants of a commit are then a few line ranges and the edges
   forking off them: one recursive step per line.
-- ``entry_runs (name, line_id, fp_depth, tensor_id)``: a row where a tensor name changes along
-  a line (and every entry of a line's first commit); a tensor's history reads one key range
-  per line of the chain. Rows go with their commit (foreign key to its place on the line, ON
+- ``entry_runs (name, line_id, fp_depth, tensor_id, changed_chunks)``: a row where a tensor
+  name changes along a line (and every entry of a line's first commit), with the chunk
+  positions that differ from the first parent's tensor; a tensor's history reads one key
+  range per line of the chain and no chunk lists. Rows go with their commit (foreign key to its place on the line, ON
   DELETE CASCADE, through ``ix_entry_runs_line``).
 
 Both are filled here from ``edges``, ``commits`` and ``entries``, and written with each new
@@ -53,19 +54,22 @@ WHERE NOT (kind = 'parent' AND position = 0
 """
 
 # Every entry of a commit that starts its line; else the entries whose tensor differs from
-# the first parent's (or that the parent lacks) ...
+# the first parent's (or that the parent lacks); with the chunk positions that differ from
+# the first parent's tensor of the same name ...
 _RUNS = """
-INSERT INTO entry_runs (name, line_id, fp_depth, tensor_id)
-SELECT e.name, c.line_id, c.fp_depth, e.tensor_id
+INSERT INTO entry_runs (name, line_id, fp_depth, tensor_id, changed_chunks)
+SELECT e.name, c.line_id, c.fp_depth, e.tensor_id,
+       CASE WHEN pe.tensor_id IS NULL OR pe.tensor_id = e.tensor_id THEN 0 ELSE (
+           SELECT count(*) FROM tensor_chunks a JOIN tensor_chunks b ON b.tensor_id = pe.tensor_id AND b.seq = a.seq
+           WHERE a.tensor_id = e.tensor_id AND a.chunk_id <> b.chunk_id) END
 FROM commits c JOIN entries e ON e.commit_id = c.id
-WHERE c.line_id = c.id OR NOT EXISTS (
-    SELECT 1 FROM entries pe WHERE pe.commit_id = c.first_parent_id AND pe.name = e.name
-    AND pe.tensor_id = e.tensor_id)
+LEFT JOIN entries pe ON pe.commit_id = c.first_parent_id AND pe.name = e.name
+WHERE c.line_id = c.id OR pe.tensor_id IS NULL OR pe.tensor_id <> e.tensor_id
 """
 # ... and the names the first parent has and a commit continuing its line has not.
 _REMOVED = """
-INSERT INTO entry_runs (name, line_id, fp_depth, tensor_id)
-SELECT pe.name, c.line_id, c.fp_depth, NULL
+INSERT INTO entry_runs (name, line_id, fp_depth, tensor_id, changed_chunks)
+SELECT pe.name, c.line_id, c.fp_depth, NULL, 0
 FROM commits c JOIN entries pe ON pe.commit_id = c.first_parent_id
 WHERE c.line_id <> c.id AND NOT EXISTS (
     SELECT 1 FROM entries e WHERE e.commit_id = c.id AND e.name = pe.name)
@@ -86,6 +90,7 @@ def upgrade() -> None:
         sa.Column("line_id", _id_type(bind), nullable=False),
         sa.Column("fp_depth", sa.Integer(), nullable=False),
         sa.Column("tensor_id", _id_type(bind), nullable=True),
+        sa.Column("changed_chunks", sa.Integer(), nullable=False),
         sa.ForeignKeyConstraint(["line_id", "fp_depth"], ["commits.line_id", "commits.fp_depth"],
                                 name=op.f("fk_entry_runs_line_id_commits"), ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("name", "line_id", "fp_depth", name=op.f("pk_entry_runs")),

@@ -172,7 +172,7 @@ def test_linear_commits_answer_ancestors_and_log_from_the_chain(tmp_path: Path, 
 
 
 _Forks = set[tuple[str, str, str | None, int | None]]
-_Runs = set[tuple[str, str, int, str | None]]
+_Runs = set[tuple[str, str, int, str | None, int]]
 
 
 def _line_rows(repo: ckptrepo.Repo) -> tuple[_Forks, _Runs]:
@@ -180,7 +180,8 @@ def _line_rows(repo: ckptrepo.Repo) -> tuple[_Forks, _Runs]:
     with repo._sessions() as s:
         conn = s.connection()
         forks = set(fetch_tuples(conn, select(Edge.child_id, Edge.parent_id, Edge.fork_line_id, Edge.fork_depth)))
-        runs = set(fetch_tuples(conn, select(EntryRun.name, EntryRun.line_id, EntryRun.fp_depth, EntryRun.tensor_id)))
+        runs = set(fetch_tuples(conn, select(EntryRun.name, EntryRun.line_id, EntryRun.fp_depth, EntryRun.tensor_id,
+                                             EntryRun.changed_chunks)))
     return forks, runs
 
 
@@ -189,9 +190,11 @@ def test_rows_kept_by_line_are_written_with_commits_and_by_the_migration_alike(t
     them, as migration 0008 derives them, what they say (each commit's tensors, read back from the
     runs of its line), and the runs going with their commits."""
     path = tmp_path / "repo"
-    with ckptrepo.Repo.init(path, db_url=db_url) as repo:
-        for i in range(4):  # "b" appears at 1, changes at 2; "a" goes away at 3
-            state = {"w": torch.full((4,), float(i // 2))}
+    with ckptrepo.Repo.init(path, db_url=db_url, chunk_size=4096) as repo:
+        for i in range(4):  # "b" appears at 1, changes at 2; "a" goes away at 3; "w" (4 chunks) changes at 2
+            w = torch.zeros(4096)
+            w[:1024] = float(i // 2)
+            state = {"w": w}
             if i < 3:
                 state["a"] = torch.ones(2)
             if i:
@@ -199,7 +202,7 @@ def test_rows_kept_by_line_are_written_with_commits_and_by_the_migration_alike(t
             repo.commit(state, branch="main", step=i, blocking=True).wait()
         repo.branch("fork", "main~2")
         for i in range(2):
-            repo.commit({"w": torch.full((4,), 10.0 + i), "a": torch.ones(2)}, branch="fork", blocking=True).wait()
+            repo.commit({"w": torch.full((4096,), 10.0 + i), "a": torch.ones(2)}, branch="fork", blocking=True).wait()
         main, fork = repo.resolve("main"), repo.resolve("fork")
         repo.commit({"w": torch.zeros(4)}, branch="main", parents=[main, fork], blocking=True).wait()
         repo.commit({"w": torch.ones(4)}, branch="moved", transfer_from=fork, blocking=True).wait()
@@ -221,11 +224,17 @@ def test_rows_kept_by_line_are_written_with_commits_and_by_the_migration_alike(t
         # Each commit's tensors are the newest run at or below its depth on its line.
         for cid, (line, depth) in places.items():
             newest: dict[str, tuple[int, str | None]] = {}
-            for name, run_line, run_depth, tid in runs:
+            for name, run_line, run_depth, tid, _ in runs:
                 if run_line == line and run_depth <= depth and run_depth >= newest.get(name, (-1, None))[0]:
                     newest[name] = (run_depth, tid)
             assert {n: t for n, (_, t) in newest.items() if t is not None} == entries[cid], cid
-        assert any(tid is None for *_, tid in runs)  # "a" went away on main
+        assert any(tid is None for *_, tid, _ in runs)  # "a" went away on main
+        # Chunk positions that differ from the first parent's tensor: "w" at 2 (its first chunk
+        # only), "b" at 2 (one chunk), the fork's first commit (every chunk of "w").
+        with repo._sessions() as s:
+            head_w = s.scalar(select(Entry.tensor_id).where(Entry.commit_id == main, Entry.name == "w"))
+        assert {(n, c) for n, _, _, tid, c in runs if c} == {("w", 1), ("b", 1), ("w", 4)}
+        assert ("w", places[main][0], 2, head_w, 1) in runs
     engine = make_engine(db_url)
     try:
         migrate.downgrade(engine, "0009")
