@@ -25,7 +25,7 @@ from dataclasses import replace
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from sqlalchemy import Integer, Text, and_, bindparam, case, cast, func, null, select, union_all
+from sqlalchemy import Integer, Text, and_, bindparam, case, cast, func, select
 from sqlalchemy.orm import Session, aliased
 
 from ckptrepo.chunks.store import ChunkLocation
@@ -173,14 +173,15 @@ def _diff_query() -> Any:
     columns are NULL too when b has a's tensor (one lookup per distinct tensor); ``differing``
     counts the positions whose chunk ids differ when both sides have different tensors, else 0."""
     a_id, b_id = bindparam("a", type_=Id), bindparam("b", type_=Id)
-    ea = select(Entry.name, Entry.tensor_id).where(Entry.commit_id == a_id).subquery("ea")
-    eb = select(Entry.name, Entry.tensor_id).where(Entry.commit_id == b_id).subquery("eb")
-    in_a = select(Entry.name).where(Entry.commit_id == a_id, Entry.name == eb.c.name).correlate(eb)
-    both = union_all(
-        select(ea.c.name, ea.c.tensor_id.label("ta"), eb.c.tensor_id.label("tb"))
-        .select_from(ea.outerjoin(eb, eb.c.name == ea.c.name)),
-        select(eb.c.name, null().label("ta"), eb.c.tensor_id).where(~in_a.exists()),
-    ).subquery("both_sides")
+    # Grouped by name rather than a join of a's entries with b's: PostgreSQL estimates a group
+    # per name, where it took the join for 17,800 rows (500 in fact) and chose to read all of
+    # ``tensors`` in key order (a plan of 1 s instead of 12 ms).
+    both = (select(Entry.name,
+                   func.max(case((Entry.commit_id == a_id, Entry.tensor_id))).label("ta"),
+                   func.max(case((Entry.commit_id == b_id, Entry.tensor_id))).label("tb"))
+            .where(Entry.commit_id.in_([a_id, b_id]))
+            .group_by(Entry.name)
+            .subquery("both_sides"))
     tc1, tc2 = aliased(TensorChunk), aliased(TensorChunk)
     differing = (
         select(func.count())
