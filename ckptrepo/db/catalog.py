@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import BindParameter, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from ckptrepo.db import lines
@@ -238,13 +238,30 @@ def parents_of(session: Session, commit_id: str) -> list[Edge]:
     return list(session.scalars(select(Edge).where(Edge.child_id == commit_id).order_by(Edge.position)))
 
 
+# Built once, run with the ids bound (an expanding IN): building a statement whose IN list
+# holds fifty ids cost more than running it. Plain rows, not ORM objects.
+_IDS: BindParameter[Any] = bindparam("ids", expanding=True)
+_REFS_AT = select(Ref.commit_id, Ref.kind, Ref.name).where(Ref.commit_id.in_(_IDS)).order_by(Ref.kind, Ref.name)
+_METRICS_OF = select(Metric.commit_id, Metric.name, Metric.value).where(Metric.commit_id.in_(_IDS))
+_EDGES_OF = (select(Edge.child_id, Edge.parent_id, Edge.kind, Edge.mapping)
+             .where(Edge.child_id.in_(_IDS)).order_by(Edge.position))
+
+
+class ParentEdge(NamedTuple):
+    """An edge to a parent, as ``edges_of`` reads it."""
+
+    parent_id: str
+    kind: str
+    mapping: dict[str, str] | None
+
+
 def refs_at(session: Session, commit_ids: Sequence[str]) -> dict[str, list[str]]:
     """Ref names per commit id (branches plain, tags as ``tag:NAME``)."""
     out: dict[str, list[str]] = {}
     for start in range(0, len(commit_ids), _IN_BATCH):
-        batch = commit_ids[start : start + _IN_BATCH]
-        for ref in session.scalars(select(Ref).where(Ref.commit_id.in_(batch)).order_by(Ref.kind, Ref.name)):
-            out.setdefault(ref.commit_id, []).append(ref.name if ref.kind == "branch" else f"tag:{ref.name}")
+        batch = list(commit_ids[start : start + _IN_BATCH])
+        for cid, kind, name in session.execute(_REFS_AT, {"ids": batch}):
+            out.setdefault(cid, []).append(name if kind == "branch" else f"tag:{name}")
     return out
 
 
@@ -252,21 +269,19 @@ def metrics_of(session: Session, commit_ids: Sequence[str]) -> dict[str, dict[st
     """Metrics per commit id."""
     out: dict[str, dict[str, float]] = {}
     for start in range(0, len(commit_ids), _IN_BATCH):
-        batch = commit_ids[start : start + _IN_BATCH]
-        # Plain rows, not ORM objects: a log page reads a hundred metrics or more.
-        for cid, name, value in session.execute(select(Metric.commit_id, Metric.name, Metric.value)
-                                                .where(Metric.commit_id.in_(batch))):
+        batch = list(commit_ids[start : start + _IN_BATCH])
+        for cid, name, value in session.execute(_METRICS_OF, {"ids": batch}):
             out.setdefault(cid, {})[name] = value
     return out
 
 
-def edges_of(session: Session, commit_ids: Sequence[str]) -> dict[str, list[Edge]]:
+def edges_of(session: Session, commit_ids: Sequence[str]) -> dict[str, list[ParentEdge]]:
     """Parent edges per commit id, first parent first."""
-    out: dict[str, list[Edge]] = {}
+    out: dict[str, list[ParentEdge]] = {}
     for start in range(0, len(commit_ids), _IN_BATCH):
-        batch = commit_ids[start : start + _IN_BATCH]
-        for e in session.scalars(select(Edge).where(Edge.child_id.in_(batch)).order_by(Edge.position)):
-            out.setdefault(e.child_id, []).append(e)
+        batch = list(commit_ids[start : start + _IN_BATCH])
+        for child, parent, kind, mapping in session.execute(_EDGES_OF, {"ids": batch}):
+            out.setdefault(child, []).append(ParentEdge(parent, kind, mapping))
     return out
 
 

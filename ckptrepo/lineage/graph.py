@@ -28,7 +28,7 @@ from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import CTE, ColumnElement, Select, and_, cast, func, literal, select
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy.orm import Session, aliased, defer
 
 from ckptrepo.db import lines
 from ckptrepo.db.engine import fetch_tuples
@@ -446,7 +446,8 @@ def log_commits(session: Session, start: str | None, limit: int | None, offset: 
         if where is None and limit is not None:
             page = lines.chain_commits(start, offset + limit, Commit).order_by(
                 Commit.created_at.desc(), Commit.fp_depth.desc(), Commit.id).offset(offset).limit(limit)
-            return [c for _, c in session.execute(page)]
+            # Without the skeleton: a listing never shows it (loaded on access if asked for).
+            return [c for _, c in session.execute(page.options(defer(Commit.skeleton)))]
         q = lines.chain_commits(start, None, Commit.id if limit is not None else Commit)
         if where is not None:
             q = q.where(where)
