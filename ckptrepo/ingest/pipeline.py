@@ -41,7 +41,7 @@ from ckptrepo.chunks.store import ChunkLocation, ChunkReader, PackSink, SealedPa
 from ckptrepo.errors import CkptError
 from ckptrepo.ids import hash_bytes, hash_json
 from ckptrepo.ingest.basecache import BaseCache
-from ckptrepo.ingest.stats import Moments, combine, moments
+from ckptrepo.ingest.stats import Moments, combine, moments_of_bytes
 
 log = logging.getLogger("ckptrepo")
 
@@ -121,7 +121,7 @@ def ingest(
     opts: IngestOptions,
     likely_known: frozenset[str] = frozenset(),
     delta: DeltaPlan | None = None,
-    ready: Callable[[int], None] | None = None,
+    ready: Callable[[int], int] | None = None,
     hints: dict[str, PlaneHint] | None = None,
 ) -> IngestResult:
     """Store every tensor's chunks that the store lacks; return their records and packs.
@@ -131,7 +131,8 @@ def ingest(
     of chunks that will deduplicate; ``known`` is asked about every other chunk before
     it is written. With ``delta``, chunks are also tried as deltas against their base
     (a base that cannot be read is skipped, never fatal). With ``ready``, the bytes of
-    the ``i``-th tensor are read only after ``ready(i)`` returns (phase 1 may still be
+    the ``i``-th tensor are read only after ``ready(i)`` returns how many tensors are in
+    place (at least ``i + 1``; phase 1 may still be
     copying the later ones). ``hints`` (by tensor name) carries what encoding learnt about
     each tensor into later ingests of the same name — which byte planes pay, its standalone
     ratio, whether deltas win — so a commit of a state seen before samples less; entries
@@ -146,6 +147,13 @@ def ingest(
         job.drain()  # no job of this ingest may read the snapshot once it is released
         sink.abort()
         raise
+
+
+_GROUP_BYTES = 4 << 20  # stage-1 jobs take consecutive chunks up to this many bytes ...
+_GROUP_CHUNKS = 16  # ... or this many chunks
+
+
+_Job = tuple[int, int, memoryview, torch.dtype]  # (tensor index, chunk seq, bytes, dtype)
 
 
 @dataclass
@@ -186,7 +194,7 @@ class _Ingest:
 
     def __init__(self, sink: PackSink, known: KnownFn, pool: Executor, opts: IngestOptions,
                  likely_known: frozenset[str], delta: DeltaPlan | None,
-                 ready: Callable[[int], None] | None = None, hints: dict[str, PlaneHint] | None = None) -> None:
+                 ready: Callable[[int], int] | None = None, hints: dict[str, PlaneHint] | None = None) -> None:
         self.sink, self.known, self.pool, self.opts, self.likely = sink, known, pool, opts, likely_known
         self.ready = ready
         self.delta = delta if opts.compression else None
@@ -195,7 +203,7 @@ class _Ingest:
         self.hints: list[PlaneHint] = []
         self.known_hints = hints if hints is not None else {}
         self.queued: set[str] = set()
-        self.hashing: deque[Future[_Hashed]] = deque()
+        self.hashing: deque[Future[list[_Hashed]]] = deque()
         self.encoding: deque[Future[_Done]] = deque()
 
     def drain(self) -> None:
@@ -217,7 +225,7 @@ class _Ingest:
         ids: list[list[str]] = []
         parts: list[list[Moments]] = []
         views: list[memoryview] = []
-        jobs: list[tuple[int, int, memoryview, torch.dtype]] = []
+        jobs: list[_Job] = []
         for i, name in enumerate(names):
             t = tensors[name]
             view = st.tensor_bytes(t)
@@ -239,16 +247,40 @@ class _Ingest:
                 self._resolve(batch, result)
                 batch.clear()
 
-        ready_upto = -1
+        # Stage-1 jobs take runs of consecutive chunks (small tensors especially: a future per
+        # chunk costs the interpreter lock more than hashing it), never reaching into a tensor
+        # phase 1 has not copied yet.
+        ready_upto = -1 if self.ready is not None else len(names)  # tensors 0..ready_upto are in place
+        in_flight = 0  # chunks submitted to stage 1 and not yet taken
+        group: list[_Job] = []
+        size = 0
+
+        def submit() -> None:
+            nonlocal group, size, in_flight
+            hashing.append(self.pool.submit(self._hash_group, group))
+            in_flight += len(group)
+            group, size = [], 0
+            while in_flight >= self.opts.lookahead:
+                done = hashing.popleft().result()
+                in_flight -= len(done)
+                for h in done:
+                    take(h)
+
         for job in jobs:
-            if self.ready is not None and job[0] > ready_upto:
-                self.ready(job[0])
-                ready_upto = job[0]
-            hashing.append(self.pool.submit(self._hash, *job))
-            if len(hashing) >= self.opts.lookahead:
-                take(hashing.popleft().result())
+            if job[0] > ready_upto:
+                if group:
+                    submit()
+                assert self.ready is not None
+                ready_upto = self.ready(job[0]) - 1
+            group.append(job)
+            size += len(job[2])
+            if size >= _GROUP_BYTES or len(group) >= _GROUP_CHUNKS:
+                submit()
+        if group:
+            submit()
         while hashing:
-            take(hashing.popleft().result())
+            for h in hashing.popleft().result():
+                take(h)
         self._resolve(batch, result)
         if self.ready is not None:
             self.ready(len(names))  # phase 1 has finished (empty tensors at the end included)
@@ -278,13 +310,17 @@ class _Ingest:
             self.delta.cache.rotate()
         return result
 
-    def _hash(self, tensor: int, seq: int, raw: memoryview, dtype: torch.dtype) -> _Hashed:
-        faults.point("ingest.chunk")
-        cid = hash_bytes(raw)
-        mom = moments(torch.frombuffer(raw, dtype=torch.uint8).view(dtype)) if len(raw) else Moments()
-        if self.cache is not None and cid in self.likely:
-            self.cache.put(cid, raw)  # unchanged: the next commit's base (or its root's place)
-        return _Hashed(tensor, seq, raw, dtype, cid, mom)
+    def _hash_group(self, group: list[_Job]) -> list[_Hashed]:
+        """Stage 1 for consecutive chunks, in order: one job for several chunks (small tensors
+        especially) costs the interpreter lock less than a future per chunk."""
+        out = []
+        for tensor, seq, raw, dtype in group:
+            faults.point("ingest.chunk")
+            cid = hash_bytes(raw)
+            if self.cache is not None and cid in self.likely:
+                self.cache.put(cid, raw)  # unchanged: the next commit's base (or its root's place)
+            out.append(_Hashed(tensor, seq, raw, dtype, cid, moments_of_bytes(raw, dtype)))
+        return out
 
     def _resolve(self, batch: list[_Hashed], result: IngestResult) -> None:
         """Send the batch's chunks that neither this ingest nor the store has to stage 2."""

@@ -35,7 +35,7 @@ class CommitRequest:
     stall_s: float
     wait_s: float
     staged_at: float
-    ready: Callable[[int], None] | None = None  # phase 2 may start before phase 1 ends
+    ready: Callable[[int], int] | None = None  # phase 2 may start before phase 1 ends (StageProgress.wait)
 
 
 def transfer_spec(transfer_from: Any) -> tuple[str, dict[str, str] | None] | None:

@@ -12,6 +12,7 @@ is called by whoever finishes the commit (the background committer), exactly onc
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -40,7 +41,8 @@ class StageProgress:
 
     ``wait(i)`` returns once tensor ``i`` (in staging order) is in place, ``wait(count)``
     once ``finish`` has been called (the copy and the request's figures are complete);
-    either raises StagingAborted if the copy failed first.
+    either raises StagingAborted if the copy failed first. It returns how many tensors are
+    in place then (``sys.maxsize`` once the copy has finished: all of them).
     """
 
     def __init__(self) -> None:
@@ -70,12 +72,13 @@ class StageProgress:
             while self._error is None and not self._complete:
                 self._cond.wait()
 
-    def wait(self, index: int) -> None:
+    def wait(self, index: int) -> int:
         with self._cond:
             while self._error is None and not self._complete and self._done <= index:
                 self._cond.wait()
             if self._error is not None:
                 raise StagingAborted(detail=str(self._error) or type(self._error).__name__)
+            return sys.maxsize if self._complete else self._done
 
 
 class Slot:

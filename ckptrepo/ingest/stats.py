@@ -88,7 +88,10 @@ def _as_numpy(x: torch.Tensor) -> np.ndarray[Any, Any] | None:
 def _native_moments(x: torch.Tensor, kind: int) -> Moments:
     """One C pass over a contiguous float32/float64/bfloat16 tensor (see module docstring)."""
     flat = x.reshape(-1)
-    buffer = flat.view(torch.int16).numpy() if kind == 2 else flat.numpy()
+    return _native_summary(flat.view(torch.int16).numpy() if kind == 2 else flat.numpy(), kind)
+
+
+def _native_summary(buffer: Any, kind: int) -> Moments:
     finite, shift, s1, s2, lo, hi, _, nan, inf = _native.moments(buffer, kind)
     if finite == 0:
         return Moments(nan=nan, inf=inf)
@@ -96,6 +99,16 @@ def _native_moments(x: torch.Tensor, kind: int) -> Moments:
     m2 = max(0.0, s2 - s1 * s1 / finite)
     sumsq = s2 + 2.0 * shift * s1 + finite * shift * shift
     return Moments(n=finite, mean=mean, m2=m2, sumsq=sumsq, lo=lo, hi=hi, nan=nan, inf=inf)
+
+
+def moments_of_bytes(raw: memoryview, dtype: torch.dtype) -> Moments:
+    """``moments`` of the elements whose bytes are ``raw`` (a whole number of ``dtype``
+    elements); float32/float64/bfloat16 go to the C pass straight from the buffer, without
+    making a tensor (ingest calls this once per chunk)."""
+    kind = _NATIVE_KINDS.get(dtype)
+    if kind is not None and _native is not None and len(raw):
+        return _native_summary(raw, kind)
+    return moments(torch.frombuffer(raw, dtype=torch.uint8).view(dtype)) if len(raw) else Moments()
 
 
 def moments(x: torch.Tensor) -> Moments:

@@ -24,6 +24,9 @@ import os
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from ckptrepo.errors import UsageError
 
@@ -62,6 +65,7 @@ class AppendFile:
         self._fd: int | None = fd
         self._size = 0
         self._bufs: list[mmap.mmap] = []
+        self._arrays: list[np.ndarray[Any, Any]] = []  # numpy views of _bufs, same order
         self._fill = 0  # bytes in self._bufs[0], the buffer being filled
         self._flushed = 0  # file offset where that buffer's bytes go
         self._writer: ThreadPoolExecutor | None = None
@@ -72,6 +76,7 @@ class AppendFile:
             self._fd = direct
             size = max(ALIGN, buffer_bytes // ALIGN * ALIGN)
             self._bufs = [mmap.mmap(-1, size), mmap.mmap(-1, size)]
+            self._arrays = [np.frombuffer(b, dtype=np.uint8) for b in self._bufs]
 
     @property
     def direct(self) -> bool:
@@ -100,9 +105,11 @@ class AppendFile:
                 view = view[os.write(fd, view) :]
             return
         while view:
-            buf = self._bufs[0]
+            buf = self._arrays[0]
             n = min(len(view), len(buf) - self._fill)
-            buf[self._fill : self._fill + n] = view[:n]
+            # numpy copies without holding the interpreter lock (a slice assignment into the
+            # mmap would hold it for the whole memcpy, stalling the encoding threads).
+            np.copyto(buf[self._fill : self._fill + n], np.frombuffer(view, dtype=np.uint8, count=n))
             self._fill += n
             view = view[n:]
             if self._fill == len(buf):
@@ -116,6 +123,7 @@ class AppendFile:
         self._pending = self._writer.submit(_pwrite_all, self._live_fd(), self._bufs[0], length, self._flushed)
         self._flushed += length
         self._bufs.reverse()
+        self._arrays.reverse()
         self._fill = 0
 
     def _wait(self) -> None:
@@ -152,6 +160,7 @@ class AppendFile:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+            self._arrays = []  # numpy views pin the mmaps: drop them before closing
             for buf in self._bufs:
                 with contextlib.suppress(BufferError):  # a failed write's traceback still views it
                     buf.close()

@@ -143,11 +143,11 @@ def test_phase2_starts_while_the_snapshot_is_still_copying(
     # The copy of the last tensor waits until phase 2 has hashed a chunk of the first one:
     # without the early start this would time out.
     hashed = threading.Event()
-    real_hash = pipeline._Ingest._hash
+    real_hash = pipeline._Ingest._hash_group
 
-    def hash_and_signal(self: Any, tensor: int, *args: Any) -> Any:
-        assert tensor < 2, "phase 2 read the last tensor before it was copied"
-        out = real_hash(self, tensor, *args)
+    def hash_and_signal(self: Any, group: list[Any]) -> Any:
+        assert all(job[0] < 2 for job in group), "phase 2 read the last tensor before it was copied"
+        out = real_hash(self, group)
         hashed.set()
         return out
 
@@ -159,12 +159,12 @@ def test_phase2_starts_while_the_snapshot_is_still_copying(
             assert hashed.wait(10), "phase 2 did not start before the copy ended"
         real_point(name)
 
-    monkeypatch.setattr(pipeline._Ingest, "_hash", hash_and_signal)
+    monkeypatch.setattr(pipeline._Ingest, "_hash_group", hash_and_signal)
     monkeypatch.setattr("ckptrepo.ingest.staging.faults.point", point)
     state = {"a": torch.randn(100_000), "b": torch.randn(50_000), "c": torch.randn(70_000)}
     expected = {k: v.clone() for k, v in state.items()}
     handle = repo.commit(state, step=1)
-    monkeypatch.setattr(pipeline._Ingest, "_hash", real_hash)
+    monkeypatch.setattr(pipeline._Ingest, "_hash_group", real_hash)
     for v in state.values():
         v.zero_()
     commit = handle.wait()
@@ -195,7 +195,7 @@ def test_a_failed_ingest_leaves_no_job_reading_the_snapshot(
     # encoding job of the failed one may still be running (or start) by then.
     running = 0
     lock = threading.Lock()
-    real_hash = pipeline._Ingest._hash
+    real_hash = pipeline._Ingest._hash_group
 
     def slow_hash(self: Any, *args: Any) -> Any:
         nonlocal running
@@ -208,7 +208,7 @@ def test_a_failed_ingest_leaves_no_job_reading_the_snapshot(
             with lock:
                 running -= 1
 
-    monkeypatch.setattr(pipeline._Ingest, "_hash", slow_hash)
+    monkeypatch.setattr(pipeline._Ingest, "_hash_group", slow_hash)
     state = {f"t{i}": torch.randn(64 * 1024) for i in range(40)}  # 4 chunks of 64 KiB each
     with faults.inject("ingest.chunk", nth=5):
         handle = repo.commit(state, step=1)
