@@ -69,3 +69,15 @@ def test_combined_statistics_are_those_of_the_whole_tensor() -> None:
         float(x.std()), rel=1e-9)
     assert merged["min"] == float(x.min()) and merged["max"] == float(x.max())
     assert merged["l2_norm"] == pytest.approx(float(x.norm()), rel=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32,
+                                   torch.bool, torch.uint8])
+def test_moments_of_bytes_equal_moments_of_the_tensor(dtype: torch.dtype) -> None:
+    """Ingest summarises chunks from their bytes: the same figures as from the tensor."""
+    x = (torch.randn(10_001) * 3).to(dtype)
+    if dtype.is_floating_point:
+        x[7], x[100], x[2000] = math.nan, math.inf, -math.inf
+    raw = x.view(torch.uint8).numpy().data if dtype.itemsize > 1 else x.numpy().view(np.uint8).data
+    assert stats.moments_of_bytes(raw, dtype) == moments(x)
+    assert stats.moments_of_bytes(memoryview(b""), dtype) == Moments()
