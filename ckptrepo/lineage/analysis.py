@@ -22,6 +22,7 @@ import functools
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
+from datetime import datetime, timezone
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -321,18 +322,39 @@ def history(repo: Repo, name: str, *, along: str = "main", limit: int | None = N
                 hint=unknown_name_hint("tensor", name, names, f"`ckpt show {along}`"),
                 commit=short(head), name=name,
             )
+    shown = rows[:limit]
+    times = _utc_datetimes([row[3] for row in shown])
+    tensors.append(None)  # the first parent of the chain's root: nothing
+    point = HistoryPoint._fast
     points: list[HistoryPoint] = []
-    last = len(rows) - 1
-    for i, row in enumerate(rows[:limit]):
-        this = tensors[i]
-        prev = tensors[i + 1] if i < last else None
+    for i, row in enumerate(shown):
+        this, prev = tensors[i], tensors[i + 1]
         if this is prev:  # the same tensor as its first parent's (or absent from both)
-            status, changed, n = ("unchanged", 0, this.info.n_chunks) if this is not None else ("absent", 0, 0)
-        else:
-            status, changed, n = _compare(prev, this, differing.get(i, 0))
-        points.append(HistoryPoint(row[1], row[2], utc_datetime(row[3]), row[0], status,
-                                   this.info if this else None, prev.info if prev else None, changed, n))
+            if this is None:
+                points.append(point(row[1], row[2], times[i], row[0], "absent", None, None, 0, 0))
+            else:
+                info = this.info
+                points.append(point(row[1], row[2], times[i], row[0], "unchanged", info, info, 0, info.n_chunks))
+            continue
+        status, changed, n = _compare(prev, this, differing.get(i, 0))
+        points.append(point(row[1], row[2], times[i], row[0], status, this.info if this else None,
+                            prev.info if prev else None, changed, n))
     return points
+
+
+def _utc_datetimes(values: list[Any]) -> list[datetime]:
+    """``models.utc_datetime`` of each value, a column of one query: SQLite's texts parsed in one
+    pass (``fromisoformat`` of the text with its UTC offset appended), psycopg's UTC datetimes
+    kept as they are."""
+    if values and all(type(v) is str for v in values):
+        try:
+            parse = datetime.fromisoformat
+            return [parse(v + "+00:00") for v in values]
+        except ValueError:
+            pass
+    if all(type(v) is datetime and v.tzinfo is timezone.utc for v in values):
+        return values
+    return [utc_datetime(v) for v in values]
 
 
 def _history_tensors(name: str, rows: Sequence[Any], runs: Sequence[Any]) -> tuple[list[_Side | None], dict[int, int]]:

@@ -137,6 +137,19 @@ class HistoryPoint:
     chunks_changed: int = 0
     n_chunks: int = 0
 
+    @classmethod
+    def _fast(cls, commit_id: str, step: int | None, created_at: datetime, depth: int, status: str,
+              tensor: TensorInfo | None, previous: TensorInfo | None, chunks_changed: int,
+              n_chunks: int) -> HistoryPoint:
+        """The constructor's result (every field given), without its ``object.__setattr__`` call
+        per field of a frozen dataclass: a third of the time, for ``history``'s 10,000 points."""
+        point = object.__new__(cls)
+        fields = point.__dict__
+        fields["commit_id"], fields["step"], fields["created_at"], fields["depth"] = commit_id, step, created_at, depth
+        fields["status"], fields["tensor"], fields["previous"] = status, tensor, previous
+        fields["chunks_changed"], fields["n_chunks"] = chunks_changed, n_chunks
+        return point
+
     @property
     def deltas(self) -> dict[str, float]:
         """tensor − previous of the stored statistics (see ``stat_deltas``)."""
