@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 from ckptrepo.errors import InvalidInput, UnsupportedState, UsageError
-from ckptrepo.formats import read_state, write_state
+from ckptrepo.formats import read_state, safetensors_io, write_state
 from ckptrepo.state import tensor_bytes
 from ckptrepo.storage.appendfile import AppendFile
 
@@ -114,11 +114,22 @@ def test_a_header_the_writer_cannot_reproduce_falls_back_to_save_file(
         data = real_save(tensors, metadata=metadata)
         return data[:8] + data[8:].replace(b'"dtype"', b'"DTYPE"', 1)  # a library that formats differently
 
+    real_save_file = safetensors.torch.save_file
+    used: list[str] = []
+
+    def recorded_save_file(tensors: dict[str, torch.Tensor], filename: str, metadata: Any = None) -> None:
+        used.append(filename)
+        real_save_file(tensors, filename, metadata=metadata)
+
     monkeypatch.setattr(safetensors.torch, "save", other_format)
+    monkeypatch.setattr(safetensors.torch, "save_file", recorded_save_file)
+    safetensors_io._stand_in_layout.cache_clear()  # layouts learnt by earlier tests
     tensors = {"w": torch.randn(5), "b": torch.ones(2, dtype=torch.bfloat16)}
     write_state(tensors, tmp_path / "a.safetensors")
+    assert len(used) == 1
     loaded = safetensors.torch.load_file(tmp_path / "a.safetensors")
     assert all(same_bits(loaded[n], t) for n, t in tensors.items())
+    safetensors_io._stand_in_layout.cache_clear()  # nothing learnt from the odd library stays
 
 
 def test_mapped_safetensors_read_the_same_bits_from_the_file(tmp_path: Path) -> None:
