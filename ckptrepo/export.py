@@ -10,7 +10,7 @@ disk writes overlap the decoding instead of following it. The file is byte for b
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,7 @@ def export(
     pool: Executor,
     *,
     commit_id: str,
-    checkout: Any,
+    checkout: Callable[[], Any],
 ) -> None:
     """Write the state of commit ``commit_id`` (its ``skeleton`` and its entries' tensor rows and
     chunk rows in ``items``) to ``path``. ``checkout()`` returns the whole state, for the
