@@ -8,7 +8,9 @@ are flushed by ``drain``/``close``, and at interpreter exit before ``concurrent.
 refuses new work (the jobs themselves use a worker pool).
 
 Idle jobs (``submit_idle``: the background repack) run on the same thread between commits,
-so they never run concurrently with one. Each receives a ``stop`` callable that turns true
+so they never run concurrently with one; one starts only after ``idle_delay`` seconds without
+a new commit (a training loop that commits more often than that never pays for starting
+and abandoning them). Each receives a ``stop`` callable that turns true
 as soon as a commit is submitted or a drain begins; it must return promptly then. A commit
 submitted while an idle job runs starts once that job has returned.
 """
@@ -46,7 +48,9 @@ except (AttributeError, RuntimeError):  # pragma: no cover - other Pythons
 class Committer:
     """Runs commit jobs one at a time on a background thread, first in, first out."""
 
-    def __init__(self, name: str = "ckpt-commit", *, initializer: Callable[[], None] | None = None) -> None:
+    def __init__(self, name: str = "ckpt-commit", *, initializer: Callable[[], None] | None = None,
+                 idle_delay: float = 1.0) -> None:
+        self.idle_delay = idle_delay
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name, initializer=initializer)
         self._pending: set[Future[Any]] = set()
         self._lock = threading.Lock()
@@ -84,6 +88,8 @@ class Committer:
             with self._lock:
                 if stop.is_set() or self._pending:
                     return
+            if stop.wait(self.idle_delay):  # a commit or a drain came first
+                return
             try:
                 job(stop.is_set)
             except Exception as exc:
