@@ -43,7 +43,7 @@ machine; idle-priority work that only filled idle moments counts here, not in th
 Each figure is shown with its spread (min..max over rounds).
 
     python benchmarks/bench_training.py [--steps 100] [--rounds 3] [--quick] [--nice] [--normal-priority]
-        [--no-compression] [--inline] [--dir PATH]
+        [--no-compression] [--inline] [--no-idle-repack] [--only-ckpt] [--dir PATH]
 """
 
 from __future__ import annotations
@@ -264,7 +264,7 @@ def fmt_spread(sp: tuple[float, float]) -> str:
 
 def configs(args: argparse.Namespace) -> list[Config]:
     out = [Config("none")]
-    for k in KS:
+    for k in KS if not args.only_ckpt else ():
         out.append(Config(f"torch.save k={k}", k, "save"))
     for k in KS:
         out.append(Config(f"ckptrepo k={k}", k, "ckpt"))
@@ -279,6 +279,8 @@ def configs(args: argparse.Namespace) -> list[Config]:
         out.extend(Config(f"ckptrepo k={k} no-compression", k, "ckpt", init={"compression": False}) for k in KS)
     if args.inline:
         out.extend(Config(f"ckptrepo k={k} inline", k, "ckpt", init={"encode": "inline"}) for k in KS)
+    if args.no_idle_repack:
+        out.extend(Config(f"ckptrepo k={k} no-idle-repack", k, "ckpt", init={"idle_repack": False}) for k in KS)
     return out
 
 
@@ -300,6 +302,9 @@ def main() -> None:
                     help="also every k with a repository made with compression=False (hash, dedup, raw chunks)")
     ap.add_argument("--inline", action="store_true",
                     help="also every k with encode='inline' (chunks encoded while committing, no repack)")
+    ap.add_argument("--no-idle-repack", action="store_true",
+                    help="also every k without the background repack between commits (all of it after the segment)")
+    ap.add_argument("--only-ckpt", action="store_true", help="skip the torch.save segments (A/B runs of settings)")
     ap.add_argument("--d-model", type=int, default=320)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--vocab", type=int, default=8192)
@@ -449,7 +454,7 @@ def run(base: Path, args: argparse.Namespace) -> None:
     rows: list[tuple[str, float, str]] = [("no checkpointing, s/step", step_none, "")]
     for k in KS:
         c = extra["configs"][f"ckptrepo k={k}"]
-        ts = extra["configs"][f"torch.save k={k}"]
+        ts = extra["configs"].get(f"torch.save k={k}")
         fits = "fits" if c["fits"] else "does not fit"
         for label, key, sp in (("wall", "overhead_pct", "spread_wall"), ("attributed", "attributed_pct",
                                                                            "spread_attributed"),
@@ -458,6 +463,8 @@ def run(base: Path, args: argparse.Namespace) -> None:
             rows.append((f"ckptrepo k={k} overhead % ({label})", c[key],
                          f"{goal}; {fmt_spread(c[sp])}; phase 2 {fits} ({c['persist_mean_s']:.2f} s vs "
                          f"{c['interval_s']:.2f} s)"))
+            if ts is None:
+                continue
             rows.append((f"torch.save k={k} overhead % ({label})", ts[key], fmt_spread(ts[sp])))
             rows.append((f"RATIO ckptrepo / torch.save overhead, k={k} ({label})",
                          c[key] / ts[key] if ts[key] else float("nan"),
