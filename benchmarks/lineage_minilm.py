@@ -219,7 +219,10 @@ class Windows:
     def __init__(self, topics: list[str], seq: int, tokenizer_file: Path) -> None:
         import pydoc_data.topics
 
-        from tokenizers import Tokenizer
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise SystemExit("the lineage's text is tokenized with `tokenizers`: pip install tokenizers") from None
 
         tok = Tokenizer.from_file(str(tokenizer_file))
         tok.no_truncation()
