@@ -37,7 +37,8 @@ class Entry:
 
 
 def cached(data: Path, config: dict[str, Any]) -> tuple[list[Entry], dict[str, Any]] | None:
-    """The lineage in ``data`` if its manifest is complete, made with ``config``, and every file is there."""
+    """The lineage in ``data`` if its manifest is complete, made with ``config``, and every file is
+    there (saying so); None when it has to be made."""
     try:
         info = json.loads((data / MANIFEST).read_text())
     except (OSError, ValueError):
@@ -47,6 +48,7 @@ def cached(data: Path, config: dict[str, Any]) -> tuple[list[Entry], dict[str, A
     entries = [Entry(**e) for e in info["entries"]]
     if not all((data / e.file).is_file() and (data / e.file).stat().st_size == e.bytes for e in entries):
         return None
+    print(f"data: reusing {data} (trained in {info['train_s']:.0f} s; delete it to retrain)")
     return entries, info
 
 

@@ -261,7 +261,6 @@ def make_lineage(data: Path, cfg: MiniLMConfig) -> tuple[list[Entry], dict[str, 
     config = {"lineage": "minilm", **asdict(cfg)}
     found = cached(data, config)
     if found is not None:
-        print(f"data: reusing {data} (trained in {found[1]['train_s']:.0f} s; delete it to retrain)")
         return found
     src = model_dir()
     bert_cfg = json.loads((src / "config.json").read_text())

@@ -136,7 +136,6 @@ def make_lineage(data: Path, cfg: TrainConfig) -> tuple[list[Entry], dict[str, A
     config = {"lineage": "synthetic", **asdict(cfg)}
     found = cached(data, config)
     if found is not None:
-        print(f"data: reusing {data} (trained in {found[1]['train_s']:.0f} s; delete it to retrain)")
         return found
     torch.set_num_threads(2)
     torch.manual_seed(0)
