@@ -12,9 +12,9 @@
      - ``--lineage synthetic`` (``lineage_synthetic.py``): a 27.3M-parameter encoder trained
        from scratch on synthetic token sequences, where every token row sees gradients.
 2. Ingest: every file in lineage order, timed from reading the file to durable, into
-     - ckptrepo (``Repo.init``; ``read_state(file, mapped=True)`` + ``commit(..., parents=,
-       transfer_from=, blocking=True)``, as ``ckpt commit FILE`` does: the file is memory-mapped
-       and read while the commit hashes it),
+     - ckptrepo (``Repo.init``; ``read_state(file, buffer=b)`` + ``commit(..., parents=,
+       transfer_from=, blocking=True)``: each file read whole with direct I/O into one buffer
+       reused from file to file, the import loop README shows),
        as configured by default (delta against keyframes), with ``delta_base="parent"`` (chains),
        with ``delta=False`` and with ``compression=False``;
      - restic (repository v2, ``--compression auto``, and ``max`` with ``--restic-max``), one
@@ -63,7 +63,7 @@ from _common import ForeignLoad, drop_caches, fsync_path, goal_note, report, scr
 from _lineage import MIB, Entry
 
 from ckptrepo import Repo
-from ckptrepo.formats import read_state
+from ckptrepo.formats import ReadBuffer, read_state
 
 # ----------------------------------------------------------------------------- stores
 
@@ -127,10 +127,11 @@ class CkptStore(Store):
     def ingest(self, entries: list[Entry], data: Path) -> list[str]:
         load_s = commit_s = persist_s = 0.0
         repo = Repo.init(self.root, **self.init_kw)
+        buffer = ReadBuffer()  # one direct-I/O buffer reused for every file (see formats.readbuffer)
         try:
             for e in entries:
                 t0 = time.perf_counter()
-                state = read_state(data / e.file, mapped=True)  # what `ckpt commit FILE` does
+                state = read_state(data / e.file, buffer=buffer)
                 t1 = time.perf_counter()
                 c = repo.commit(
                     state, branch=e.branch, parents=[self.ids[e.parent]] if e.parent else None,
@@ -149,6 +150,7 @@ class CkptStore(Store):
             stats = repo.stats()
         finally:
             repo.close()
+            buffer.close()
         return [
             f"time: read_state {load_s:.1f} s, commit {commit_s:.1f} s (of which persist {persist_s:.1f} s)",
             f"dedup {stats.dedup_ratio:.2f}x, then compression {stats.compression_ratio:.2f}x; "

@@ -13,10 +13,11 @@ from typing import Any
 
 from ckptrepo.errors import InvalidInput, UsageError
 from ckptrepo.formats.hf import read_hf_folder
+from ckptrepo.formats.readbuffer import ReadBuffer
 from ckptrepo.formats.safetensors_io import read_safetensors, write_safetensors
 from ckptrepo.formats.torch_io import read_torch, write_torch
 
-__all__ = ["SAFETENSORS_SUFFIXES", "TORCH_SUFFIXES", "read_state", "write_state"]
+__all__ = ["SAFETENSORS_SUFFIXES", "TORCH_SUFFIXES", "ReadBuffer", "read_state", "write_state"]
 
 SAFETENSORS_SUFFIXES = (".safetensors",)
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
@@ -33,7 +34,8 @@ def _sniff(path: Path) -> str | None:
     return None
 
 
-def read_state(path: Path, *, allow_pickle: bool = False, mapped: bool = False) -> dict[str, Any]:
+def read_state(path: Path, *, allow_pickle: bool = False, mapped: bool = False,
+               buffer: ReadBuffer | None = None) -> dict[str, Any]:
     """The state in a safetensors file, a torch.save file or a Hugging Face model folder.
 
     Safetensors files give a flat ``name -> tensor`` dict (nested again if ``write_state``
@@ -41,7 +43,8 @@ def read_state(path: Path, *, allow_pickle: bool = False, mapped: bool = False) 
     ``weights_only=True`` and memory-mapped; folders give all shards' tensors. Files with other
     suffixes are recognised by their first bytes. InvalidInput for anything unreadable, corrupt,
     truncated, incomplete or not a dict. ``mapped``: a safetensors file's tensors are views of
-    a memory map of it, read when first touched (see ``read_safetensors``).
+    a memory map of it, read when first touched; ``buffer``: a safetensors file's tensors are
+    views of that ``ReadBuffer``, valid until its next read (see ``read_safetensors``).
     """
     path = Path(path)
     if path.is_dir():
@@ -56,7 +59,7 @@ def read_state(path: Path, *, allow_pickle: bool = False, mapped: bool = False) 
     except OSError as e:
         raise InvalidInput(path=str(path), reason=e.strerror or str(e)) from e
     if kind == "safetensors":
-        return read_safetensors(path, allow_pickle=allow_pickle, mapped=mapped)
+        return read_safetensors(path, allow_pickle=allow_pickle, mapped=mapped, buffer=buffer)
     if kind is None:
         raise InvalidInput(path=str(path), reason="it is neither a safetensors nor a torch.save file")
     content = read_torch(path, allow_pickle=allow_pickle)

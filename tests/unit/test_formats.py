@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 from ckptrepo.errors import InvalidInput, UnsupportedState, UsageError
-from ckptrepo.formats import read_state, safetensors_io, write_state
+from ckptrepo.formats import ReadBuffer, read_state, safetensors_io, write_state
 from ckptrepo.state import tensor_bytes
 from ckptrepo.storage.appendfile import AppendFile
 
@@ -130,6 +130,38 @@ def test_a_header_the_writer_cannot_reproduce_falls_back_to_save_file(
     loaded = safetensors.torch.load_file(tmp_path / "a.safetensors")
     assert all(same_bits(loaded[n], t) for n, t in tensors.items())
     safetensors_io._stand_in_layout.cache_clear()  # nothing learnt from the odd library stays
+
+
+@pytest.mark.parametrize("direct", ["1", "0"])
+def test_buffered_reads_give_the_same_bits_and_reuse_the_buffer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: str
+) -> None:
+    """``read_state(path, buffer=b)``: the file read whole into ``b`` (direct I/O, or plain reads
+    with ``CKPT_DIRECT_IO=0``); tensors are views of it until the next read, which reuses it."""
+    monkeypatch.setenv("CKPT_DIRECT_IO", direct)
+    first = {**flat_tensors(), "big": torch.randn(20_000)}
+    second = {"w": torch.arange(5000, dtype=torch.float32) - 0.5, "odd": torch.ones(3).half()}  # fits the buffer
+    write_state(first, tmp_path / "a.safetensors")
+    write_state(second, tmp_path / "b.safetensors")
+    buffer = ReadBuffer()
+    try:
+        got = read_state(tmp_path / "a.safetensors", buffer=buffer)
+        assert got.keys() == first.keys() and all(same_bits(got[n], t) for n, t in first.items())
+        got2 = read_state(tmp_path / "b.safetensors", buffer=buffer)
+        assert all(same_bits(got2[n], t) for n, t in second.items())
+        assert not same_bits(got["big"], first["big"])  # overwritten by the second read
+    finally:
+        buffer.close()
+
+
+def test_buffered_read_of_a_damaged_file_is_invalid_input(tmp_path: Path) -> None:
+    path = tmp_path / "a.safetensors"
+    write_state({"w": torch.ones(1000)}, path)
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(InvalidInput):
+        read_state(path, buffer=ReadBuffer())
+    with pytest.raises(InvalidInput, match="No such file"):
+        ReadBuffer().read(tmp_path / "missing.safetensors")
 
 
 def test_mapped_safetensors_read_the_same_bits_from_the_file(tmp_path: Path) -> None:
