@@ -76,6 +76,8 @@ def read_safetensors(path: Path, *, allow_pickle: bool = False, mapped: bool = F
             for name in names:
                 if name not in tensors:
                     tensors[name] = f.get_tensor(name)
+    except CkptError:
+        raise  # already says which file and why (ReadBuffer.read)
     except Exception as e:
         raise InvalidInput(path=str(path), reason=summarize(e)) from e
     if SKELETON_KEY not in metadata:
