@@ -7,13 +7,18 @@ taken from a training job that keeps both cores busy) and fills the cache with p
 nobody reads soon. With ``O_DIRECT`` the device reads the bytes straight from an aligned
 buffer: the writer's CPU cost is one copy into that buffer.
 
-``AppendFile`` gathers appends in one of two page-aligned buffers of ``buffer_bytes``; a
-full buffer is written by a thread of the file's own while the other fills, so the caller
-waits for the device only when it outruns it. ``finish`` pads the last block to the
+``AppendFile`` gathers appends in page-aligned buffers of ``buffer_bytes``; a full buffer
+is written by threads of the file's own while the next one fills, with up to ``inflight``
+writes at once, so the caller waits for the device only when it outruns it. Several
+requests in flight keep the device busy across the thread wake-ups between one request
+and the next (one 1 MiB request at a time wrote ~1.1 GB/s from a commit, against 1.8 GB/s
+the same disk takes): at most ``inflight + 1`` buffers exist per file, allocated as needed
+and freed as soon as the last write has completed. ``finish`` pads the last block to the
 alignment, truncates the file to its true length and fsyncs it. Where direct I/O is
 unavailable (not Linux, tmpfs, some network filesystems: a probe write at open fails) or
 the environment sets ``CKPT_DIRECT_IO=0``, the same calls write through the page cache.
-The file's content is identical either way.
+The file's content is identical either way. ``CKPT_WRITE_BUFFER`` (bytes) and
+``CKPT_WRITES_IN_FLIGHT`` override the defaults.
 """
 
 from __future__ import annotations
@@ -22,16 +27,29 @@ import contextlib
 import mmap
 import os
 import tempfile
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ckptrepo.config import env_int
 from ckptrepo.errors import UsageError
 
 ALIGN = 4096
-DEFAULT_BUFFER = 1 << 20
+DEFAULT_BUFFER = 2 << 20
+DEFAULT_INFLIGHT = 2
+
+
+def write_buffer_bytes() -> int:
+    """Bytes per direct-I/O write request (``CKPT_WRITE_BUFFER``, default 2 MiB)."""
+    return env_int("WRITE_BUFFER", DEFAULT_BUFFER)
+
+
+def writes_in_flight() -> int:
+    """Direct-I/O writes one file keeps in flight (``CKPT_WRITES_IN_FLIGHT``, default 2)."""
+    return env_int("WRITES_IN_FLIGHT", DEFAULT_INFLIGHT)
 
 
 def direct_io_enabled() -> bool:
@@ -57,31 +75,42 @@ def _open_direct(path: str) -> int | None:
 
 
 class AppendFile:
-    """A new temporary file in ``directory``, appended to by one thread, then finished or aborted."""
+    """A new temporary file in ``directory``, appended to by one thread, then finished or aborted.
 
-    def __init__(self, directory: Path, prefix: str, suffix: str, buffer_bytes: int = DEFAULT_BUFFER) -> None:
+    ``buffer_bytes`` and ``inflight`` (None: ``CKPT_WRITE_BUFFER`` / ``CKPT_WRITES_IN_FLIGHT``,
+    else 2 MiB and 2) size the direct-I/O path: the file holds at most ``inflight + 1``
+    buffers of ``buffer_bytes`` (rounded down to whole pages) while it is being written.
+    """
+
+    def __init__(self, directory: Path, prefix: str, suffix: str, buffer_bytes: int | None = None,
+                 inflight: int | None = None) -> None:
+        buffer_bytes = write_buffer_bytes() if buffer_bytes is None else buffer_bytes
+        inflight = writes_in_flight() if inflight is None else inflight
+        if buffer_bytes < 1 or inflight < 1:
+            raise UsageError(f"write buffer {buffer_bytes} bytes and {inflight} writes in flight must be positive")
         fd, name = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=directory)
         self.path = Path(name)
         self._fd: int | None = fd
         self._size = 0
-        self._bufs: list[mmap.mmap] = []
-        self._arrays: list[np.ndarray[Any, Any]] = []  # numpy views of _bufs, same order
-        self._fill = 0  # bytes in self._bufs[0], the buffer being filled
-        self._flushed = 0  # file offset where that buffer's bytes go
+        self._direct = False
+        self._buf_size = max(ALIGN, buffer_bytes // ALIGN * ALIGN)
+        self._inflight = inflight
+        self._spare: list[tuple[mmap.mmap, np.ndarray[Any, Any]]] = []  # written buffers to refill
+        self._cur: tuple[mmap.mmap, np.ndarray[Any, Any]] | None = None  # the buffer being filled
+        self._fill = 0  # bytes in the current buffer
+        self._flushed = 0  # file offset where the current buffer's bytes go
         self._writer: ThreadPoolExecutor | None = None
-        self._pending: Future[None] | None = None
+        self._pending: deque[tuple[Future[None], tuple[mmap.mmap, np.ndarray[Any, Any]]]] = deque()
         direct = _open_direct(name) if direct_io_enabled() else None
         if direct is not None:
             os.close(fd)
             self._fd = direct
-            size = max(ALIGN, buffer_bytes // ALIGN * ALIGN)
-            self._bufs = [mmap.mmap(-1, size), mmap.mmap(-1, size)]
-            self._arrays = [np.frombuffer(b, dtype=np.uint8) for b in self._bufs]
+            self._direct = True
 
     @property
     def direct(self) -> bool:
         """True when writes bypass the page cache."""
-        return bool(self._bufs)
+        return self._direct
 
     @property
     def size(self) -> int:
@@ -93,6 +122,14 @@ class AppendFile:
             raise UsageError("file writer is already finished or aborted")
         return self._fd
 
+    def _buffer(self) -> tuple[mmap.mmap, np.ndarray[Any, Any]]:
+        """The buffer to fill next: one whose write has completed, else a new one (``_hand_off``
+        keeps at most ``inflight`` in flight, so at most ``inflight + 1`` exist)."""
+        if self._spare:
+            return self._spare.pop()
+        buf = mmap.mmap(-1, self._buf_size)
+        return buf, np.frombuffer(buf, dtype=np.uint8)
+
     def write(self, data: bytes | memoryview) -> None:
         """Append ``data`` (any C-contiguous buffer)."""
         fd = self._live_fd()
@@ -100,12 +137,14 @@ class AppendFile:
         if view.format != "B" or view.ndim != 1:
             view = view.cast("B")
         self._size += len(view)
-        if not self._bufs:
+        if not self._direct:
             while view:
                 view = view[os.write(fd, view) :]
             return
         while view:
-            buf = self._arrays[0]
+            if self._cur is None:
+                self._cur = self._buffer()
+            buf = self._cur[1]
             n = min(len(view), len(buf) - self._fill)
             # numpy copies without holding the interpreter lock (a slice assignment into the
             # mmap would hold it for the whole memcpy, stalling the encoding threads).
@@ -116,31 +155,44 @@ class AppendFile:
                 self._hand_off(len(buf))
 
     def _hand_off(self, length: int) -> None:
-        """Start writing the filled buffer's first ``length`` bytes; fill the other one next."""
-        self._wait()
+        """Start writing the current buffer's first ``length`` bytes; the next write takes another."""
+        pair, self._cur = self._cur, None
+        assert pair is not None
+        while len(self._pending) >= self._inflight:
+            future, done = self._pending.popleft()
+            future.result()
+            self._spare.append(done)
         if self._writer is None:
-            self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-write")
-        self._pending = self._writer.submit(_pwrite_all, self._live_fd(), self._bufs[0], length, self._flushed)
+            self._writer = ThreadPoolExecutor(max_workers=self._inflight, thread_name_prefix="ckpt-write")
+        future = self._writer.submit(_pwrite_all, self._live_fd(), pair[0], length, self._flushed)
+        self._pending.append((future, pair))
         self._flushed += length
-        self._bufs.reverse()
-        self._arrays.reverse()
         self._fill = 0
 
     def _wait(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()
+        """Wait for every write in flight; raise the first failure (after waiting for all)."""
+        failure: BaseException | None = None
+        while self._pending:
+            future, pair = self._pending.popleft()
+            try:
+                future.result()
+            except BaseException as exc:  # the others still use the descriptor: wait for them
+                failure = failure or exc
+            self._spare.append(pair)
+        if failure is not None:
+            raise failure
 
     def finish(self) -> Path:
         """Write what is buffered, set the true length, fsync and close; returns the path."""
         fd = self._live_fd()
         try:
-            if self._bufs and self._fill:
+            if self._cur is not None and self._fill:
                 tail = self._fill
                 padded = -(-tail // ALIGN) * ALIGN
-                self._bufs[0][tail:padded] = bytes(padded - tail)
+                self._cur[0][tail:padded] = bytes(padded - tail)
                 self._hand_off(padded)
             self._wait()
+            self._free_buffers()  # before the fsync: the next file may be filling meanwhile
             os.ftruncate(fd, self._size)
             os.fsync(fd)
         except BaseException:
@@ -148,6 +200,14 @@ class AppendFile:
             raise
         self._close()
         return self.path
+
+    def _free_buffers(self) -> None:
+        """Unmap the buffers no write uses any more (the numpy views go first: they pin the maps)."""
+        maps = [buf for buf, _ in self._spare] + ([self._cur[0]] if self._cur is not None else [])
+        self._spare, self._cur = [], None
+        for buf in maps:
+            with contextlib.suppress(BufferError):  # a failed write's traceback still views it
+                buf.close()
 
     def _close(self) -> None:
         try:
@@ -157,14 +217,11 @@ class AppendFile:
             if self._writer is not None:
                 self._writer.shutdown()
                 self._writer = None
+            self._pending.clear()
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
-            self._arrays = []  # numpy views pin the mmaps: drop them before closing
-            for buf in self._bufs:
-                with contextlib.suppress(BufferError):  # a failed write's traceback still views it
-                    buf.close()
-            self._bufs = []
+            self._free_buffers()
 
     def abort(self) -> None:
         """Close and delete the file; safe to call more than once."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 from pathlib import Path
 
@@ -15,8 +16,8 @@ from ckptrepo.storage import appendfile
 from ckptrepo.storage.appendfile import ALIGN, AppendFile
 
 
-def write_all(directory: Path, parts: list[bytes], buffer_bytes: int) -> tuple[bytes, bool]:
-    f = AppendFile(directory, "t-", ".tmp", buffer_bytes=buffer_bytes)
+def write_all(directory: Path, parts: list[bytes], buffer_bytes: int, inflight: int = 2) -> tuple[bytes, bool]:
+    f = AppendFile(directory, "t-", ".tmp", buffer_bytes=buffer_bytes, inflight=inflight)
     direct = f.direct
     for part in parts:
         f.write(memoryview(part))
@@ -32,10 +33,12 @@ def write_all(directory: Path, parts: list[bytes], buffer_bytes: int) -> tuple[b
 @given(
     sizes=hs.lists(hs.integers(0, 3 * ALIGN + 7), max_size=12),
     buffer_pages=hs.integers(1, 3),
+    inflight=hs.integers(1, 4),
 )
-def test_content_is_exact_whatever_the_appends(tmp_path: Path, sizes: list[int], buffer_pages: int) -> None:
+def test_content_is_exact_whatever_the_appends(tmp_path: Path, sizes: list[int], buffer_pages: int,
+                                               inflight: int) -> None:
     parts = [os.urandom(n) for n in sizes]
-    data, _ = write_all(tmp_path, parts, buffer_pages * ALIGN)
+    data, _ = write_all(tmp_path, parts, buffer_pages * ALIGN, inflight)
     assert data == b"".join(parts)
 
 
@@ -114,3 +117,118 @@ def test_a_failed_background_write_surfaces_at_finish(tmp_path: Path, monkeypatc
         f.finish()  # finish aborts on failure; a failed write leaves that to the owner
     f.abort()
     assert not f.path.exists()
+
+
+class _CountingMaps:
+    """Stands in for ``mmap.mmap`` in appendfile: counts the live buffers and the most at once."""
+
+    def __init__(self) -> None:
+        self.live = 0
+        self.peak = 0
+
+    def __call__(self, fileno: int, length: int) -> object:
+        counter = self
+
+        class Counted(mmap.mmap):
+            def close(self) -> None:
+                if not self.closed:
+                    counter.live -= 1
+                super().close()
+
+        self.live += 1
+        self.peak = max(self.peak, self.live)
+        return Counted(fileno, length)
+
+
+@pytest.mark.parametrize("inflight", [1, 2, 3])
+def test_buffers_stay_within_inflight_plus_one_and_are_freed_before_the_fsync(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inflight: int) -> None:
+    maps = _CountingMaps()
+    monkeypatch.setattr(appendfile, "mmap", type("M", (), {"mmap": maps}))
+    live_at_fsync: list[int] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        live_at_fsync.append(maps.live)
+        real_fsync(fd)
+
+    monkeypatch.setattr(appendfile.os, "fsync", fsync)
+    f = AppendFile(tmp_path, "t-", ".tmp", buffer_bytes=ALIGN, inflight=inflight)
+    if not f.direct:
+        f.abort()
+        pytest.skip("no direct I/O here: no buffers")
+    maps.live = maps.peak = 0  # the probe's page at open is gone already
+    payload = os.urandom(40 * ALIGN + 5)
+    for i in range(0, len(payload), 3000):
+        f.write(payload[i : i + 3000])
+    path = f.finish()
+    assert path.read_bytes() == payload
+    assert 2 <= maps.peak <= inflight + 1
+    assert live_at_fsync == [0]
+
+
+def test_writes_overlap_up_to_inflight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+    import time
+
+    running = 0
+    most = 0
+    lock = threading.Lock()
+    real_pwrite = os.pwrite
+
+    def slow_pwrite(fd: int, data: memoryview, offset: int) -> int:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.01)
+        try:
+            return real_pwrite(fd, data, offset)
+        finally:
+            with lock:
+                running -= 1
+
+    f = AppendFile(tmp_path, "t-", ".tmp", buffer_bytes=ALIGN, inflight=3)
+    if not f.direct:
+        f.abort()
+        pytest.skip("no direct I/O here: no background writes")
+    monkeypatch.setattr(appendfile.os, "pwrite", slow_pwrite)
+    payload = os.urandom(12 * ALIGN)
+    f.write(payload)
+    assert f.finish().read_bytes() == payload
+    assert most == 3
+
+
+def test_a_failed_write_among_several_in_flight_surfaces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_pwrite = os.pwrite
+
+    def failing_at_the_third_block(fd: int, data: memoryview, offset: int) -> int:
+        if offset == 2 * ALIGN:
+            raise OSError(28, "No space left on device")
+        return real_pwrite(fd, data, offset)
+
+    f = AppendFile(tmp_path, "t-", ".tmp", buffer_bytes=ALIGN, inflight=3)
+    if not f.direct:
+        f.abort()
+        pytest.skip("no direct I/O here: no background writes")
+    monkeypatch.setattr(appendfile.os, "pwrite", failing_at_the_third_block)
+    with pytest.raises(OSError, match="No space left"):
+        for _ in range(6):
+            f.write(os.urandom(ALIGN))
+        f.finish()
+    f.abort()
+    assert not f.path.exists()
+
+
+@pytest.mark.parametrize(("buffer_bytes", "inflight"), [(0, 2), (ALIGN, 0)])
+def test_nonpositive_sizes_are_refused(tmp_path: Path, buffer_bytes: int, inflight: int) -> None:
+    with pytest.raises(UsageError):
+        AppendFile(tmp_path, "t-", ".tmp", buffer_bytes=buffer_bytes, inflight=inflight)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_environment_sets_request_size_and_writes_in_flight(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CKPT_WRITE_BUFFER", str(3 * ALIGN))
+    monkeypatch.setenv("CKPT_WRITES_IN_FLIGHT", "4")
+    assert appendfile.write_buffer_bytes() == 3 * ALIGN
+    assert appendfile.writes_in_flight() == 4
