@@ -335,6 +335,11 @@ class _Ingest:
                     self.cache.put(cid, h.raw)
                 continue
             self.queued.add(cid)
+            if not self.opts.compression and not self.encoding:
+                # Stored as they are: no encoding job, whose round trip through the pool (behind
+                # the hashing jobs queued there) would only delay the pack writes.
+                self._write(_Done(cid, Encoding.RAW, h.raw, len(h.raw)), result)
+                continue
             self.encoding.append(self.pool.submit(self._encode, h))
             if len(self.encoding) >= self.opts.window:
                 self._write(self.encoding.popleft().result(), result)
