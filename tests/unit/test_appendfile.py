@@ -125,6 +125,7 @@ class _CountingMaps:
     def __init__(self) -> None:
         self.live = 0
         self.peak = 0
+        self.created: list[int] = []  # the length of every map made
 
     def __call__(self, fileno: int, length: int) -> object:
         counter = self
@@ -137,6 +138,7 @@ class _CountingMaps:
 
         self.live += 1
         self.peak = max(self.peak, self.live)
+        self.created.append(length)
         return Counted(fileno, length)
 
 
@@ -145,6 +147,7 @@ def test_buffers_stay_within_inflight_plus_one_and_are_freed_before_the_fsync(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inflight: int) -> None:
     maps = _CountingMaps()
     monkeypatch.setattr(appendfile, "mmap", type("M", (), {"mmap": maps}))
+    monkeypatch.setattr(appendfile, "_POOL", appendfile._BufferPool(0))  # returned buffers are unmapped
     live_at_fsync: list[int] = []
     real_fsync = os.fsync
 
@@ -232,3 +235,35 @@ def test_environment_sets_request_size_and_writes_in_flight(monkeypatch: pytest.
     monkeypatch.setenv("CKPT_WRITES_IN_FLIGHT", "4")
     assert appendfile.write_buffer_bytes() == 3 * ALIGN
     assert appendfile.writes_in_flight() == 4
+
+
+def test_a_later_file_reuses_the_buffers_of_an_earlier_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    maps = _CountingMaps()
+    monkeypatch.setattr(appendfile, "mmap", type("M", (), {"mmap": maps}))
+    pool = appendfile._BufferPool(3 * 8 * ALIGN)
+    monkeypatch.setattr(appendfile, "_POOL", pool)
+    payloads = []
+    for _ in range(3):
+        f = AppendFile(tmp_path, "t-", ".tmp", buffer_bytes=8 * ALIGN, inflight=2)
+        if not f.direct:
+            f.abort()
+            pytest.skip("no direct I/O here: no buffers")
+        payloads.append(os.urandom(50 * ALIGN + 3))
+        f.write(payloads[-1])
+        assert f.finish().read_bytes() == payloads[-1]
+    # The first file mapped inflight + 1 buffers; the later ones took those from the pool
+    # (the other maps are the probe pages of each open).
+    assert maps.created.count(8 * ALIGN) == 3
+    assert pool.idle_bytes() == 3 * 8 * ALIGN
+
+
+def test_the_pool_keeps_at_most_its_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = appendfile._BufferPool(2 * ALIGN)
+    bufs = [pool.take(ALIGN) for _ in range(3)]
+    for b in bufs:
+        pool.give(b)
+    assert pool.idle_bytes() == 2 * ALIGN
+    assert bufs[2].closed and not bufs[0].closed
+    assert pool.take(ALIGN) in bufs[:2]
+    other = pool.take(2 * ALIGN)  # no idle buffer of that size: a new one
+    assert other not in bufs
