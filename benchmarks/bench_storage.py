@@ -12,9 +12,10 @@
      - ``--lineage synthetic`` (``lineage_synthetic.py``): a 27.3M-parameter encoder trained
        from scratch on synthetic token sequences, where every token row sees gradients.
 2. Ingest: every file in lineage order, timed from reading the file to durable, into
-     - ckptrepo (``Repo.init``; ``read_state(file, buffer=b)`` + ``commit(..., parents=,
-       transfer_from=, blocking=True)``: each file read whole with direct I/O into one buffer
-       reused from file to file, the import loop README shows),
+     - ckptrepo (``Repo.init``; ``for path, state in read_states(files)`` +
+       ``commit(state, parents=, transfer_from=, blocking=True)``: each file read whole with
+       direct I/O, the next one on a thread while this one is committed, the import loop
+       README shows),
        as configured by default (delta against keyframes), with ``delta_base="parent"`` (chains),
        with ``delta=False`` and with ``compression=False``;
      - restic (repository v2, ``--compression auto``, and ``max`` with ``--restic-max``), one
@@ -29,10 +30,14 @@
    their command) and compared with the original byte for byte afterwards.
 4. Delta chain: ``checkout`` of the last fork commit (chain base → finetune 1, 2 → fork 1..N)
    in the default repository vs the same commit in the ``delta=False`` repository, and vs the
-   base commit (no parent, stored standalone) of the default repository; warm cache, median of 3.
+   base commit (no parent, stored standalone) of the default repository; warm cache, each
+   checkout timed once per round in turn, median of 9 rounds.
+Every tool is measured ``--rounds`` times (default 3), one round after the other with the
+order of the tools rotated, each time into a new repository; ingest and restore speeds are
+the medians over the rounds, stored bytes those of the last round.
 
     python benchmarks/bench_storage.py [--lineage minilm|synthetic] [--steps N] [--data DIR] [--dir PATH]
-                                       [--restic-max] [--quick]
+                                       [--restic-max] [--rounds N] [--only LABELS] [--quick]
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -59,11 +65,13 @@ from safetensors.torch import load_file
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import lineage_minilm
 import lineage_synthetic
-from _common import ForeignLoad, drop_caches, fsync_path, goal_note, report, scratch_dir, timed
+from _common import ForeignLoad, drop_caches, fsync_path, goal_note, report, scratch_dir
 from _lineage import MIB, Entry
 
 from ckptrepo import Repo
-from ckptrepo.formats import ReadBuffer, read_state
+from ckptrepo.formats import read_states
+
+CHAIN_ROUNDS = 9  # alternating rounds of the delta-chain checkouts
 
 # ----------------------------------------------------------------------------- stores
 
@@ -127,11 +135,11 @@ class CkptStore(Store):
     def ingest(self, entries: list[Entry], data: Path) -> list[str]:
         load_s = commit_s = persist_s = 0.0
         repo = Repo.init(self.root, **self.init_kw)
-        buffer = ReadBuffer()  # one direct-I/O buffer reused for every file (see formats.readbuffer)
+        # Files read whole with direct I/O, the next one while this one is committed (read_states).
+        files = read_states(data / e.file for e in entries)
         try:
-            for e in entries:
-                t0 = time.perf_counter()
-                state = read_state(data / e.file, buffer=buffer)
+            t0 = time.perf_counter()
+            for e, (_path, state) in zip(entries, files, strict=True):
                 t1 = time.perf_counter()
                 c = repo.commit(
                     state, branch=e.branch, parents=[self.ids[e.parent]] if e.parent else None,
@@ -139,8 +147,10 @@ class CkptStore(Store):
                     step=e.step, metrics={"loss": e.loss} if math.isfinite(e.loss) else None, message=e.name,
                     blocking=True,
                 ).wait()
+                del state
                 load_s += t1 - t0
-                commit_s += time.perf_counter() - t1
+                t0 = time.perf_counter()
+                commit_s += t0 - t1
                 persist_s += c.persist_s
                 self.ids[e.name] = c.id
                 acc = self.per_branch.setdefault(e.branch, [0, 0, 0])
@@ -149,10 +159,10 @@ class CkptStore(Store):
                 acc[2] += c.stored_bytes
             stats = repo.stats()
         finally:
+            files.close()
             repo.close()
-            buffer.close()
         return [
-            f"time: read_state {load_s:.1f} s, commit {commit_s:.1f} s (of which persist {persist_s:.1f} s)",
+            f"time: waiting for reads {load_s:.1f} s, commit {commit_s:.1f} s (of which persist {persist_s:.1f} s)",
             f"dedup {stats.dedup_ratio:.2f}x, then compression {stats.compression_ratio:.2f}x; "
             f"{stats.chunks} chunks in {stats.packs} packs",
             "per branch (new / logical, stored / logical): " + ", ".join(
@@ -270,6 +280,18 @@ def measure(store: Store, entries: list[Entry], data: Path, restore_names: list[
     return res
 
 
+def combine_rounds(runs: list[Result]) -> Result:
+    """One tool's rounds as one result: median ingest and restore times, the last round's bytes."""
+    last = runs[-1]
+    return dataclasses.replace(
+        last,
+        ingest_s=statistics.median(r.ingest_s for r in runs),
+        restore_s=statistics.median(r.restore_s for r in runs),
+        verified="/".join(sorted({part for r in runs for part in r.verified.split("/")})),
+        foreign=[max(r.foreign[0] for r in runs), max(r.foreign[1] for r in runs)],
+    )
+
+
 def tool_available(name: str) -> bool:
     if shutil.which(name) is None:
         print(f"skip: {name} not found on PATH (apt-get install {name})")
@@ -292,6 +314,10 @@ def main() -> None:
                          "for minilm, 4 for synthetic); other data, so another --data folder")
     ap.add_argument("--dir", type=Path, default=None, help="where repositories go (default: a temp dir under /work)")
     ap.add_argument("--restic-max", action="store_true", help="also restic --compression max (slow)")
+    ap.add_argument("--only", default=None, metavar="LABELS",
+                    help="comma-separated tool labels to run (e.g. 'ckptrepo,borg (lz4)'); default: all")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="ingest and restore every tool this many times, in rotating order; medians (default 3)")
     ap.add_argument("--quick", action="store_true", help="a small model and 3 commits per branch (smoke run)")
     args = ap.parse_args()
     data = args.data or Path(tempfile.gettempdir()) / (
@@ -334,22 +360,35 @@ def bench(base: Path, data: Path, entries: list[Entry], info: dict[str, Any], ar
         stores.append(BorgStore("borg (lz4)", base / "borg-lz4", "lz4"))
         stores.append(BorgStore("borg (zstd,3)", base / "borg-zstd3", "zstd,3"))
 
+    if args.only:
+        wanted = {x.strip() for x in args.only.split(",")}
+        stores = [s for s in stores if s.label in wanted]
     results: list[Result] = []
+    rounds: dict[str, list[Result]] = {store.label: [] for store in stores}
+    for r in range(args.rounds):
+        # Every tool once per round, the order rotated from round to round, each into a new
+        # repository: a drift of the shared machine falls on all of them alike.
+        order = stores[r % len(stores):] + stores[: r % len(stores)] if stores else []
+        for store in order:
+            print(f"\n-- {store.label} (round {r + 1}/{args.rounds}): ingest {len(entries)} files, "
+                  f"restore {len(restore_names)}", flush=True)
+            shutil.rmtree(store.root, ignore_errors=True)
+            try:
+                res = measure(store, entries, data, restore_names, base, by_name)
+            except (RuntimeError, OSError) as e:
+                print(f"skip: {store.label} failed: {e}")
+                continue
+            rounds[store.label].append(res)
+            print(f"   stored {res.stored / MIB:.0f} MiB ({res.stored / raw:.3f}x raw); ingest {res.ingest_s:.1f} s, "
+                  f"restore {res.restore_s:.1f} s; restored files equal the originals: {res.verified}; "
+                  f"foreign CPU {res.foreign[0]:.0%} / {res.foreign[1]:.0%}", flush=True)
+            for note in res.notes:
+                print(f"   {note}")
+            if store.peer and r + 1 == args.rounds:
+                shutil.rmtree(store.path().parent, ignore_errors=True)  # its bytes are counted; free the disk
     for store in stores:
-        print(f"\n-- {store.label}: ingest {len(entries)} files, restore {len(restore_names)}", flush=True)
-        try:
-            r = measure(store, entries, data, restore_names, base, by_name)
-        except (RuntimeError, OSError) as e:
-            print(f"skip: {store.label} failed: {e}")
-            continue
-        results.append(r)
-        print(f"   stored {r.stored / MIB:.0f} MiB ({r.stored / raw:.3f}x raw); ingest {r.ingest_s:.1f} s, "
-              f"restore {r.restore_s:.1f} s; restored files equal the originals: {r.verified}; "
-              f"foreign CPU {r.foreign[0]:.0%} / {r.foreign[1]:.0%}", flush=True)
-        for note in r.notes:
-            print(f"   {note}")
-        if store.peer:
-            shutil.rmtree(store.path().parent, ignore_errors=True)  # its bytes are counted; free the disk
+        if rounds[store.label]:
+            results.append(combine_rounds(rounds[store.label]))
 
     chain = chain_restore(stores, by_name, restore_names)
     not_cold = any("NOT dropped" in n for r in results for n in r.notes)
@@ -405,29 +444,43 @@ def chain_restore(stores: list[Store], by_name: dict[str, Entry], restore_names:
     while e.parent is not None:
         chain_len, e = chain_len + 1, by_name[e.parent]
 
-    def time_checkout(store: CkptStore, name: str) -> float:
-        with Repo.open(store.root) as repo:
-            repo.checkout(store.ids[name])  # warm-up: page cache and database
-            secs, _ = timed(lambda: repo.checkout(store.ids[name]), 3)
-        return secs
-
-    out: dict[str, float] = {}
-    t_tip = time_checkout(default, tip)
-    out["tip_s"] = t_tip
-    msg = f"\n-- delta chain: checkout of {tip} ({chain_len} commits from base), warm, median of 3: {t_tip:.3f} s"
+    # Every checkout compared is timed once per round, in turn, so a drift of the shared
+    # machine falls on all of them alike; each figure is the median over the rounds.
+    cases: list[tuple[str, CkptStore, str]] = [("tip_s", default, tip)]
     nodelta = ckpts.get("ckptrepo delta=False")
-    if nodelta is not None:
-        t_nd = time_checkout(nodelta, tip)
-        out["tip_nodelta_s"], out["nodelta"] = t_nd, t_tip / t_nd
-        msg += f"; delta=False repository {t_nd:.3f} s ({t_tip / t_nd:.2f}x)"
     parent = ckpts.get("ckptrepo delta_base=parent")
-    if parent is not None and nodelta is not None:
-        t_par = time_checkout(parent, tip)
-        out["tip_parent_s"], out["parent_chain"] = t_par, t_par / out["tip_nodelta_s"]
-        msg += f"; delta_base=parent (a {chain_len - 1}-hop chain) {t_par:.3f} s ({t_par / out['tip_nodelta_s']:.2f}x)"
-    t_base = time_checkout(default, "base")
-    out["base_s"], out["base"] = t_base, t_tip / t_base
-    print(msg + f"; base commit {t_base:.3f} s ({t_tip / t_base:.2f}x)")
+    if nodelta is not None:
+        cases.append(("tip_nodelta_s", nodelta, tip))
+        if parent is not None:
+            cases.append(("tip_parent_s", parent, tip))
+    cases.append(("base_s", default, "base"))
+    repos = {label: Repo.open(store.root) for label, store, _ in cases}
+    times: dict[str, list[float]] = {label: [] for label, _, _ in cases}
+    try:
+        for label, store, name in cases:
+            repos[label].checkout(store.ids[name])  # warm-up: page cache and database
+        for _ in range(CHAIN_ROUNDS):
+            for label, store, name in cases:
+                t0 = time.perf_counter()
+                repos[label].checkout(store.ids[name])
+                times[label].append(time.perf_counter() - t0)
+    finally:
+        for repo in repos.values():
+            repo.close()
+    out: dict[str, float] = {label: statistics.median(v) for label, v in times.items()}
+    t_tip = out["tip_s"]
+    msg = (f"\n-- delta chain: checkout of {tip} ({chain_len} commits from base), warm, "
+           f"median of {CHAIN_ROUNDS} alternating rounds: {t_tip:.3f} s")
+    if "tip_nodelta_s" in out:
+        t_nd = out["tip_nodelta_s"]
+        out["nodelta"] = t_tip / t_nd
+        msg += f"; delta=False repository {t_nd:.3f} s ({t_tip / t_nd:.2f}x)"
+    if "tip_parent_s" in out:
+        out["parent_chain"] = out["tip_parent_s"] / out["tip_nodelta_s"]
+        msg += (f"; delta_base=parent (a {chain_len - 1}-hop chain) {out['tip_parent_s']:.3f} s "
+                f"({out['parent_chain']:.2f}x)")
+    out["base"] = t_tip / out["base_s"]
+    print(msg + f"; base commit {out['base_s']:.3f} s ({out['base']:.2f}x)")
     return out
 
 

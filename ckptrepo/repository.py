@@ -57,7 +57,7 @@ from ckptrepo.ingest.basecache import DEFAULT_BUDGET, BaseCache
 from ckptrepo.ingest.bases import delta_plan
 from ckptrepo.ingest.committer import Committer
 from ckptrepo.ingest.handle import CommitHandle
-from ckptrepo.ingest.pipeline import IngestOptions, IngestResult, ingest
+from ckptrepo.ingest.pipeline import DeltaPlan, IngestOptions, IngestResult, ingest
 from ckptrepo.ingest.request import CommitRequest, check_int, check_json, check_metrics, transfer_spec
 from ckptrepo.ingest.staging import StageProgress, StagingPool
 from ckptrepo.lineage import analysis, queries, revparse
@@ -410,11 +410,16 @@ class Repo:
                 )
             transfer = (revparse.resolve(s, req.transfer[0]), req.transfer[1]) if req.transfer else None
             likely = catalog.chunk_ids_of(s, parent_ids[:1] + ([transfer[0]] if transfer else []))
-            plan = None
-            if self.config.compression and self.config.delta and not defer:
-                plan = delta_plan(s, list(req.tensors), parent_ids[0] if parent_ids else None, transfer,
-                                  reader=self._reader, cache=self._base_cache,
-                                  max_depth=self.config.max_delta_depth, policy=self.config.delta_base)
+        plan: Future[DeltaPlan] | None = None
+        if self.config.compression and self.config.delta and not defer:
+            names, first = list(req.tensors), parent_ids[0] if parent_ids else None
+
+            def plan_bases() -> DeltaPlan:
+                with self._sessions() as s:
+                    return delta_plan(s, names, first, transfer, reader=self._reader, cache=self._base_cache,
+                                      max_depth=self.config.max_delta_depth, policy=self.config.delta_base)
+
+            plan = pool.submit(plan_bases)  # queued before the hashing jobs: read while they run
         opts = IngestOptions(
             chunk_size=self.config.chunk_size, compression=self.config.compression and not defer,
             zstd_level=self.config.zstd_level,

@@ -13,11 +13,12 @@ from typing import Any
 
 from ckptrepo.errors import InvalidInput, UsageError
 from ckptrepo.formats.hf import read_hf_folder
+from ckptrepo.formats.prefetch import read_states
 from ckptrepo.formats.readbuffer import ReadBuffer
 from ckptrepo.formats.safetensors_io import read_safetensors, write_safetensors
 from ckptrepo.formats.torch_io import read_torch, write_torch
 
-__all__ = ["SAFETENSORS_SUFFIXES", "TORCH_SUFFIXES", "ReadBuffer", "read_state", "write_state"]
+__all__ = ["SAFETENSORS_SUFFIXES", "TORCH_SUFFIXES", "ReadBuffer", "read_state", "read_states", "write_state"]
 
 SAFETENSORS_SUFFIXES = (".safetensors",)
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")

@@ -120,7 +120,7 @@ def ingest(
     pool: Executor,
     opts: IngestOptions,
     likely_known: frozenset[str] = frozenset(),
-    delta: DeltaPlan | None = None,
+    delta: DeltaPlan | Future[DeltaPlan] | None = None,
     ready: Callable[[int], int] | None = None,
     hints: dict[str, PlaneHint] | None = None,
 ) -> IngestResult:
@@ -130,7 +130,8 @@ def ingest(
     snapshot). ``likely_known`` (usually the parent commit's chunk ids) skips encoding
     of chunks that will deduplicate; ``known`` is asked about every other chunk before
     it is written. With ``delta``, chunks are also tried as deltas against their base
-    (a base that cannot be read is skipped, never fatal). With ``ready``, the bytes of
+    (a base that cannot be read is skipped, never fatal); a plan still being computed (a
+    future) lets hashing start at once and is waited for before the first chunk is encoded. With ``ready``, the bytes of
     the ``i``-th tensor are read only after ``ready(i)`` returns how many tensors are in
     place (at least ``i + 1``; phase 1 may still be
     copying the later ones). ``hints`` (by tensor name) carries what encoding learnt about
@@ -193,12 +194,17 @@ class _Ingest:
     """
 
     def __init__(self, sink: PackSink, known: KnownFn, pool: Executor, opts: IngestOptions,
-                 likely_known: frozenset[str], delta: DeltaPlan | None,
+                 likely_known: frozenset[str], delta: DeltaPlan | Future[DeltaPlan] | None,
                  ready: Callable[[int], int] | None = None, hints: dict[str, PlaneHint] | None = None) -> None:
         self.sink, self.known, self.pool, self.opts, self.likely = sink, known, pool, opts, likely_known
         self.ready = ready
-        self.delta = delta if opts.compression else None
-        self.cache = self.delta.cache if self.delta is not None and self.delta.cache.budget else None
+        self.delta: DeltaPlan | None = None
+        self.cache: BaseCache | None = None
+        self.pending_plan = delta if isinstance(delta, Future) else None
+        if isinstance(delta, DeltaPlan):
+            self._use_plan(delta)
+        self.names: list[str] = []
+        self.dtypes: list[torch.dtype] = []
         self.bases: list[BaseTensor | None] = []
         self.hints: list[PlaneHint] = []
         self.known_hints = hints if hints is not None else {}
@@ -209,18 +215,35 @@ class _Ingest:
     def drain(self) -> None:
         """Cancel the jobs not started and wait for the others, ignoring their outcome."""
         pending: list[Future[Any]] = [*self.hashing, *self.encoding]
+        if self.pending_plan is not None:
+            pending.append(self.pending_plan)
         for future in pending:
             future.cancel()
         for future in pending:
             if not future.cancelled():
                 future.exception()
 
+    def _use_plan(self, plan: DeltaPlan | None) -> None:
+        self.delta = plan if self.opts.compression else None
+        self.cache = self.delta.cache if self.delta is not None and self.delta.cache.budget else None
+
+    def _plan_bases(self) -> None:
+        """Resolve a plan given as a future (at the first chunk to encode) and name each
+        tensor's base."""
+        if self.pending_plan is not None:
+            pending, self.pending_plan = self.pending_plan, None
+            self._use_plan(pending.result())
+        if len(self.bases) == len(self.names):
+            return
+        for name, dtype in zip(self.names, self.dtypes, strict=True):
+            base = self.delta.tensors.get(name) if self.delta is not None else None
+            ok = base is not None and base.dtype == dtype and base.chunk_size == self.opts.chunk_size
+            self.bases.append(base if ok else None)
+
     def run(self, tensors: dict[str, torch.Tensor]) -> IngestResult:
         names = list(tensors)
+        self.names, self.dtypes = names, [t.dtype for t in tensors.values()]
         for name in names:
-            base = self.delta.tensors.get(name) if self.delta is not None else None
-            ok = base is not None and base.dtype == tensors[name].dtype and base.chunk_size == self.opts.chunk_size
-            self.bases.append(base if ok else None)
             self.hints.append(self.known_hints.setdefault(name, PlaneHint()))
         ids: list[list[str]] = []
         parts: list[list[Moments]] = []
@@ -282,6 +305,7 @@ class _Ingest:
             for h in hashing.popleft().result():
                 take(h)
         self._resolve(batch, result)
+        self._plan_bases()  # a pending plan is waited for even when nothing needed encoding
         if self.ready is not None:
             self.ready(len(names))  # phase 1 has finished (empty tensors at the end included)
         while self.encoding:
@@ -329,6 +353,8 @@ class _Ingest:
             if h.chunk_id not in self.likely and h.chunk_id not in self.queued:
                 fresh.setdefault(h.chunk_id, h)
         have = self.known(list(fresh)) if fresh else set()
+        if len(have) < len(fresh):
+            self._plan_bases()
         for cid, h in fresh.items():
             if cid in have:
                 if self.cache is not None:

@@ -218,3 +218,25 @@ def test_encoding_hints_carry_over_to_later_commits(repo: ckptrepo.Repo, monkeyp
     calls.clear()
     repo.commit(_drift(state, 9), blocking=True).wait()
     assert calls == [1]  # without hints the chunk is measured standalone first
+
+
+def test_a_failing_delta_plan_fails_the_commit_and_leaves_the_repository_as_it_was(
+    repo: ckptrepo.Repo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The delta plan is read on a worker while hashing starts; its error surfaces on the
+    commit, no row or pack of that commit stays, and the next commit works."""
+    first = repo.commit(_state(), message="a", blocking=True).wait()
+    before = {c.id for c in _chunks(repo)}
+
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise errors.InvalidInput(path="(delta plan)", reason="injected")
+
+    monkeypatch.setattr(ckptrepo.repository, "delta_plan", broken)
+    with pytest.raises(errors.InvalidInput, match="injected"):
+        repo.commit(_drift(_state(), 1), message="b", blocking=True).wait()
+    assert repo.resolve("main") == first.id and {c.id for c in _chunks(repo)} == before
+    monkeypatch.undo()
+    second = repo.commit(_drift(_state(), 1), message="b", blocking=True).wait()
+    assert [p.id for p in second.parents] == [first.id]
+    got = repo.checkout(second.id)
+    assert all(_same(got[k], v) for k, v in _drift(_state(), 1).items())

@@ -7,6 +7,8 @@ import json
 import math
 import re
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 from ckptrepo.errors import InvalidInput, UnsupportedState, UsageError
-from ckptrepo.formats import ReadBuffer, read_state, safetensors_io, write_state
+from ckptrepo.formats import ReadBuffer, read_state, read_states, safetensors_io, write_state
 from ckptrepo.state import tensor_bytes
 from ckptrepo.storage.appendfile import AppendFile
 
@@ -162,6 +164,48 @@ def test_buffered_read_of_a_damaged_file_is_invalid_input(tmp_path: Path) -> Non
         read_state(path, buffer=ReadBuffer())
     with pytest.raises(InvalidInput, match="No such file"):
         ReadBuffer().read(tmp_path / "missing.safetensors")
+
+
+@pytest.mark.parametrize("direct", ["1", "0"])
+def test_read_states_reads_one_ahead_and_keeps_each_item_until_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct: str
+) -> None:
+    """Every file in order, bit-exact; while item i is held, item i+1 is read into the other
+    buffer, so item i stays intact until the caller advances; torch files work too."""
+    monkeypatch.setenv("CKPT_DIRECT_IO", direct)
+    states = [{"w": torch.randn(30_000) + i, "b": torch.full((7,), float(i)).half()} for i in range(5)]
+    paths = []
+    for i, s in enumerate(states):
+        paths.append(tmp_path / f"s{i}.safetensors")
+        write_state(s, paths[-1])
+    paths.append(tmp_path / "t.pt")
+    write_state({"x": torch.arange(10)}, paths[-1])
+    seen = []
+    for i, (path, got) in enumerate(read_states(paths)):
+        assert path == paths[i]
+        time.sleep(0.02)  # the read of the next file happens meanwhile
+        if i < len(states):
+            assert all(same_bits(got[n], t) for n, t in states[i].items()), i
+        else:
+            assert torch.equal(got["x"], torch.arange(10))
+        seen.append(path)
+    assert seen == paths
+
+
+def test_read_states_raises_a_bad_file_when_reached_and_frees_on_close(tmp_path: Path) -> None:
+    good, bad = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    write_state({"w": torch.ones(1000)}, good)
+    bad.write_bytes(b"not a checkpoint at all")
+    it = read_states([good, bad, good])
+    path, state = next(it)
+    assert path == good and torch.equal(state["w"], torch.ones(1000))
+    with pytest.raises(InvalidInput, match=r"b\.safetensors"):
+        next(it)
+    assert list(read_states([])) == []
+    it2 = read_states([good, good])
+    next(it2)
+    it2.close()  # waits for the read in flight; no thread is left behind
+    assert not any(t.name.startswith("ckpt-read") and t.is_alive() for t in threading.enumerate())
 
 
 def test_mapped_safetensors_read_the_same_bits_from_the_file(tmp_path: Path) -> None:
