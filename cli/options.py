@@ -170,13 +170,14 @@ DeltaDepthOpt = Annotated[
 # commit -------------------------------------------------------------------------
 
 InputArg = Annotated[
-    Path,
+    list[Path],
     typer.Argument(
         metavar="FILE|DIR",
         exists=True,
         readable=True,
         help="A .safetensors file, a torch.save file (read with weights_only=True, never unpickling code) or a "
-        "Hugging Face model folder (sharded safetensors).",
+        "Hugging Face model folder (sharded safetensors); several are committed one after the other, in the "
+        "order given, each on top of the one before.",
         show_default=False,
     ),
 ]

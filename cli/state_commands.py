@@ -9,7 +9,7 @@ from typing import Any
 
 from ckptrepo import Repo, errors
 from ckptrepo import state as st
-from ckptrepo.formats import SAFETENSORS_SUFFIXES, TORCH_SUFFIXES, read_state
+from ckptrepo.formats import SAFETENSORS_SUFFIXES, TORCH_SUFFIXES, read_state, read_states
 from ckptrepo.ids import short
 from ckptrepo.lineage.analysis import unknown_name_hint
 
@@ -35,7 +35,7 @@ PROGRESS_MIN_BYTES = 64 << 20
 
 
 def commit(
-    path: InputArg,
+    paths: InputArg,
     message: MessageOpt = None,
     branch: BranchOpt = None,
     step: StepOpt = None,
@@ -45,12 +45,22 @@ def commit(
     transfer_from: TransferFromOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Commit a checkpoint file or model folder on a branch (default: the current branch).
+    """Commit checkpoint files or model folders on a branch (default: the current branch).
 
-    The input is validated (format, header, sizes) before anything is written; a
+    Each input is validated (format, header, sizes) before anything of it is written; one
     safetensors file is memory-mapped and read while the commit hashes it, so it must not
-    change meanwhile. The new commit becomes visible only once all its bytes are durable.
+    change meanwhile. Several inputs (an import: `ckpt commit ckpts/*.safetensors`) become
+    one commit each, in the order given, each on top of the one before; every file is read
+    whole while the one before is committed, and its name is its commit's message (after
+    -m MSG if given). A commit becomes visible only once all its bytes are durable; if an
+    input fails, the commits before it stay and the error names the input.
     """
+    if len(paths) > 1:
+        _commit_many(paths, message, branch, as_json,
+                     given={"--step": step, "--epoch": epoch, "--metric": metric, "--parent": parent,
+                            "--transfer-from": transfer_from})
+        return
+    path = paths[0]
     transfer = _transfer_spec(transfer_from) if transfer_from is not None else None
     with current().open() as repo, render.phases(enabled=_input_bytes(path) >= PROGRESS_MIN_BYTES) as phase:
         branch = branch or current_branch(repo)
@@ -76,6 +86,44 @@ def commit(
         render.emit_json(result.to_json())
     else:
         render.out.print(render.commit_summary(result))
+
+
+def _commit_many(paths: list[Path], message: str | None, branch: str | None, as_json: bool,
+                 given: Mapping[str, object]) -> None:
+    """Commit several inputs in order on one branch, each read while the one before is committed."""
+    per_state = [opt for opt, value in given.items() if value]
+    if per_state:
+        raise errors.UsageError(
+            f"{', '.join(per_state)} describe one state, and {len(paths)} inputs were given",
+            hint="Commit the files one at a time to give each its own step, metrics or parents "
+            "(`ckpt commit FILE --step N`), or import them all without those options.",
+        )
+    if len(set(paths)) != len(paths):
+        raise errors.UsageError("an input is named twice", hint="Name each file or folder once.")
+    done: list[dict[str, Any]] = []
+    with current().open() as repo, render.phases(enabled=True) as phase:
+        branch = branch or current_branch(repo)
+        files = read_states(paths)
+        try:
+            for i, (path, state) in enumerate(files):
+                phase(f"committing {path.name} ({i + 1} of {len(paths)})")
+                result = repo.commit(state, branch=branch, message=f"{message}: {path.name}" if message else path.name,
+                                     blocking=True).wait()
+                del state
+                done.append(result.to_json())
+                if not as_json:
+                    render.out.print(render.commit_summary(result))
+        except errors.CkptError as exc:
+            last = f" (the last: {short(done[-1]['id'])})" if done else ""
+            exc.hint = (  # type: ignore[misc]
+                f"{len(done)} of {len(paths)} inputs were committed before it{last}; commit the rest "
+                f"once it is fixed." + (f" {exc.hint}" if exc.hint else "")
+            )
+            raise
+        finally:
+            files.close()
+    if as_json:
+        render.emit_json(done)
 
 
 def checkout(

@@ -10,7 +10,7 @@ reads file ``i + 1`` on a thread of its own while the caller commits file ``i``,
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,9 @@ from typing import Any
 from ckptrepo.formats.readbuffer import ReadBuffer
 
 
-def read_states(paths: Iterable[Path | str], *, allow_pickle: bool = False) -> Iterator[tuple[Path, dict[str, Any]]]:
+def read_states(
+    paths: Iterable[Path | str], *, allow_pickle: bool = False
+) -> Generator[tuple[Path, dict[str, Any]], None, None]:
     """``(path, state)`` for every path in order, as ``read_state(path)`` gives it, read one ahead.
 
     Contract: a yielded state may be a view of a reused buffer (safetensors files are read

@@ -149,6 +149,53 @@ def test_commit_human_output(run: Run, work: Path, checkpoints: list[Path]) -> N
     assert "KiB" in result.stdout
 
 
+def test_commit_of_several_files_imports_them_in_order(run: Run, work: Path, checkpoints: list[Path],
+                                                        tmp_path: Path) -> None:
+    """One commit per input, in the order given, each on the one before, named after its file;
+    every state restores bit-exactly."""
+    third = tmp_path / "step300.pt"
+    torch.save(dict(_tensors(0), **{"embed.weight": _tensors(1)["embed.weight"]}), third)
+    inputs = [checkpoints[1], checkpoints[0], third]
+    docs = _json(run("commit", *map(str, inputs), "-b", "imported", "-m", "run 7", "--json"))
+    assert [d["message"] for d in docs] == [f"run 7: {p.name}" for p in inputs]
+    assert docs[0]["parents"] == []
+    assert [d["parents"][0]["id"] for d in docs[1:]] == [d["id"] for d in docs[:-1]]
+    assert all(d["branch"] == "imported" for d in docs)
+    assert [c["id"] for c in _json(run("log", "imported", "--json"))] == [d["id"] for d in reversed(docs)]
+    with Repo.open(work) as repo:
+        expected = [load_file(str(checkpoints[1])), load_file(str(checkpoints[0])), torch.load(third)]
+        for doc, want in zip(docs, expected, strict=True):
+            got = repo.checkout(doc["id"])
+            assert got.keys() == want.keys() and all(_bit_identical(got[k], v) for k, v in want.items())
+    human = run("commit", *map(str, checkpoints))
+    assert human.exit_code == 0 and human.stdout.count("committed ") == 2
+
+
+def test_commit_of_several_files_stops_at_a_bad_one_and_keeps_the_ones_before(
+    run: Run, work: Path, checkpoints: list[Path], tmp_path: Path
+) -> None:
+    bad = tmp_path / "broken.safetensors"
+    bad.write_bytes(checkpoints[0].read_bytes()[:-50])
+    result = run("commit", str(checkpoints[0]), str(bad), str(checkpoints[1]))
+    assert result.exit_code == errors.InvalidInput.exit_code
+    assert "broken.safetensors" in result.stderr
+    assert "1 of 3 inputs were committed before it" in " ".join(result.stderr.split())
+    log = _json(run("log", "--json"))
+    assert [c["message"] for c in log] == [checkpoints[0].name]
+
+
+@pytest.mark.parametrize("option", [["--step", "3"], ["--epoch", "1"], ["--metric", "loss=1"], ["--parent", "main"]])
+def test_per_state_options_with_several_files_are_a_usage_error(
+    run: Run, work: Path, checkpoints: list[Path], option: list[str]
+) -> None:
+    _committed(run, checkpoints)
+    before = _snapshot(run)
+    result = run("commit", *map(str, checkpoints), *option)
+    _assert_one_line_error(result, errors.UsageError.exit_code)
+    assert option[0] in result.stderr
+    assert _snapshot(run) == before
+
+
 def test_log_show_branch_tag_stats(run: Run, work: Path, checkpoints: list[Path]) -> None:
     first, second = _committed(run, checkpoints)
 
