@@ -42,7 +42,7 @@ step (an upper bound for two saturated cores, steady where the wall time drifts 
 machine; idle-priority work that only filled idle moments counts here, not in the wall).
 Each figure is shown with its spread (min..max over rounds).
 
-    python benchmarks/bench_training.py [--steps 100] [--rounds 3] [--quick] [--nice] [--normal-priority]
+    python benchmarks/bench_training.py [--steps 100] [--rounds 5] [--quick] [--nice] [--normal-priority]
         [--no-compression] [--inline] [--no-idle-repack] [--only-ckpt] [--dir PATH]
 """
 
@@ -287,7 +287,7 @@ def configs(args: argparse.Namespace) -> list[Config]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=100, help="training steps per segment, at least k (default 100)")
-    ap.add_argument("--rounds", type=int, default=None, help="rounds of every configuration (default 3; --quick 1)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds of every configuration (default 5; --quick 1)")
     ap.add_argument("--none-steps", type=int, default=30, help="steps of each no-checkpoint segment (default 30)")
     ap.add_argument("--quick", action="store_true", help="~1.5 minutes: one round, no CKPT_WORKERS=1 variant")
     ap.add_argument("--max-foreign", type=float, default=0.10,
@@ -312,7 +312,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir under /work)")
     args = ap.parse_args()
-    args.rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
+    # Five rounds: at k=50 and 200 a segment holds one or two commits, and single segments
+    # differ by ±5 points with the machine; the median of five is what the goals are read from.
+    args.rounds = args.rounds if args.rounds is not None else (1 if args.quick else 5)
     with scratch_dir(args.dir) as base:
         run(base, args)
 
@@ -466,9 +468,14 @@ def run(base: Path, args: argparse.Namespace) -> None:
             if ts is None:
                 continue
             rows.append((f"torch.save k={k} overhead % ({label})", ts[key], fmt_spread(ts[sp])))
+            if label == "CPU":
+                # torch.save + fsync mostly waits for the disk, which no CPU figure counts: a
+                # comparison of what each takes from the cores, not the goal (which is time).
+                note = "not a goal: torch.save's cost is mostly waiting for the disk, outside CPU time"
+            else:
+                note = goal_note(c[key] / ts[key], 1.0) if ts[key] > 0 else "torch.save overhead <= 0: noise"
             rows.append((f"RATIO ckptrepo / torch.save overhead, k={k} ({label})",
-                         c[key] / ts[key] if ts[key] else float("nan"),
-                         goal_note(c[key] / ts[key], 1.0) if ts[key] > 0 else "torch.save overhead <= 0: noise"))
+                         c[key] / ts[key] if ts[key] else float("nan"), note))
         rows.append((f"ckptrepo k={k} overhead % incl. the repack after it (wall)", c["with_repack_pct"],
                      f"{fmt_spread(c['spread_with_repack'])}; deferred work: {c['repack_s']:.2f} s, "
                      f"{c['repack_cpu_per_commit']:.2f} CPU-s per commit; stored {c['stored_deferred_mib']:.0f} -> "
