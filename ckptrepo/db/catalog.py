@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
-from sqlalchemy import BindParameter, bindparam, func, insert, select, update
+from sqlalchemy import BindParameter, Table, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from ckptrepo.db import lines
@@ -172,8 +172,8 @@ def record_commit(
         counts = changed_chunks(session, pairs)
         for r in runs:
             r["changed_chunks"] = counts.get((r["tensor_id"], before.get(r["name"], "")), 0)
-    if runs:
-        session.execute(insert(EntryRun), runs)
+    if runs:  # through the table: plain rows, without the ORM's per-row bulk handling
+        session.execute(insert(cast(Table, EntryRun.__table__)), runs)
     parents = {cid: (line, depth) for cid, line, depth in session.execute(
         select(Commit.id, Commit.line_id, Commit.fp_depth).where(Commit.id.in_([e.parent_id for e in edge_list])))}
     for e in edge_list:
