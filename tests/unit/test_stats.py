@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -81,3 +85,30 @@ def test_moments_of_bytes_equal_moments_of_the_tensor(dtype: torch.dtype) -> Non
     raw = x.view(torch.uint8).numpy().data if dtype.itemsize > 1 else x.numpy().view(np.uint8).data
     assert stats.moments_of_bytes(raw, dtype) == moments(x)
     assert stats.moments_of_bytes(memoryview(b""), dtype) == Moments()
+
+
+@needs_native
+def test_the_avx2_pass_and_the_portable_pass_agree() -> None:
+    """Where the CPU has AVX2 the statistics pass takes it; with ``CKPT_NO_AVX2`` (read once per
+    process) the portable pass runs: both agree with each other on every dtype and length."""
+    code = (
+        "import json, numpy as np\n"
+        "from ckptrepo.chunks import _planes\n"
+        "rng = np.random.default_rng(5)\n"
+        "out = []\n"
+        "for kind, size in ((0, 4), (1, 8), (2, 2)):\n"
+        "    vals = (rng.normal(3.0, 2.0, 4099)).astype({0: np.float32, 1: np.float64, 2: np.float32}[kind])\n"
+        "    if kind == 2:\n"
+        "        vals = (vals.view(np.uint32) >> 16).astype(np.uint16)\n"
+        "    for n in (1, 15, 16, 17, 64, 4099):\n"
+        "        out.append(list(_planes.moments(vals[:n].tobytes(), kind)))\n"
+        "print(json.dumps(out))\n"
+    )
+    runs = []
+    for env in ({}, {"CKPT_NO_AVX2": "1"}):
+        done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True,
+                              text=True, check=True)
+        runs.append(json.loads(done.stdout))
+    for a, b in zip(*runs, strict=True):
+        assert a[0] == b[0] and a[1] == b[1] and a[4:] == b[4:], (a, b)  # counts, shift, min, max exact
+        assert math.isclose(a[2], b[2], rel_tol=1e-12, abs_tol=1e-9) and math.isclose(a[3], b[3], rel_tol=1e-12)
