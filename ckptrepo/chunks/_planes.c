@@ -363,6 +363,22 @@ static inline double load_elem(const uint8_t *p, Py_ssize_t i, int kind) {
     return (double)f;
 }
 
+/* The elements from i on, one at a time, added to the vector pass's totals; the results into out. */
+static inline void moments_tail(const uint8_t *p, Py_ssize_t i, Py_ssize_t n, int kind, double shift, double S,
+                                double Q, double L, double H, double *out) {
+    for (; i < n; i++) {
+        double x = load_elem(p, i, kind), a = x - shift;
+        S += a;
+        Q += a * a;
+        L = x < L ? x : L;
+        H = x > H ? x : H;
+    }
+    out[0] = S;
+    out[1] = Q;
+    out[2] = L;
+    out[3] = H;
+}
+
 #define LANES 8
 
 #define MOMENTS_FAST(NAME, KIND)                                                              \
@@ -443,17 +459,7 @@ static inline void acc4_finish(acc4 *c, const uint8_t *p, Py_ssize_t i, Py_ssize
     L = v[0] < v[1] ? v[0] : v[1];
     _mm_storeu_pd(v, _mm_max_pd(c->hi0, c->hi1));
     H = v[0] > v[1] ? v[0] : v[1];
-    for (; i < n; i++) {
-        double x = load_elem(p, i, kind), a = x - shift;
-        S += a;
-        Q += a * a;
-        L = x < L ? x : L;
-        H = x > H ? x : H;
-    }
-    out[0] = S;
-    out[1] = Q;
-    out[2] = L;
-    out[3] = H;
+    moments_tail(p, i, n, kind, shift, S, Q, L, H, out);
 }
 
 static void moments_f32(const uint8_t *p, Py_ssize_t n, double shift, double *out) {
@@ -542,17 +548,7 @@ __attribute__((target("avx2,fma"))) static void moments_avx2(const uint8_t *p, P
     for (int j = 0; j < 4; j++) L = v[j] < L ? v[j] : L;
     _mm256_storeu_pd(v, _mm256_max_pd(_mm256_max_pd(h0, h1), _mm256_max_pd(h2, h3)));
     for (int j = 0; j < 4; j++) H = v[j] > H ? v[j] : H;
-    for (; i < n; i++) {
-        double x = load_elem(p, i, kind), a = x - shift;
-        S += a;
-        Q += a * a;
-        L = x < L ? x : L;
-        H = x > H ? x : H;
-    }
-    out[0] = S;
-    out[1] = Q;
-    out[2] = L;
-    out[3] = H;
+    moments_tail(p, i, n, kind, shift, S, Q, L, H, out);
 }
 
 static int avx2_usable(void) {
