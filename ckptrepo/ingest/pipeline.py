@@ -131,10 +131,10 @@ def ingest(
     of chunks that will deduplicate; ``known`` is asked about every other chunk before
     it is written. With ``delta``, chunks are also tried as deltas against their base
     (a base that cannot be read is skipped, never fatal); a plan still being computed (a
-    future) lets hashing start at once and is waited for before the first chunk is encoded. With ``ready``, the bytes of
-    the ``i``-th tensor are read only after ``ready(i)`` returns how many tensors are in
-    place (at least ``i + 1``; phase 1 may still be
-    copying the later ones). ``hints`` (by tensor name) carries what encoding learnt about
+    future) lets hashing start at once and is waited for before the first chunk is encoded.
+    With ``ready``, the bytes of the ``i``-th tensor are read only after ``ready(i)`` returns
+    how many tensors are in place (at least ``i + 1``; phase 1 may still be copying the
+    later ones). ``hints`` (by tensor name) carries what encoding learnt about
     each tensor into later ingests of the same name — which byte planes pay, its standalone
     ratio, whether deltas win — so a commit of a state seen before samples less; entries
     are added for new names. On any error nothing has been
