@@ -43,7 +43,7 @@ machine; idle-priority work that only filled idle moments counts here, not in th
 Each figure is shown with its spread (min..max over rounds).
 
     python benchmarks/bench_training.py [--steps 100] [--rounds 5] [--quick] [--nice] [--normal-priority]
-        [--no-compression] [--inline] [--no-idle-repack] [--only-ckpt] [--dir PATH]
+        [--no-compression] [--inline] [--no-idle-repack] [--only-ckpt] [--ks 10 50 200] [--dir PATH]
 """
 
 from __future__ import annotations
@@ -264,23 +264,23 @@ def fmt_spread(sp: tuple[float, float]) -> str:
 
 def configs(args: argparse.Namespace) -> list[Config]:
     out = [Config("none")]
-    for k in KS if not args.only_ckpt else ():
+    for k in args.ks if not args.only_ckpt else ():
         out.append(Config(f"torch.save k={k}", k, "save"))
-    for k in KS:
+    for k in args.ks:
         out.append(Config(f"ckptrepo k={k}", k, "ckpt"))
     if not args.quick:
-        out.extend(Config(f"ckptrepo k={k} workers=1", k, "ckpt", workers=1) for k in (10, 50))
+        out.extend(Config(f"ckptrepo k={k} workers=1", k, "ckpt", workers=1) for k in (10, 50) if k in args.ks)
     if args.nice:
-        out.extend(Config(f"ckptrepo k={k} nice19", k, "ckpt", nice=True) for k in (10, 50))
+        out.extend(Config(f"ckptrepo k={k} nice19", k, "ckpt", nice=True) for k in (10, 50) if k in args.ks)
     if args.normal_priority:
         out.extend(Config(f"ckptrepo k={k} normal-priority", k, "ckpt", init={"background_priority": "normal"})
-                   for k in KS)
+                   for k in args.ks)
     if args.no_compression:
-        out.extend(Config(f"ckptrepo k={k} no-compression", k, "ckpt", init={"compression": False}) for k in KS)
+        out.extend(Config(f"ckptrepo k={k} no-compression", k, "ckpt", init={"compression": False}) for k in args.ks)
     if args.inline:
-        out.extend(Config(f"ckptrepo k={k} inline", k, "ckpt", init={"encode": "inline"}) for k in KS)
+        out.extend(Config(f"ckptrepo k={k} inline", k, "ckpt", init={"encode": "inline"}) for k in args.ks)
     if args.no_idle_repack:
-        out.extend(Config(f"ckptrepo k={k} no-idle-repack", k, "ckpt", init={"idle_repack": False}) for k in KS)
+        out.extend(Config(f"ckptrepo k={k} no-idle-repack", k, "ckpt", init={"idle_repack": False}) for k in args.ks)
     return out
 
 
@@ -304,6 +304,7 @@ def main() -> None:
                     help="also every k with encode='inline' (chunks encoded while committing, no repack)")
     ap.add_argument("--no-idle-repack", action="store_true",
                     help="also every k without the background repack between commits (all of it after the segment)")
+    ap.add_argument("--ks", type=int, nargs="+", default=list(KS), help=f"checkpoint intervals (default {KS})")
     ap.add_argument("--only-ckpt", action="store_true", help="skip the torch.save segments (A/B runs of settings)")
     ap.add_argument("--d-model", type=int, default=320)
     ap.add_argument("--layers", type=int, default=4)
@@ -329,7 +330,7 @@ def run(base: Path, args: argparse.Namespace) -> None:
     cfgs = configs(args)
     print(f"load average at start {os.getloadavg()[0]:.1f} (other processes share these cores)")
     print(f"model: {trainer.params() / 1e6:.1f}M params, state {state_mib:.0f} MiB (model + AdamW); "
-          f"max(k, {args.steps}) steps/segment, k in {KS}, {args.rounds} round(s); "
+          f"max(k, {args.steps}) steps/segment, k in {tuple(args.ks)}, {args.rounds} round(s); "
           f"torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}, "
           f"CKPT_WORKERS default {os.environ.get('CKPT_WORKERS') or os.cpu_count()}; dir={base}", flush=True)
 
@@ -454,7 +455,7 @@ def run(base: Path, args: argparse.Namespace) -> None:
         extra["configs"][cfg.name] = info
 
     rows: list[tuple[str, float, str]] = [("no checkpointing, s/step", step_none, "")]
-    for k in KS:
+    for k in args.ks:
         c = extra["configs"][f"ckptrepo k={k}"]
         ts = extra["configs"].get(f"torch.save k={k}")
         fits = "fits" if c["fits"] else "does not fit"

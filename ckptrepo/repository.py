@@ -59,6 +59,7 @@ from ckptrepo.ingest.committer import Committer
 from ckptrepo.ingest.handle import CommitHandle
 from ckptrepo.ingest.pipeline import DeltaPlan, IngestOptions, IngestResult, ingest
 from ckptrepo.ingest.request import CommitRequest, check_int, check_json, check_metrics, transfer_spec
+from ckptrepo.ingest.spare import SpareCpuGate
 from ckptrepo.ingest.staging import StageProgress, StagingPool
 from ckptrepo.lineage import analysis, queries, revparse
 from ckptrepo.lineage.graph import EDGE_KINDS
@@ -128,7 +129,8 @@ class Repo:
             max_inflight if max_inflight is not None else env_int("MAX_INFLIGHT", 1),
             staging_budget if staging_budget is not None else (env_int("STAGING_BUDGET", 0) or None),
         )
-        self._committer = Committer(initializer=lower)
+        # The background repack starts only after a window with spare CPU (ingest.spare).
+        self._committer = Committer(initializer=lower, idle_gate=SpareCpuGate())
         self._idle_repack = (idle_repack if idle_repack is not None else bool(env_int("IDLE_REPACK", 1))) and (
             config.compression and config.encode == "auto")
         self._closed = False

@@ -10,7 +10,9 @@ refuses new work (the jobs themselves use a worker pool).
 Idle jobs (``submit_idle``: the background repack) run on the same thread between commits,
 so they never run concurrently with one; one starts only after ``idle_delay`` seconds without
 a new commit (a training loop that commits more often than that never pays for starting
-and abandoning them). Each receives a ``stop`` callable that turns true
+and abandoning them) and, with an ``idle_gate``, only at the end of such a window in which the
+gate saw spare CPU (``ingest.spare``: on cores a training job keeps busy it keeps waiting,
+window after window, until a commit or a drain comes). Each receives a ``stop`` callable that turns true
 as soon as a commit is submitted or a drain begins; it must return promptly then. A commit
 submitted while an idle job runs starts once that job has returned.
 """
@@ -22,7 +24,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
 log = logging.getLogger("ckptrepo")
@@ -45,12 +47,21 @@ except (AttributeError, RuntimeError):  # pragma: no cover - other Pythons
     atexit.register(_flush_all_at_exit)
 
 
+class IdleGate(Protocol):
+    """Whether an idle job may start at the end of a waiting window (see ``ingest.spare``)."""
+
+    def start(self) -> None: ...
+
+    def passed(self) -> bool: ...
+
+
 class Committer:
     """Runs commit jobs one at a time on a background thread, first in, first out."""
 
     def __init__(self, name: str = "ckpt-commit", *, initializer: Callable[[], None] | None = None,
-                 idle_delay: float = 1.0) -> None:
+                 idle_delay: float = 1.0, idle_gate: IdleGate | None = None) -> None:
         self.idle_delay = idle_delay
+        self.idle_gate = idle_gate
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name, initializer=initializer)
         self._pending: set[Future[Any]] = set()
         self._lock = threading.Lock()
@@ -81,15 +92,22 @@ class Committer:
 
     def submit_idle(self, job: Callable[[Callable[[], bool]], object]) -> None:
         """Queue ``job(stop)`` to run after the queued commits unless another commit or a
-        drain comes first; its failure is logged, never reported to a commit."""
+        drain comes first (and, with an idle gate, only once a window had spare CPU); its
+        failure is logged, never reported to a commit."""
         stop = threading.Event()
+        gate = self.idle_gate
 
         def run() -> None:
             with self._lock:
                 if stop.is_set() or self._pending:
                     return
-            if stop.wait(self.idle_delay):  # a commit or a drain came first
-                return
+            if gate is not None:
+                gate.start()
+            while True:
+                if stop.wait(self.idle_delay):  # a commit or a drain came first
+                    return
+                if gate is None or gate.passed():
+                    break
             try:
                 job(stop.is_set)
             except Exception as exc:

@@ -73,3 +73,48 @@ def test_a_failing_idle_job_is_not_a_commit_failure() -> None:
         assert c.take_failure() is None
     finally:
         c.close()
+
+
+class _Gate:
+    """An idle gate whose answer the test sets; counts the windows it was asked about."""
+
+    def __init__(self, open_: bool) -> None:
+        self.open = open_
+        self.asked = 0
+
+    def start(self) -> None:
+        pass
+
+    def passed(self) -> bool:
+        self.asked += 1
+        return self.open
+
+
+def test_a_closed_gate_keeps_the_idle_job_waiting_until_it_opens() -> None:
+    gate = _Gate(open_=False)
+    c = Committer(idle_delay=0.01, idle_gate=gate)
+    ran = threading.Event()
+    try:
+        c.submit_idle(lambda stop: ran.set())
+        assert not ran.wait(0.3)  # window after window without spare CPU
+        assert gate.asked >= 3
+        gate.open = True
+        assert ran.wait(30)
+    finally:
+        c.close()
+
+
+def test_a_commit_ends_an_idle_job_waiting_at_a_closed_gate() -> None:
+    gate = _Gate(open_=False)
+    c = Committer(idle_delay=0.01, idle_gate=gate)
+    ran = []
+    try:
+        c.submit_idle(lambda stop: ran.append("idle"))
+        while gate.asked == 0:
+            threading.Event().wait(0.005)
+        c.submit(lambda: ran.append("commit")).result()
+        gate.open = True
+        c.drain()
+        assert ran == ["commit"]  # the waiting idle job gave way for good
+    finally:
+        c.close()
