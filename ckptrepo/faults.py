@@ -9,7 +9,7 @@ on the spot) or ``raise`` (raise ``InjectedFault``); ``@N`` fires on the N-th ti
 point is reached (default 1), counted per process.
 
 Points: ``stage.copy`` (phase 1, per tensor), ``ingest.chunk`` (per chunk job),
-``pack.write`` (per chunk appended to a pack file), ``pack.before_put`` /
+``pack.write`` (per chunk appended to a pack file, per request of a write-ahead), ``pack.before_put`` /
 ``pack.after_put`` (around making a pack durable in the store), ``db.before_commit`` /
 ``db.after_commit`` (around the transaction that makes a commit visible); ``gc.after_commit``;
 ``repack.chunk``, ``repack.before_commit``, ``repack.after_commit`` (see ``REPACK_POINTS``).

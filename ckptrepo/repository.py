@@ -60,7 +60,8 @@ from ckptrepo.ingest.handle import CommitHandle
 from ckptrepo.ingest.pipeline import DeltaPlan, IngestOptions, IngestResult, ingest
 from ckptrepo.ingest.request import CommitRequest, check_int, check_json, check_metrics, transfer_spec
 from ckptrepo.ingest.spare import SpareCpuGate
-from ckptrepo.ingest.staging import StageProgress, StagingPool
+from ckptrepo.ingest.staging import Slot, StageProgress, StagingPool
+from ckptrepo.ingest.writeahead import WriteAhead
 from ckptrepo.lineage import analysis, queries, revparse
 from ckptrepo.lineage.graph import EDGE_KINDS
 from ckptrepo.lineage.reports import Diff, HistoryPoint
@@ -131,6 +132,11 @@ class Repo:
         )
         # The background repack starts only after a window with spare CPU (ingest.spare).
         self._committer = Committer(initializer=lower, idle_gate=SpareCpuGate())
+        # Raw chunks of asynchronous commits are written ahead of phase 2 at normal priority
+        # (ingest.writeahead); the thread is started by commit(), on the caller's priority.
+        self._write_ahead = bool(env_int("WRITE_AHEAD", 1))
+        self._ahead_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-ahead")
+        self._unchanged: frozenset[str] = frozenset()  # tensor names the last commit found unchanged
         self._idle_repack = (idle_repack if idle_repack is not None else bool(env_int("IDLE_REPACK", 1))) and (
             config.compression and config.encode == "auto")
         self._closed = False
@@ -246,6 +252,7 @@ class Repo:
         self._base_cache.clear()
         self._pool.shutdown(wait=True)
         self._background_pool.shutdown(wait=True)
+        self._ahead_pool.shutdown(wait=True)
         self._backend.close()
         self._engine.dispose()
 
@@ -345,14 +352,15 @@ class Repo:
         # Phase 2 starts on the tensors already copied while the later ones are being copied:
         # on a free core, hashing and encoding overlap the snapshot.
         progress = StageProgress()
+        defer = self._defers(blocking=False)
+        ahead = self._plan_write_ahead(slot, staged, raw=defer or not self.config.compression)
         request = CommitRequest(tensors=staged, stall_s=0.0, wait_s=waited, staged_at=0.0, ready=progress.wait,
-                                **metadata)
+                                ahead=ahead, **metadata)
 
         def settle_and_release() -> None:
             progress.settle()  # a phase 2 that failed early must not free a slot still being copied into
             release()
 
-        defer = self._defers(blocking=False)
         future = self._committer.submit(lambda: self._persist(request, self._background_pool, defer=defer),
                                         finally_=settle_and_release)
         if defer and self._idle_repack:
@@ -365,10 +373,23 @@ class Repo:
             if failure is not None:
                 self._committer.acknowledge(failure)  # this raise reports it
             raise
+        if ahead is not None:
+            ahead.start(self._ahead_pool)  # before finish: the slot is not released before this
         request.staged_at = time.perf_counter()
         request.stall_s = request.staged_at - entered
         progress.finish()
         return CommitHandle(future, staged=True, on_failure_seen=self._committer.acknowledge)
+
+    def _plan_write_ahead(self, slot: Slot, staged: dict[str, torch.Tensor], *, raw: bool) -> WriteAhead | None:
+        """The write-ahead of an asynchronous commit whose new chunks are stored raw: every
+        tensor except those the previous commit found unchanged (see ``ingest.writeahead``)."""
+        arena = slot.arena
+        if not (raw and self._write_ahead) or arena is None:
+            return None
+        unchanged = self._unchanged
+        ahead = WriteAhead(self._backend, arena, list(staged.values()), [n not in unchanged for n in staged],
+                           target=self.config.pack_target, chunk_size=self.config.chunk_size)
+        return ahead if ahead.tensors else None
 
     def _defers(self, *, blocking: bool) -> bool:
         """Whether a commit stores its new chunks raw, leaving their encoding to ``repack``."""
@@ -399,7 +420,14 @@ class Repo:
         hashing and encoding): packs durable first, then one transaction makes the commit
         visible. On any failure nothing of this commit is visible. ``defer``: new chunks are
         written raw into packs marked ``deferred`` for ``repack`` (hash, statistics and
-        writes only)."""
+        writes only). The request's write-ahead is closed before this returns."""
+        try:
+            return self._persist_packs_then_rows(req, pool, defer=defer)
+        finally:
+            if req.ahead is not None:
+                req.ahead.close()
+
+    def _persist_packs_then_rows(self, req: CommitRequest, pool: ThreadPoolExecutor, *, defer: bool) -> t.Commit:
         with self._sessions() as s:
             head = _branch_head(s, req.branch)
             parent_ids = [revparse.resolve(s, p) for p in req.parents] if req.parents else []
@@ -435,8 +463,11 @@ class Repo:
         sink = PackSink(self._backend, self.config.pack_target)
         if len(self._plane_hints) > _MAX_HINTS:
             self._plane_hints.clear()
-        result = ingest(req.tensors, sink, known, pool, opts, likely, plan, req.ready, self._plane_hints)
+        result = ingest(req.tensors, sink, known, pool, opts, likely, plan, req.ready, self._plane_hints,
+                        ahead=req.ahead)
         result.deferred = defer
+        new = result.new_chunk_ids
+        self._unchanged = frozenset(r.name for r in result.tensors if r.chunk_ids and new.isdisjoint(r.chunk_ids))
         edges = [catalog.EdgeRow(pid, "parent" if i == 0 else "merge", i) for i, pid in enumerate(parent_ids)]
         entries = {r.name: r.tensor_id for r in result.tensors}
         if transfer is not None and transfer[0] not in parent_ids:

@@ -39,7 +39,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ckptrepo.chunks.pack import ENTRY, HEADER, TRAILER, PackEntry, read_index
-from ckptrepo.chunks.store import ChunkLocation, ChunkReader, pack_key
+from ckptrepo.chunks.store import ChunkLocation, ChunkReader, location, pack_key
 from ckptrepo.config import default_workers
 from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Pack, Ref, Tensor, TensorChunk
 from ckptrepo.errors import CkptError
@@ -240,7 +240,7 @@ class _Run:
             loc = ChunkLocation(row.id, pid, row.offset, row.length, row.raw_length, row.encoding, row.depth,
                                 row.base_id)
             candidates = index.get(row.id, [])
-            if any(_location_of(pid, e) == loc for e in candidates):
+            if any(location(pid, e) == loc for e in candidates):
                 if HEADER.size <= row.offset and row.offset + row.length <= payload_end:
                     good.append(loc)
                     continue
@@ -248,7 +248,7 @@ class _Run:
             elif not candidates:
                 why = "the pack's index does not hold it"
             else:
-                why = "; ".join(_differences(loc, _location_of(pid, candidates[0])))
+                why = "; ".join(_differences(loc, location(pid, candidates[0])))
             self.pending.append(_Pending("bad_chunk", row.id, f"chunk {short(row.id)} in pack {short(pid)}: {why}",
                                          {row.id}, pid, row.id))
         return good
@@ -333,10 +333,6 @@ class _Run:
             unreferenced_packs=kind("unreferenced_pack"),
             temporary_files=kind("temporary_file"),
         )
-
-
-def _location_of(pack_id: str, e: PackEntry) -> ChunkLocation:
-    return ChunkLocation(e.chunk_id, pack_id, e.offset, e.length, e.raw_length, e.encoding, e.depth, e.base_id)
 
 
 def _differences(row: ChunkLocation, entry: ChunkLocation) -> list[str]:

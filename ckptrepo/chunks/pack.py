@@ -3,7 +3,8 @@
 Format (version 1, little-endian, pinned by tests)::
 
     header   b"CKPTPACK" + u16 version                                   10 bytes
-    payloads encoded chunk payloads back to back, from offset 10
+    payloads encoded chunk payloads from offset 10 (``PackWriter`` writes them back to
+             back; a write-ahead pack leaves gaps: bytes no index entry names)
     index    one 90-byte record per chunk, in the order added:
                  chunk id   32 raw bytes (BLAKE3 of the decoded chunk)
                  offset     u64  (from the start of the file)
@@ -80,7 +81,7 @@ class PackWriter:
         self._entries: list[PackEntry] = []
         self._size = 0
         try:
-            self._append(HEADER.pack(MAGIC, VERSION))
+            self._append(header())
         except BaseException:
             self.abort()
             raise
@@ -135,12 +136,8 @@ class PackWriter:
         if file is None:
             raise UsageError("pack writer is already finished or aborted")
         try:
-            index = b"".join(_pack_entry(e) for e in self._entries)
-            index_offset = self._size
-            trailer = TRAILER.pack(index_offset, len(self._entries), blake3.blake3(index).digest(), INDEX_MAGIC)
-            self._append(index)
-            self._append(trailer)
-            pack_id = blake3.blake3(HEADER.pack(MAGIC, VERSION) + index + trailer).hexdigest()
+            tail, pack_id = pack_tail(self._entries, self._size)
+            self._append(tail)
             # Write ordering step 1 starts here: the pack is durable before put_file names it.
             file.finish()
             self._file = None
@@ -155,6 +152,19 @@ class PackWriter:
             self._file.abort()
             self._file = None
         self.path.unlink(missing_ok=True)
+
+
+def header() -> bytes:
+    """The first bytes of every pack (magic and version)."""
+    return HEADER.pack(MAGIC, VERSION)
+
+
+def pack_tail(entries: list[PackEntry], index_offset: int) -> tuple[bytes, str]:
+    """Index and trailer of a pack whose payload area ends at ``index_offset``, and the pack
+    id (BLAKE3 of header, index and trailer). Entries may leave gaps in the payload area."""
+    index = b"".join(_pack_entry(e) for e in entries)
+    trailer = TRAILER.pack(index_offset, len(entries), blake3.blake3(index).digest(), INDEX_MAGIC)
+    return index + trailer, blake3.blake3(header() + index + trailer).hexdigest()
 
 
 def _pack_entry(entry: PackEntry) -> bytes:

@@ -52,7 +52,8 @@ class SealedPack:
     locations: list[ChunkLocation]
 
 
-def _location(pack_id: str, entry: PackEntry) -> ChunkLocation:
+def location(pack_id: str, entry: PackEntry) -> ChunkLocation:
+    """The chunk index row of ``entry`` in pack ``pack_id``."""
     return ChunkLocation(
         entry.chunk_id,
         pack_id,
@@ -146,7 +147,7 @@ class PackSink:
             self._failed = True
             writer.abort()
             raise
-        return SealedPack(pack_id, writer.size, [_location(pack_id, e) for e in entries])
+        return SealedPack(pack_id, writer.size, [location(pack_id, e) for e in entries])
 
     def _drain(self) -> list[SealedPack]:
         """Wait for every pack in flight; their packs in order, or the first failure."""

@@ -38,10 +38,11 @@ from ckptrepo import state as st
 from ckptrepo.chunks.chunker import chunk_spans
 from ckptrepo.chunks.codecs import Encoding, PlaneHint, encode_with_base
 from ckptrepo.chunks.store import ChunkLocation, ChunkReader, PackSink, SealedPack
-from ckptrepo.errors import CkptError
+from ckptrepo.errors import CkptError, UsageError
 from ckptrepo.ids import hash_bytes, hash_json
 from ckptrepo.ingest.basecache import BaseCache
 from ckptrepo.ingest.stats import Moments, combine, moments_of_bytes
+from ckptrepo.ingest.writeahead import WriteAhead
 
 log = logging.getLogger("ckptrepo")
 
@@ -123,6 +124,7 @@ def ingest(
     delta: DeltaPlan | Future[DeltaPlan] | None = None,
     ready: Callable[[int], int] | None = None,
     hints: dict[str, PlaneHint] | None = None,
+    ahead: WriteAhead | None = None,
 ) -> IngestResult:
     """Store every tensor's chunks that the store lacks; return their records and packs.
 
@@ -137,16 +139,22 @@ def ingest(
     later ones). ``hints`` (by tensor name) carries what encoding learnt about
     each tensor into later ingests of the same name — which byte planes pay, its standalone
     ratio, whether deltas win — so a commit of a state seen before samples less; entries
-    are added for new names. On any error nothing has been
+    are added for new names. With ``ahead`` (raw chunks only: ``compression`` off), a new
+    chunk of a tensor it writes ahead is indexed there instead of written again, and its
+    packs are sealed with the sink's. On any error nothing has been
     inserted anywhere; packs already put in the backend stay unreferenced (``gc``
     reclaims them) and the sink is aborted.
     """
-    job = _Ingest(sink, known, pool, opts, likely_known, delta, ready, hints)
+    if ahead is not None and opts.compression:
+        raise UsageError("a write-ahead holds raw chunks: it needs compression off")
+    job = _Ingest(sink, known, pool, opts, likely_known, delta, ready, hints, ahead)
     try:
         return job.run(tensors)
     except BaseException:
         job.drain()  # no job of this ingest may read the snapshot once it is released
         sink.abort()
+        if ahead is not None:
+            ahead.close()
         raise
 
 
@@ -154,7 +162,7 @@ _GROUP_BYTES = 4 << 20  # stage-1 jobs take consecutive chunks up to this many b
 _GROUP_CHUNKS = 16  # ... or this many chunks
 
 
-_Job = tuple[int, int, memoryview, torch.dtype]  # (tensor index, chunk seq, bytes, dtype)
+_Job = tuple[int, int, int, memoryview, torch.dtype]  # (tensor index, chunk seq, offset in it, bytes, dtype)
 
 
 @dataclass
@@ -163,6 +171,7 @@ class _Hashed:
 
     tensor: int
     seq: int
+    offset: int  # of the chunk in its tensor's bytes
     raw: memoryview
     dtype: torch.dtype
     chunk_id: str
@@ -195,8 +204,10 @@ class _Ingest:
 
     def __init__(self, sink: PackSink, known: KnownFn, pool: Executor, opts: IngestOptions,
                  likely_known: frozenset[str], delta: DeltaPlan | Future[DeltaPlan] | None,
-                 ready: Callable[[int], int] | None = None, hints: dict[str, PlaneHint] | None = None) -> None:
+                 ready: Callable[[int], int] | None = None, hints: dict[str, PlaneHint] | None = None,
+                 ahead: WriteAhead | None = None) -> None:
         self.sink, self.known, self.pool, self.opts, self.likely = sink, known, pool, opts, likely_known
+        self.ahead = ahead
         self.ready = ready
         self.delta: DeltaPlan | None = None
         self.cache: BaseCache | None = None
@@ -256,7 +267,7 @@ class _Ingest:
             spans = chunk_spans(len(view), t.element_size(), self.opts.chunk_size)
             ids.append([""] * len(spans))
             parts.append([Moments()] * len(spans))
-            jobs.extend((i, seq, view[off : off + ln], t.dtype) for seq, (off, ln) in enumerate(spans))
+            jobs.extend((i, seq, off, view[off : off + ln], t.dtype) for seq, (off, ln) in enumerate(spans))
         result = IngestResult(tensors=[], packs=[], new_chunk_ids=self.queued)
         hashing = self.hashing
         batch: list[_Hashed] = []
@@ -296,7 +307,7 @@ class _Ingest:
                 assert self.ready is not None
                 ready_upto = self.ready(job[0]) - 1
             group.append(job)
-            size += len(job[2])
+            size += len(job[3])
             if size >= _GROUP_BYTES or len(group) >= _GROUP_CHUNKS:
                 submit()
         if group:
@@ -330,6 +341,8 @@ class _Ingest:
             result.logical_bytes += len(views[i])
             result.nonfinite += stats["nan_count"] + stats["inf_count"]
         result.packs = self.sink.seal()
+        if self.ahead is not None:
+            result.packs += self.ahead.seal()
         if self.delta is not None:
             self.delta.cache.rotate()
         return result
@@ -338,12 +351,12 @@ class _Ingest:
         """Stage 1 for consecutive chunks, in order: one job for several chunks (small tensors
         especially) costs the interpreter lock less than a future per chunk."""
         out = []
-        for tensor, seq, raw, dtype in group:
+        for tensor, seq, offset, raw, dtype in group:
             faults.point("ingest.chunk")
             cid = hash_bytes(raw)
             if self.cache is not None and cid in self.likely:
                 self.cache.put(cid, raw)  # unchanged: the next commit's base (or its root's place)
-            out.append(_Hashed(tensor, seq, raw, dtype, cid, moments_of_bytes(raw, dtype)))
+            out.append(_Hashed(tensor, seq, offset, raw, dtype, cid, moments_of_bytes(raw, dtype)))
         return out
 
     def _resolve(self, batch: list[_Hashed], result: IngestResult) -> None:
@@ -364,6 +377,10 @@ class _Ingest:
             if not self.opts.compression and not self.encoding:
                 # Stored as they are: no encoding job, whose round trip through the pool (behind
                 # the hashing jobs queued there) would only delay the pack writes.
+                if self.ahead is not None and self.ahead.add(h.tensor, h.offset, cid, len(h.raw)):
+                    result.new_bytes += len(h.raw)  # already being written: only indexed
+                    result.stored_bytes += len(h.raw)
+                    continue
                 self._write(_Done(cid, Encoding.RAW, h.raw, len(h.raw)), result)
                 continue
             self.encoding.append(self.pool.submit(self._encode, h))

@@ -9,11 +9,14 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ckptrepo.errors import UsageError
+
+if TYPE_CHECKING:
+    from ckptrepo.ingest.writeahead import WriteAhead
 
 
 @dataclass
@@ -36,6 +39,7 @@ class CommitRequest:
     wait_s: float
     staged_at: float
     ready: Callable[[int], int] | None = None  # phase 2 may start before phase 1 ends (StageProgress.wait)
+    ahead: WriteAhead | None = None  # raw chunks written ahead of phase 2 (ingest.writeahead)
 
 
 def transfer_spec(transfer_from: Any) -> tuple[str, dict[str, str] | None] | None:

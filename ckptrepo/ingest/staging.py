@@ -24,10 +24,17 @@ from ckptrepo.errors import StagingAborted, UsageError
 from ckptrepo.state import bit_view
 
 _ALIGN = 64
+# The arena starts on a page and spans whole pages, so its bytes can be written to a file
+# with direct I/O straight from it (``ingest.writeahead``).
+PAGE = 4096
 
 
 def _aligned(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _page_aligned(n: int) -> int:
+    return (n + PAGE - 1) // PAGE * PAGE
 
 
 @dataclass
@@ -93,6 +100,11 @@ class Slot:
     def capacity(self) -> int:
         return 0 if self._arena is None else self._arena.data.numel()
 
+    @property
+    def arena(self) -> torch.Tensor | None:
+        """The arena the views of ``prepare`` live in (page-aligned, whole pages), if any."""
+        return None if self._arena is None else self._arena.data
+
     def stage(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Copy every tensor into this slot; returns contiguous CPU copies by name."""
         out = self.prepare(tensors)
@@ -144,9 +156,10 @@ class Slot:
         arena = self._arena
         if arena is None or arena.data.numel() < nbytes or (pin and not arena.pinned):
             self._arena = None  # free the old arena before allocating the new one
-            size = max(nbytes, _ALIGN)
-            data = torch.empty(size, dtype=torch.uint8, pin_memory=pin and torch.cuda.is_available())
-            arena = self._arena = _Arena(data, pin)
+            size = _page_aligned(max(nbytes, _ALIGN))
+            raw = torch.empty(size + PAGE, dtype=torch.uint8, pin_memory=pin and torch.cuda.is_available())
+            skip = -raw.data_ptr() % PAGE
+            arena = self._arena = _Arena(raw[skip : skip + size], pin)
         return arena.data
 
     def drop(self) -> None:

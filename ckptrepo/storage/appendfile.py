@@ -99,7 +99,7 @@ def direct_io_enabled() -> bool:
     return hasattr(os, "O_DIRECT") and os.environ.get("CKPT_DIRECT_IO", "1") != "0"
 
 
-def _open_direct(path: str) -> int | None:
+def open_direct(path: str) -> int | None:
     """A direct-I/O descriptor of ``path`` if a probe write through it succeeds, else None."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_DIRECT)
@@ -143,7 +143,7 @@ class AppendFile:
         self._flushed = 0  # file offset where the current buffer's bytes go
         self._writer: ThreadPoolExecutor | None = None
         self._pending: deque[tuple[Future[None], tuple[mmap.mmap, np.ndarray[Any, Any]]]] = deque()
-        direct = _open_direct(name) if direct_io_enabled() else None
+        direct = open_direct(name) if direct_io_enabled() else None
         if direct is not None:
             os.close(fd)
             self._fd = direct

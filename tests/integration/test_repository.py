@@ -11,6 +11,7 @@ from torch import nn
 
 import ckptrepo
 from ckptrepo import errors
+from ckptrepo.chunks.pack import parse_index
 from ckptrepo.state import tensor_bytes
 
 
@@ -177,7 +178,7 @@ def test_corrupt_pack_is_detected(tmp_path: Path) -> None:
         repo.commit({"w": torch.randn(4096)}).wait()
         pack = next((repo.repo_dir / "store").rglob("*.pack"))
         data = bytearray(pack.read_bytes())
-        data[100] ^= 0xFF
+        data[parse_index(bytes(data))[0].offset + 90] ^= 0xFF  # inside the chunk's payload
         pack.write_bytes(bytes(data))
         with pytest.raises(errors.IntegrityError) as exc:
             repo.checkout("main")
