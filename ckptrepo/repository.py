@@ -135,7 +135,7 @@ class Repo:
         # Raw chunks of asynchronous commits are written ahead of phase 2 at normal priority
         # (ingest.writeahead); the thread is started by commit(), on the caller's priority.
         self._write_ahead = bool(env_int("WRITE_AHEAD", 1))
-        self._ahead_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-ahead")
+        self._ahead_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckpt-ahead")
         self._unchanged: frozenset[str] = frozenset()  # tensor names the last commit found unchanged
         self._idle_repack = (idle_repack if idle_repack is not None else bool(env_int("IDLE_REPACK", 1))) and (
             config.compression and config.encode == "auto")

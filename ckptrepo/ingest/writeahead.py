@@ -10,7 +10,7 @@ that will probably be new — those the previous commit of this process did not 
 unchanged (``Repo`` keeps the names it found unchanged): a normal-priority thread writes
 their bytes from the staging arena into pack files, page-aligned requests straight from
 the page-aligned arena with direct I/O (no copy, a few system calls, the interpreter lock
-released), while phase 2 hashes them.
+released; two files at a time), while phase 2 hashes them.
 
 Phase 2 then only indexes what turned out new (``add``): a new chunk's entry points at its
 bytes where the arena put them (file offset = ``PAGE`` + arena offset - the file's base).
@@ -108,7 +108,8 @@ class WriteAhead:
                 continue
             self._where.append((start, self._place(start, nbytes, chunk_step(t.element_size(), chunk_size), target)))
         self._lock = threading.Lock()
-        self._future: Future[None] | None = None
+        self._futures: list[Future[None]] = []
+        self._started = False
         self._closed = False
         self.bytes_written = sum(hi - lo for f in self._files for lo, hi in f.extents)
 
@@ -138,33 +139,33 @@ class WriteAhead:
         return sum(w is not None for w in self._where)
 
     def start(self, executor: Executor) -> None:
-        """Queue the writes on ``executor`` (a normal-priority thread); nothing once closed."""
+        """Queue one job per file on ``executor`` (normal-priority threads: as many files are
+        written at once as it has threads); nothing once closed."""
         with self._lock:
-            if self._closed or self._future is not None or not self._files:
+            if self._closed or self._started:
                 return
-            self._future = executor.submit(self._write)
+            self._started = True
+            self._futures = [executor.submit(self._write, f) for f in self._files]
 
-    def _write(self) -> None:
+    def _write(self, f: _File) -> None:
         view = self._arena.numpy().data
-        staging = self._backend.staging_dir()
-        for f in self._files:
-            fd, name = tempfile.mkstemp(prefix="pack-", suffix=".tmp", dir=staging)
-            f.path = Path(name)
-            direct = open_direct(name) if direct_io_enabled() else None
-            try:
-                os.pwrite(fd, header(), 0)
-                out = fd if direct is None else direct
-                for lo, hi in f.extents:
-                    for at in range(lo, hi, REQUEST):
-                        faults.point("pack.write")
-                        _pwrite_all(out, view[at : min(hi, at + REQUEST)], PAGE + at - f.base)
-                # Flush the payloads now, while training runs: the fsync of ``seal`` (inside the
-                # next commit's wait, when phase 2 is late) then has only the index to flush.
-                os.fdatasync(out)
-            finally:
-                os.close(fd)
-                if direct is not None:
-                    os.close(direct)
+        fd, name = tempfile.mkstemp(prefix="pack-", suffix=".tmp", dir=self._backend.staging_dir())
+        f.path = Path(name)
+        direct = open_direct(name) if direct_io_enabled() else None
+        try:
+            os.pwrite(fd, header(), 0)
+            out = fd if direct is None else direct
+            for lo, hi in f.extents:
+                for at in range(lo, hi, REQUEST):
+                    faults.point("pack.write")
+                    _pwrite_all(out, view[at : min(hi, at + REQUEST)], PAGE + at - f.base)
+            # Flush the payloads now, while training runs: the fsync of ``seal`` (inside the
+            # next commit's wait, when phase 2 is late) then has only the index to flush.
+            os.fdatasync(out)
+        finally:
+            os.close(fd)
+            if direct is not None:
+                os.close(direct)
 
     def add(self, tensor: int, offset: int, chunk_id: str, length: int) -> bool:
         """Index the new raw chunk at byte ``offset`` of tensor ``tensor`` if that tensor is
@@ -182,10 +183,12 @@ class WriteAhead:
         """Wait for the writes (re-raising their failure), finish every file that holds a new
         chunk, make it durable and put it in the store; returns those packs."""
         with self._lock:
-            future = self._future
-        if future is not None:
+            futures, started = self._futures, self._started
+        for future in futures:
+            future.exception()  # every write has ended before any file is sealed or removed
+        for future in futures:
             future.result()
-        elif any(f.entries for f in self._files):
+        if not started and any(f.entries for f in self._files):
             raise UsageError("write-ahead chunks were indexed but the writes never started")
         sealed: list[SealedPack] = []
         for f in self._files:
@@ -216,8 +219,8 @@ class WriteAhead:
         """Wait for the writer and delete the files not put in the store; safe to repeat."""
         with self._lock:
             self._closed = True
-            future = self._future
-        if future is not None:
+            futures = self._futures
+        for future in futures:
             future.exception()  # waited for; a failure was (or will not be) reported by seal
         for f in self._files:
             if f.path is not None:
