@@ -365,6 +365,8 @@ class Repo:
                                         finally_=settle_and_release)
         if defer and self._idle_repack:
             self._committer.submit_idle(self._repack_when_idle)
+        if ahead is not None:  # its writes follow the copy; _persist closes it in any case
+            ahead.start(self._ahead_pool, progress.wait)
         try:
             slot.copy(flat.tensors, staged, progress)
         except BaseException as exc:
@@ -373,8 +375,6 @@ class Repo:
             if failure is not None:
                 self._committer.acknowledge(failure)  # this raise reports it
             raise
-        if ahead is not None:
-            ahead.start(self._ahead_pool)  # before finish: the slot is not released before this
         request.staged_at = time.perf_counter()
         request.stall_s = request.staged_at - entered
         progress.finish()
