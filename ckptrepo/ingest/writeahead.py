@@ -51,7 +51,7 @@ from ckptrepo.chunks.pack import PackEntry, header, pack_tail
 from ckptrepo.chunks.store import SealedPack, location, pack_key
 from ckptrepo.errors import UsageError
 from ckptrepo.ingest.staging import PAGE
-from ckptrepo.storage.appendfile import direct_io_enabled, open_direct
+from ckptrepo.storage.appendfile import direct_io_enabled, open_direct, pwrite_all
 from ckptrepo.storage.base import Backend
 
 REQUEST = 8 << 20  # bytes per write request
@@ -120,7 +120,6 @@ class WriteAhead:
         self._futures: list[Future[None]] = []
         self._started = False
         self._closed = False
-        self.bytes_written = sum(hi - lo for f in self._files for lo, hi in f.extents)
 
     def _place(self, index: int, start: int, nbytes: int, step: int, target: int) -> list[tuple[int, int]]:
         """Lay one tensor's bytes into files, whole chunks at a time; returns its pieces."""
@@ -174,7 +173,7 @@ class WriteAhead:
                     if ready is not None:
                         ready(f.last_tensor_before(end))
                     faults.point("pack.write")
-                    _pwrite_all(out, view[at:end], PAGE + at - f.base)
+                    pwrite_all(out, view[at:end], PAGE + at - f.base)
             # Flush the payloads now, while training runs: the fsync of ``seal`` (inside the
             # next commit's wait, when phase 2 is late) then has only the index to flush.
             os.fdatasync(out)
@@ -217,7 +216,7 @@ class WriteAhead:
             tail, pack_id = pack_tail(f.entries, index_offset)
             fd = os.open(f.path, os.O_WRONLY)
             try:
-                _pwrite_all(fd, memoryview(tail), index_offset)
+                pwrite_all(fd, memoryview(tail), index_offset)
                 os.fsync(fd)  # the directly written payloads too: the device's cache is flushed
             finally:
                 os.close(fd)
@@ -243,9 +242,3 @@ class WriteAhead:
                 with contextlib.suppress(OSError):
                     f.path.unlink(missing_ok=True)
                 f.path = None
-
-
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
-    done = 0
-    while done < len(data):
-        done += os.pwrite(fd, data[done:], offset + done)

@@ -271,11 +271,16 @@ class AppendFile:
         self.path.unlink(missing_ok=True)
 
 
+def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    """Write all of ``data`` at ``offset`` (``pwrite`` may write less than it was given)."""
+    done = 0
+    while done < len(data):
+        done += os.pwrite(fd, data[done:], offset + done)
+
+
 def _pwrite_all(fd: int, buf: mmap.mmap, length: int, offset: int) -> None:
     view = memoryview(buf)[:length]
     try:
-        done = 0
-        while done < length:
-            done += os.pwrite(fd, view[done:], offset + done)
+        pwrite_all(fd, view, offset)
     finally:
         view.release()
