@@ -59,63 +59,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ForeignLoad, fsync_path, goal_note, median, report, scratch_dir, wait_quiet
+from _training import MIB, Trainer, add_model_args
 
 import ckptrepo
 
 KS = (10, 50, 200)
-MIB = 1 << 20
-
-
-class TinyLM(nn.Module):
-    """Decoder-only transformer: token + position embeddings, pre-norm causal encoder layers, LM head."""
-
-    def __init__(self, vocab: int, d: int, layers: int, ff: int, ctx: int) -> None:
-        super().__init__()
-        self.emb = nn.Embedding(vocab, d)
-        self.pos = nn.Parameter(torch.zeros(ctx, d))
-        layer = nn.TransformerEncoderLayer(d, d // 64, ff, dropout=0.0, batch_first=True, norm_first=True)
-        self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-        self.norm = nn.LayerNorm(d)
-        self.head = nn.Linear(d, vocab, bias=False)
-        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(ctx), persistent=False)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.emb(tokens) + self.pos[: tokens.shape[1]]
-        h = self.blocks(h, mask=self.mask, is_causal=True)
-        return self.head(self.norm(h))  # type: ignore[no-any-return]
-
-
-class Trainer:
-    """The model, its AdamW optimizer and a fixed pool of synthetic token batches."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        torch.manual_seed(0)
-        self.vocab = args.vocab
-        self.model = TinyLM(args.vocab, args.d_model, args.layers, 4 * args.d_model, args.ctx)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=3e-4, weight_decay=0.1)
-        gen = torch.Generator().manual_seed(1)
-        self.batches = [torch.randint(0, args.vocab, (args.batch, args.ctx + 1), generator=gen) for _ in range(32)]
-        self.n = 0
-
-    def step(self) -> None:
-        batch = self.batches[self.n % len(self.batches)]
-        self.n += 1
-        logits = self.model(batch[:, :-1])
-        loss = nn.functional.cross_entropy(logits.reshape(-1, self.vocab), batch[:, 1:].reshape(-1))
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.opt.step()
-
-    @property
-    def state(self) -> dict[str, Any]:
-        return {"model": self.model, "optim": self.opt}
-
-    def params(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
 
 
 @dataclass(frozen=True)
@@ -306,11 +257,7 @@ def main() -> None:
                     help="also every k without the background repack between commits (all of it after the segment)")
     ap.add_argument("--ks", type=int, nargs="+", default=list(KS), help=f"checkpoint intervals (default {KS})")
     ap.add_argument("--only-ckpt", action="store_true", help="skip the torch.save segments (A/B runs of settings)")
-    ap.add_argument("--d-model", type=int, default=320)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=8192)
-    ap.add_argument("--ctx", type=int, default=32)
-    ap.add_argument("--batch", type=int, default=2)
+    add_model_args(ap)
     ap.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir under /work)")
     args = ap.parse_args()
     # Five rounds: at k=50 and 200 a segment holds one or two commits, and single segments
@@ -324,9 +271,7 @@ def run(base: Path, args: argparse.Namespace) -> None:
     trainer = Trainer(args)
     for _ in range(5):  # warm-up: AdamW state exists, allocator and kernels warm
         trainer.step()
-    state_mib = (sum(t.numel() * t.element_size() for t in trainer.model.state_dict().values())
-                 + sum(v.numel() * v.element_size() for s in trainer.opt.state.values() for v in s.values()
-                       if isinstance(v, torch.Tensor))) / MIB
+    state_mib = trainer.state_mib()
     cfgs = configs(args)
     print(f"load average at start {os.getloadavg()[0]:.1f} (other processes share these cores)")
     print(f"model: {trainer.params() / 1e6:.1f}M params, state {state_mib:.0f} MiB (model + AdamW); "
