@@ -2,7 +2,7 @@
 
 The same CPU training loop as ``bench_training.py`` (~10M-parameter transformer, AdamW, state
 ~117 MiB), but instead of timing long segments minutes apart, the loop runs *blocks* of k
-training steps, in triplets whose order is drawn at random:
+training steps, in rounds whose order is drawn at random:
   - ckptrepo: ``repo.commit(state)`` at the start of the block, k steps, then ``wait()`` for
     the commit: everything the commit costs the loop (its stall, the steps its phase 2 and
     its pack writes slow down, whatever of phase 2 is left at the end) falls inside the
@@ -11,13 +11,18 @@ training steps, in triplets whose order is drawn at random:
   - torch.save: ``torch.save`` of the same state dicts to a new file + fsync of the file and
     its directory at the start of the block, then k steps (the file is removed after the
     block, untimed),
+  - dcp.async_save (``--peers dcp``, default): ``torch.distributed.checkpoint.async_save`` of
+    the same state dicts at the start (no process group, one ``DefaultStager`` reused: its
+    best case), k steps, then its future and an fsync of the new directory,
+  - copy floor (``--peers copy``, default): a copy of every tensor into preallocated buffers,
+    nothing persisted: the least any snapshot-then-persist checkpointer costs the loop,
   - none: k steps.
-The three blocks of a triplet run back to back, seconds apart, so the machine's drift (other
+The blocks of a round run back to back, seconds apart, so the machine's drift (other
 tenants of the host, which move the step time of this VM by up to 2x over minutes) falls on
-all three alike. Overhead of a method = mean over triplets of (its block - the none block)
-over the mean none block, in %, with a 95% bootstrap interval over the triplets (paired
-resampling); the ratio to torch.save's overhead is bootstrapped the same way. "CPU %" is the
-same for process CPU seconds.
+all of them alike. Overhead of a method = mean over rounds of (its block - the none block)
+over the mean none block, in %, with a 95% bootstrap interval over the rounds (paired
+resampling); the ratios to torch.save's and dcp.async_save's overheads are bootstrapped the
+same way. "CPU %" is the same for process CPU seconds.
 
 Each k uses a fresh repository (default settings unless ``--variant``), whose staging arena
 is allocated by an untimed warm-up commit. The background repack between commits is on, as
@@ -27,11 +32,11 @@ torch.save or none block would flatter ckptrepo), and what it left is encoded by
 "fits": the share of ckptrepo blocks in which the commit was durable before the block's last
 step ended (its phase 2 finished inside the interval).
 
-``--variant NAME:VAR=VALUE[,VAR=VALUE]`` adds a fourth block kind: ckptrepo with a second
+``--variant NAME:VAR=VALUE[,VAR=VALUE]`` adds a block kind: ckptrepo with another
 repository opened with those ``CKPT_*`` environment variables (an A/B in the same run).
 
-    python benchmarks/bench_training_paired.py [--ks 10 50 200] [--triplets N] [--quick]
-        [--variant NAME:CKPT_WRITE_AHEAD=0] [--seed 0] [--dir PATH]
+    python benchmarks/bench_training_paired.py [--ks 10 50 200] [--rounds N] [--quick]
+        [--peers dcp copy] [--variant NAME:CKPT_WRITE_AHEAD=0] [--seed 0] [--dir PATH]
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import argparse
 import functools
 import os
 import random
+import shutil
 import statistics
 import sys
 import time
@@ -51,12 +57,12 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ForeignLoad, fsync_path, goal_note, report, scratch_dir
+from _common import ForeignLoad, fsync_dir, fsync_path, goal_note, report, scratch_dir
 from _training import MIB, Trainer, add_model_args
 
 import ckptrepo
 
-TRIPLETS = {10: 40, 50: 30, 200: 8}  # ~2.5, ~8 and ~8 minutes at ~0.1 s/step
+ROUNDS = {10: 40, 50: 30, 200: 8}  # ~2.5, ~8 and ~8 minutes at ~0.1 s/step
 BOOTSTRAP = 2000
 
 
@@ -74,14 +80,88 @@ class Block:
     repacked: int = 0  # bytes the idle repack encoded during the block
 
 
+Finish = Callable[[], None]
+
+
 @dataclass
 class Kind:
-    """A block kind: how its checkpoint is taken (None: no checkpoint)."""
+    """A block kind: how its checkpoint is taken (neither a repository nor a peer: none)."""
 
     name: str
     repo: ckptrepo.Repo | None = None
-    save_dir: Path | None = None
+    peer: Callable[[Trainer], Finish | None] | None = None  # checkpoint; what to wait for at the block's end
+    cleanup: Callable[[], None] | None = None  # after the block, untimed
     blocks: list[Block] = field(default_factory=list)
+
+
+def state_dicts(trainer: Trainer) -> dict[str, Any]:
+    return {"model": trainer.model.state_dict(), "optim": trainer.opt.state_dict()}
+
+
+class TorchSave:
+    """torch.save of the state dicts to a new file + fsync of the file and its directory."""
+
+    def __init__(self, where: Path) -> None:
+        self.where = where
+        self.path: Path | None = None
+
+    def __call__(self, trainer: Trainer) -> None:
+        self.path = self.where / f"step-{trainer.n}.pt"
+        torch.save(state_dicts(trainer), self.path)
+        fsync_path(self.path)
+
+    def cleanup(self) -> None:
+        if self.path is not None:
+            self.path.unlink()
+
+
+class CopyFloor:
+    """The floor of any snapshot-then-persist checkpointer: a copy of every tensor of the
+    state into preallocated buffers (faulted in beforehand), nothing persisted."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.bufs = [torch.zeros_like(t) for t in self.tensors(trainer)]
+
+    @staticmethod
+    def tensors(trainer: Trainer) -> list[torch.Tensor]:
+        opt = [v for st in trainer.opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+        return [*trainer.model.state_dict().values(), *opt]
+
+    def __call__(self, trainer: Trainer) -> None:
+        for buf, t in zip(self.bufs, self.tensors(trainer), strict=True):
+            buf.copy_(t)
+
+
+class DcpAsync:
+    """``torch.distributed.checkpoint.async_save`` of the state dicts (no process group, one
+    ``DefaultStager`` reused: its best case); the block waits for its future and fsyncs the
+    new directory (DCP fsyncs its files)."""
+
+    def __init__(self, where: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        self.dcp, self.where = dcp, where
+        self.stager = DefaultStager(StagingOptions(False, False, False, False))
+        self.target: Path | None = None
+
+    def __call__(self, trainer: Trainer) -> Finish:
+        target = self.target = self.where / f"dcp-{trainer.n}"
+        future = self.dcp.async_save(  # type: ignore[attr-defined]
+            state_dicts(trainer), checkpoint_id=str(target), no_dist=True, async_stager=self.stager)
+
+        def finish() -> None:
+            future.result()  # type: ignore[union-attr]
+            fsync_dir(target)
+
+        return finish
+
+    def cleanup(self) -> None:
+        if self.target is not None:
+            shutil.rmtree(self.target)
+
+    def close(self) -> None:
+        self.stager.close()
 
 
 def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
@@ -111,24 +191,24 @@ def open_repo(where: Path, trainer: Trainer, env: dict[str, str]) -> ckptrepo.Re
 def run_block(kind: Kind, trainer: Trainer, k: int) -> tuple[Block, int]:
     """k training steps, after the kind's checkpoint; a commit is waited for inside the block.
     Also returns the bytes the commit stored (0 without one)."""
-    path = kind.save_dir / f"step-{trainer.n}.pt" if kind.save_dir is not None else None
     cpu0 = time.process_time()
     start = time.perf_counter()
-    handle = None
+    handle, finish = None, None
     if kind.repo is not None:
         handle = kind.repo.commit(trainer.state, step=trainer.n)
-    elif path is not None:
-        torch.save({"model": trainer.model.state_dict(), "optim": trainer.opt.state_dict()}, path)
-        fsync_path(path)
+    elif kind.peer is not None:
+        finish = kind.peer(trainer)
     called = time.perf_counter()
     for _ in range(k):
         trainer.step()
     last = time.perf_counter()
     commit = handle.wait() if handle is not None else None
+    if finish is not None:
+        finish()
     end = time.perf_counter()
     block = Block(wall=end - start, cpu=time.process_time() - cpu0, stall=called - start, end_wait=end - last)
-    if path is not None:
-        path.unlink()
+    if kind.cleanup is not None:
+        kind.cleanup()
     if commit is None:
         return block, 0
     block.persist, block.slot_wait = commit.persist_s, commit.wait_s
@@ -142,19 +222,19 @@ def pending(kinds: list[Kind]) -> list[int]:
 
 
 def overhead(blocks: list[Block], base: list[Block], idx: list[int], metric: Callable[[Block], float]) -> float:
-    """Mean (block - base block) over the mean base block, %, over the triplets ``idx``."""
+    """Mean (block - base block) over the mean base block, %, over the rounds ``idx``."""
     diff = sum(metric(blocks[i]) - metric(base[i]) for i in idx)
     return 100.0 * diff / sum(metric(base[i]) for i in idx)
 
 
 def ratio_to(blocks: list[Block], other: list[Block], base: list[Block], idx: list[int]) -> float:
-    """``blocks``' wall overhead over ``other``'s, over the triplets ``idx`` (inf if ``other``'s is <= 0)."""
+    """``blocks``' wall overhead over ``other``'s, over the rounds ``idx`` (inf if ``other``'s is <= 0)."""
     theirs = overhead(other, base, idx, wall)
     return overhead(blocks, base, idx, wall) / theirs if theirs > 0 else float("inf")
 
 
 def bootstrap(stat: Callable[[list[int]], float], n: int, rng: random.Random) -> tuple[float, float]:
-    """95% interval of ``stat`` over triplets resampled with replacement."""
+    """95% interval of ``stat`` over rounds resampled with replacement."""
     values = sorted(stat([rng.randrange(n) for _ in range(n)]) for _ in range(BOOTSTRAP))
     return values[int(0.025 * BOOTSTRAP)], values[int(0.975 * BOOTSTRAP) - 1]
 
@@ -167,18 +247,26 @@ def cpu(b: Block) -> float:
     return b.cpu
 
 
-def measure_k(k: int, triplets: int, trainer: Trainer, base: Path, variants: list[tuple[str, dict[str, str]]],
-              rng: random.Random) -> tuple[list[tuple[str, float, str]], dict[str, Any]]:
+def measure_k(k: int, rounds: int, trainer: Trainer, base: Path, variants: list[tuple[str, dict[str, str]]],
+              peers: list[str], rng: random.Random) -> tuple[list[tuple[str, float, str]], dict[str, Any]]:
     where = base / f"k{k}"
     where.mkdir()
-    kinds = [Kind("none"), Kind("torch.save", save_dir=where),
-             Kind("ckptrepo", repo=open_repo(where / "repo", trainer, {}))]
+    saver = TorchSave(where)
+    kinds = [Kind("none"), Kind("torch.save", peer=saver, cleanup=saver.cleanup)]
+    dcp = DcpAsync(where) if "dcp" in peers else None
+    if dcp is not None:
+        kinds.append(Kind("dcp.async_save", peer=dcp, cleanup=dcp.cleanup))
+        dcp(trainer)()  # untimed: its first call sets up its planner and stager
+        dcp.cleanup()
+    if "copy" in peers:
+        kinds.append(Kind("copy floor", peer=CopyFloor(trainer)))
+    kinds.append(Kind("ckptrepo", repo=open_repo(where / "repo", trainer, {})))
     kinds += [Kind(f"ckptrepo {name}", repo=open_repo(where / f"repo-{name}", trainer, env)) for name, env in variants]
     loads: list[ForeignLoad] = []
     started = time.perf_counter()
     try:
         trainer.step()  # untimed: the first commit must not repeat the warm-up's bytes
-        for t in range(triplets):
+        for t in range(rounds):
             order = kinds[:]
             rng.shuffle(order)
             with ForeignLoad() as load:
@@ -191,14 +279,15 @@ def measure_k(k: int, triplets: int, trainer: Trainer, base: Path, variants: lis
                                          for kd, b, a in zip(kinds, before, pending(kinds), strict=True))
                     kind.blocks.append(block)
             loads.append(load)
-            if (t + 1) % max(1, triplets // 5) == 0 or t + 1 == triplets:
+            if (t + 1) % max(1, rounds // 5) == 0 or t + 1 == rounds:
                 none = kinds[0].blocks
-                print(f"  k={k}: {t + 1}/{triplets} triplets ({time.perf_counter() - started:.0f} s): "
+                print(f"  k={k}: {t + 1}/{rounds} rounds ({time.perf_counter() - started:.0f} s): "
                       + ", ".join(f"{kd.name} {overhead(kd.blocks, none, list(range(t + 1)), wall):.1f}%"
                                   for kd in kinds[1:]), flush=True)
         repack: dict[str, tuple[float, float, int]] = {}
-        for kind in kinds[2:]:
-            assert kind.repo is not None
+        for kind in kinds:
+            if kind.repo is None:
+                continue
             left = kind.repo.repack_pending()[1]
             cpu0, t0 = time.process_time(), time.perf_counter()
             kind.repo.repack()
@@ -207,15 +296,18 @@ def measure_k(k: int, triplets: int, trainer: Trainer, base: Path, variants: lis
         for kind in kinds:
             if kind.repo is not None:
                 kind.repo.close()
+        if dcp is not None:
+            dcp.close()
 
     none = kinds[0].blocks
     n = len(none)
     step = statistics.mean(b.wall for b in none) / k
     rows: list[tuple[str, float, str]] = [(f"k={k} no checkpointing, s/step", step,
-                                           f"{n} triplets; block {k * step:.2f} s")]
-    info: dict[str, Any] = {"triplets": n, "step_s": step, "foreign_cpu": [x.share for x in loads],
+                                           f"{n} rounds; block {k * step:.2f} s")]
+    info: dict[str, Any] = {"rounds": n, "step_s": step, "foreign_cpu": [x.share for x in loads],
                             "foreign_write_mib_s": [x.write_mib_s for x in loads]}
     save = kinds[1].blocks
+    dcp_blocks = kinds[2].blocks if dcp is not None else None
     for kind in kinds[1:]:
         bl = kind.blocks
         idx = list(range(n))
@@ -223,9 +315,9 @@ def measure_k(k: int, triplets: int, trainer: Trainer, base: Path, variants: lis
         lo, hi = bootstrap(functools.partial(overhead, bl, none, metric=wall), n, rng)
         per = [100.0 * (bl[i].wall / none[i].wall - 1.0) for i in idx]
         entry: dict[str, Any] = {"overhead_pct": over, "ci95": (lo, hi), "cpu_pct": over_cpu,
-                                 "median_triplet_pct": statistics.median(per),
+                                 "median_round_pct": statistics.median(per),
                                  "stall_s": statistics.mean(b.stall for b in bl)}
-        note = f"95% CI {lo:.1f}..{hi:.1f}; median of triplets {statistics.median(per):.1f}; CPU {over_cpu:.1f}%"
+        note = f"95% CI {lo:.1f}..{hi:.1f}; median of rounds {statistics.median(per):.1f}; CPU {over_cpu:.1f}%"
         if kind.repo is not None:
             fits = sum(b.durable_in_time for b in bl) / n
             end_wait = statistics.mean(b.end_wait for b in bl)
@@ -255,24 +347,32 @@ def measure_k(k: int, triplets: int, trainer: Trainer, base: Path, variants: lis
             entry.update(ratio_torch_save=ratio, ratio_ci95=(ts_lo, ts_hi))
             rows.append((f"RATIO k={k} {kind.name} / torch.save overhead (wall)", ratio,
                          f"{goal_note(ts_hi, 1.0)} (upper end of the 95% interval {ts_lo:.2f}..{ts_hi:.2f})"))
+            if dcp_blocks is not None:
+                d_over = overhead(dcp_blocks, none, idx, wall)
+                d_lo, d_hi = bootstrap(functools.partial(ratio_to, bl, dcp_blocks, none), n, rng)
+                entry.update(ratio_dcp_async=over / d_over if d_over > 0 else float("nan"), ratio_dcp_ci95=(d_lo, d_hi))
+                rows.append((f"RATIO k={k} {kind.name} / dcp.async_save overhead (wall)", entry["ratio_dcp_async"],
+                             f"95% interval {d_lo:.2f}..{d_hi:.2f}; for comparison"))
         else:
             rows.append((f"k={k} {kind.name} overhead % (wall)", over, note))
             rows.append((f"k={k} {kind.name} stall s", entry["stall_s"], ""))
         info[kind.name] = entry
     shares = [x.share for x in loads]
     print(f"  k={k}: other processes took {100 * statistics.median(shares):.0f}% of the CPU "
-          f"(max {100 * max(shares):.0f}%) over the triplets", flush=True)
+          f"(max {100 * max(shares):.0f}%) over the rounds", flush=True)
     return rows, info
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ks", type=int, nargs="+", default=list(TRIPLETS), help="checkpoint intervals (10 50 200)")
-    ap.add_argument("--triplets", type=int, default=None,
-                    help=f"triplets of blocks per k (default {TRIPLETS}; --quick 20)")
-    ap.add_argument("--quick", action="store_true", help="k=50 only, 20 triplets (~6 minutes)")
+    ap.add_argument("--ks", type=int, nargs="+", default=list(ROUNDS), help="checkpoint intervals (10 50 200)")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help=f"rounds of blocks per k (default {ROUNDS}; --quick 20)")
+    ap.add_argument("--quick", action="store_true", help="k=50 only, 20 rounds (~6 minutes)")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME:CKPT_VAR=VALUE",
                     help="add blocks of ckptrepo with these environment settings (repeatable)")
+    ap.add_argument("--peers", nargs="*", default=["dcp", "copy"], choices=["dcp", "copy"],
+                    help="peers besides torch.save: dcp.async_save, the copy floor (default both)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the block order and the bootstrap")
     add_model_args(ap)
     ap.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir under /work)")
@@ -290,8 +390,8 @@ def main() -> None:
     extra: dict[str, Any] = {"ks": args.ks, "seed": args.seed, "variants": args.variant, "per_k": {}}
     with scratch_dir(args.dir) as base:
         for k in args.ks:
-            triplets = args.triplets or (20 if args.quick else TRIPLETS.get(k, 10))
-            r, info = measure_k(k, triplets, trainer, base, variants, rng)
+            rounds = args.rounds or (20 if args.quick else ROUNDS.get(k, 10))
+            r, info = measure_k(k, rounds, trainer, base, variants, args.peers, rng)
             rows += r
             extra["per_k"][k] = info
     report("training overhead of checkpointing every k steps, paired blocks (mean, 95% bootstrap interval)",
