@@ -160,6 +160,7 @@ def ingest(
 
 _GROUP_BYTES = 4 << 20  # stage-1 jobs take consecutive chunks up to this many bytes ...
 _GROUP_CHUNKS = 16  # ... or this many chunks
+_AHEAD_LOOKUP = 256  # chunks per store lookup when a write-ahead already writes the new ones
 
 
 _Job = tuple[int, int, int, memoryview, torch.dtype]  # (tensor index, chunk seq, offset in it, bytes, dtype)
@@ -197,7 +198,8 @@ class _Ingest:
     Stage 1 hashes each chunk and summarises it for the statistics, up to ``lookahead``
     chunks ahead (it holds only ids: the bytes stay in the caller's snapshot). The calling
     thread checks the new ids against the store in batches of ``lookahead // 2`` (one
-    query for many chunks instead of one per few), and only chunks the store lacks go to
+    query for many chunks instead of one per few; 256 when a write-ahead already writes the
+    new chunks and nothing is encoded), and only chunks the store lacks go to
     stage 2, encoding, bounded by ``window`` encoded chunks in memory; they are appended to
     packs in order. Deduplicated chunks thus cost no encoding at all.
     """
@@ -271,7 +273,11 @@ class _Ingest:
         result = IngestResult(tensors=[], packs=[], new_chunk_ids=self.queued)
         hashing = self.hashing
         batch: list[_Hashed] = []
-        step = max(1, self.opts.lookahead // 2)
+        # Lookups feed the encoding (and raw writes) as early as possible, in batches of
+        # half the lookahead; when nothing is encoded and a write-ahead is writing the chunks
+        # already, a lookup only indexes them: fewer, larger lookups then.
+        step = _AHEAD_LOOKUP if self.ahead is not None and not self.opts.compression else max(
+            1, self.opts.lookahead // 2)
 
         def take(h: _Hashed) -> None:
             ids[h.tensor][h.seq] = h.chunk_id
