@@ -274,10 +274,9 @@ class _Ingest:
         hashing = self.hashing
         batch: list[_Hashed] = []
         # Lookups feed the encoding (and raw writes) as early as possible, in batches of
-        # half the lookahead; when nothing is encoded and a write-ahead is writing the chunks
-        # already, a lookup only indexes them: fewer, larger lookups then.
-        step = _AHEAD_LOOKUP if self.ahead is not None and not self.opts.compression else max(
-            1, self.opts.lookahead // 2)
+        # half the lookahead; with a write-ahead (nothing is encoded, see ``ingest``) the
+        # chunks are being written already and a lookup only indexes them: fewer, larger ones.
+        step = _AHEAD_LOOKUP if self.ahead is not None else max(1, self.opts.lookahead // 2)
 
         def take(h: _Hashed) -> None:
             ids[h.tensor][h.seq] = h.chunk_id
