@@ -150,9 +150,9 @@ def test_phase2_starts_while_the_snapshot_is_still_copying(
     copied = itertools.count()
     in_place = [0]  # tensors phase 1 has reported copied
 
-    def advance(self: StageProgress) -> None:
+    def advance(self: StageProgress, nbytes: int = 0) -> None:
         in_place[0] = next(copied) + 1
-        real_advance(self)
+        real_advance(self, nbytes)
 
     def hash_and_signal(self: Any, group: list[Any]) -> Any:
         assert all(job[0] < in_place[0] for job in group), "phase 2 read a tensor before it was copied"
@@ -170,6 +170,7 @@ def test_phase2_starts_while_the_snapshot_is_still_copying(
 
     monkeypatch.setattr(pipeline._Ingest, "_hash_group", hash_and_signal)
     monkeypatch.setattr(StageProgress, "advance", advance)
+    monkeypatch.setattr(StageProgress, "batch", 0)  # waiters woken after every tensor
     monkeypatch.setattr("ckptrepo.ingest.staging.faults.point", point)
     state = {"a": torch.randn(100_000), "b": torch.randn(50_000), "c": torch.randn(70_000)}
     expected = {k: v.clone() for k, v in state.items()}
