@@ -7,7 +7,14 @@ float32 (fp16, bf16, fp8) and integers are widened per chunk; NaN and ±Inf are 
 and left out of the other statistics. Dtypes without numeric meaning (float4, bits*) get
 none. The arithmetic is numpy's, on the worker thread (see ``_as_numpy`` for why not torch),
 except for float32, bfloat16 and float64, which one pass of the byte-plane extension
-summarises (``_planes.moments``: shifted double accumulators, ~3x numpy's several passes).
+summarises (``_planes.moments``: shifted double accumulators). That pass uses AVX-512 where
+the CPU has it, else AVX2 + FMA, else a portable SSE2 or scalar loop (``CKPT_NO_AVX512``
+/ ``CKPT_NO_AVX2`` step down).
+Measured on one core of this project's Xeon over a 117 MiB state in 4 MiB chunks, bytes in
+memory rather than cache: float32 14-17 GB/s with AVX-512, about as fast as that core reads
+memory (down to ~10 GB/s on buffers whose memory reads slower), against 6.5-8 GB/s with
+AVX2 and ~1.2 GB/s for numpy; bfloat16 ~15 GB/s (AVX2: ~2-3); float64 ~14-15 GB/s (AVX2:
+~11-13). From cache, AVX-512 reaches ~35 GB/s for float32.
 """
 
 from __future__ import annotations

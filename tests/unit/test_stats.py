@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import math
 import os
+import platform
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -87,28 +90,155 @@ def test_moments_of_bytes_equal_moments_of_the_tensor(dtype: torch.dtype) -> Non
     assert stats.moments_of_bytes(memoryview(b""), dtype) == Moments()
 
 
+_KERNEL_CODE = """
+import json, sys
+import numpy as np
+from ckptrepo.chunks import _planes
+cases = np.load(sys.argv[1])
+out = [_planes.moments(cases[f"a{i}"].tobytes(), int(cases[f"k{i}"])) for i in range(int(cases["count"]))]
+print(json.dumps({"kernel": _planes.moments_kernel(), "results": out}))
+"""
+
+# Environments for each pass: the best the CPU has, AVX2 + FMA at most, the portable pass.
+_PATHS: tuple[dict[str, str], ...] = ({}, {"CKPT_NO_AVX512": "1"}, {"CKPT_NO_AVX2": "1"})
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _kernel_cases() -> list[tuple[int, np.ndarray[Any, Any]]]:
+    """(kind, elements) covering every loop of every pass: lengths around the vector widths
+    (the AVX-512 loops take 32, 16 or 8 elements, AVX2 16, SSE2 4 or 8) and long enough to
+    reach the prefetching main loop; offsets far from zero, negative values, wide magnitudes,
+    values near the top of each range, signed zeros; NaN and ±Inf at the first element (no
+    shift), inside the vector part and in the scalar tail; a float64 sum of squares that
+    overflows."""
+    rng = np.random.default_rng(2024)
+    lengths = (1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 95, 127, 1000, 4099, 70001)
+    f32max, f64max = float(np.finfo(np.float32).max), float(np.finfo(np.float64).max)
+    raw: list[tuple[str, np.ndarray[Any, Any]]] = []
+    for n in lengths:
+        raw.append(("normal", rng.normal(0.0, 1.0, n)))
+        raw.append(("offset", rng.normal(1e6, 1.0, n)))
+        raw.append(("negative", -np.abs(rng.normal(1e3, 10.0, n))))
+    for n in (33, 1000, 70001):
+        signs = rng.choice([-1.0, 1.0], n)
+        raw.append(("wide", signs * 10.0 ** rng.uniform(-30, 30, n)))
+        raw.append(("near-f32-max", signs * rng.uniform(0.5, 1.0, n) * f32max))
+        zeros = rng.normal(0.0, 1.0, n)
+        zeros[rng.integers(0, n, n // 3)] = -0.0
+        zeros[rng.integers(0, n, n // 3)] = 0.0
+        raw.append(("zeros", zeros))
+        raw.append(("constant", np.full(n, -2.5)))
+    cases: list[tuple[int, np.ndarray[Any, Any]]] = []
+    for label, values in raw:
+        for kind in (0, 1, 2):
+            if label == "near-f32-max" and kind == 2:
+                continue  # rounds to bf16 infinity; the special cases below cover that
+            cases.append((kind, _encode(values, kind)))
+    for kind in (0, 1, 2):
+        for n in (1, 5, 40, 77, 1000, 70001):
+            for specials in ([math.nan], [math.inf], [-math.inf], [math.inf, -math.inf], [math.nan, math.inf]):
+                for where in ("first", "body", "tail"):
+                    values = rng.normal(5.0, 3.0, n)
+                    for j, v in enumerate(specials):
+                        pos = {"first": 0, "body": n // 3, "tail": n - 1}[where]
+                        values[min(n - 1, pos + j)] = v
+                    cases.append((kind, _encode(values, kind)))
+            cases.append((kind, _encode(np.full(n, math.nan), kind)))
+    big = rng.uniform(0.5, 1.0, 4099) * np.sqrt(f64max)  # finite elements, sum of squares past float64
+    cases.append((1, big))
+    cases.append((1, -big))
+    return cases
+
+
+def _encode(values: np.ndarray[Any, Any], kind: int) -> np.ndarray[Any, Any]:
+    if kind == 1:
+        return values.astype(np.float64)
+    f = values.astype(np.float32)
+    if kind == 0:
+        return f
+    return torch.from_numpy(f).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+
+
+def _decode(arr: np.ndarray[Any, Any], kind: int) -> np.ndarray[Any, Any]:
+    if kind == 2:
+        return (arr.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    return arr.astype(np.float64)
+
+
+def _fsum(values: np.ndarray[Any, Any]) -> float:
+    try:
+        return math.fsum(values.tolist())
+    except OverflowError:
+        return math.inf
+
+
+def _check_against_reference(kind: int, arr: np.ndarray[Any, Any], got: list[float]) -> None:
+    """``got`` (a ``_planes.moments`` tuple) against the correctly rounded float64 figures."""
+    x = _decode(arr, kind)
+    finite = x[np.isfinite(x)]
+    shift = float(x[0]) if math.isfinite(x[0]) else 0.0
+    count, g_shift, s1, s2, lo, hi, _, nan, inf = got
+    assert (count, nan, inf) == (finite.size, int(np.isnan(x).sum()), int(np.isinf(x).sum()))
+    assert g_shift == shift
+    if finite.size == 0:
+        assert (s1, s2) == (0.0, 0.0) and lo == math.inf and hi == -math.inf
+        return
+    assert lo == float(finite.min()) and hi == float(finite.max())
+    a = finite - shift
+    ref1, abs1 = _fsum(a), _fsum(np.abs(a))
+    with np.errstate(over="ignore"):
+        ref2 = _fsum(a * a)
+    # Double accumulation in any order is within a few n * 2**-53 of the sum of magnitudes
+    # (float32 accumulation would miss by ~1e-7).
+    assert abs(s1 - ref1) <= 1e-11 * abs1 + 1e-300, (s1, ref1)
+    if math.isinf(ref2):
+        assert s2 == math.inf
+    else:
+        assert abs(s2 - ref2) <= 1e-11 * ref2 + 1e-300, (s2, ref2)
+
+
 @needs_native
-def test_the_avx2_pass_and_the_portable_pass_agree() -> None:
-    """Where the CPU has AVX2 the statistics pass takes it; with ``CKPT_NO_AVX2`` (read once per
-    process) the portable pass runs: both agree with each other on every dtype and length."""
-    code = (
-        "import json, numpy as np\n"
-        "from ckptrepo.chunks import _planes\n"
-        "rng = np.random.default_rng(5)\n"
-        "out = []\n"
-        "for kind, size in ((0, 4), (1, 8), (2, 2)):\n"
-        "    vals = (rng.normal(3.0, 2.0, 4099)).astype({0: np.float32, 1: np.float64, 2: np.float32}[kind])\n"
-        "    if kind == 2:\n"
-        "        vals = (vals.view(np.uint32) >> 16).astype(np.uint16)\n"
-        "    for n in (1, 15, 16, 17, 64, 4099):\n"
-        "        out.append(list(_planes.moments(vals[:n].tobytes(), kind)))\n"
-        "print(json.dumps(out))\n"
-    )
-    runs = []
-    for env in ({}, {"CKPT_NO_AVX2": "1"}):
-        done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True,
-                              text=True, check=True)
-        runs.append(json.loads(done.stdout))
-    for a, b in zip(*runs, strict=True):
-        assert a[0] == b[0] and a[1] == b[1] and a[4:] == b[4:], (a, b)  # counts, shift, min, max exact
-        assert math.isclose(a[2], b[2], rel_tol=1e-12, abs_tol=1e-9) and math.isclose(a[3], b[3], rel_tol=1e-12)
+def test_every_pass_matches_a_float64_reference(tmp_path: Path) -> None:
+    """Where the CPU has AVX-512 (F, DQ, BW, VL) the statistics pass takes it, else AVX2 + FMA,
+    else the portable pass; ``CKPT_NO_AVX512`` and ``CKPT_NO_AVX2`` (which turns both off),
+    read once per process, select the others. Each pass, in its own process, agrees with
+    exactly rounded float64 sums of the same elements, and the passes agree with one another:
+    counts, shift, min and max exactly, sums to rounding."""
+    cases = _kernel_cases()
+    path = tmp_path / "cases.npz"
+    payload: dict[str, Any] = {"count": len(cases)}
+    for i, (kind, arr) in enumerate(cases):
+        payload[f"a{i}"], payload[f"k{i}"] = arr, kind
+    np.savez(path, **payload)
+    base_env = {k: v for k, v in os.environ.items() if k not in ("CKPT_NO_AVX512", "CKPT_NO_AVX2")}
+    flags = _cpu_flags()
+    has_avx2 = {"avx2", "fma"} <= flags
+    has_avx512 = has_avx2 and {"avx512f", "avx512dq", "avx512bw", "avx512vl"} <= flags
+    runs = {}
+    for env in _PATHS:
+        done = subprocess.run([sys.executable, "-c", _KERNEL_CODE, str(path)], env={**base_env, **env},
+                              capture_output=True, text=True, check=True)
+        runs[tuple(env)] = json.loads(done.stdout)
+    kernels = [runs[tuple(env)]["kernel"] for env in _PATHS]
+    assert kernels[2] == "portable" and kernels[1] != "avx512"
+    if flags and sys.platform == "linux" and platform.machine() == "x86_64":
+        assert kernels[0] == ("avx512" if has_avx512 else "avx2" if has_avx2 else "portable")
+        assert kernels[1] == ("avx2" if has_avx2 else "portable")
+    for run in runs.values():
+        for (kind, arr), got in zip(cases, run["results"], strict=True):
+            _check_against_reference(kind, arr, got)
+    first, *others = runs.values()
+    for other in others:
+        for a, b in zip(first["results"], other["results"], strict=True):
+            assert a[0] == b[0] and a[1] == b[1] and a[4:] == b[4:], (a, b)
+            assert math.isclose(a[2], b[2], rel_tol=1e-12, abs_tol=1e-9) and math.isclose(a[3], b[3], rel_tol=1e-12)
