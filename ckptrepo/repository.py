@@ -21,7 +21,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import torch
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError as DbIntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -35,7 +35,7 @@ from ckptrepo.config import REPO_DIRNAME, RepoConfig, default_workers, env_int
 from ckptrepo.db import catalog, migrate, views
 from ckptrepo.db.engine import database_url, make_engine, session_factory, write_transaction
 from ckptrepo.db.models import Commit as CommitRow
-from ckptrepo.db.models import Pack, Ref
+from ckptrepo.db.models import Ref
 from ckptrepo.errors import (
     CommitFailed,
     CommitReadFailed,
@@ -439,7 +439,9 @@ class Repo:
                     hint="Commit on another branch, or include the branch head as a parent.",
                 )
             transfer = (revparse.resolve(s, req.transfer[0]), req.transfer[1]) if req.transfer else None
-            likely = catalog.chunk_ids_of(s, parent_ids[:1] + ([transfer[0]] if transfer else []))
+            # The chunks that will likely deduplicate, as chunk lists (``record_commit`` reuses them).
+            chunk_lists = catalog.chunk_lists_of(s, parent_ids[:1] + ([transfer[0]] if transfer else []))
+        likely = frozenset(cid for ids in chunk_lists.values() for cid in ids)
         plan: Future[DeltaPlan] | None = None
         if self.config.compression and self.config.delta and not defer:
             names, first = list(req.tensors), parent_ids[0] if parent_ids else None
@@ -482,14 +484,18 @@ class Repo:
         # its edges and moves the branch; nothing of this commit is visible before it commits.
         try:
             with write_transaction(self._sessions) as s:
-                conflict, kept = self._record(s, result, row, edges, entries, req, head, now)
+                conflict, kept = self._record(s, result, row, edges, entries, req, head, now, chunk_lists)
         except DbIntegrityError as exc:
             # A foreign key names a row that is gone: a gc in another process removed chunks or
             # tensors this commit deduplicated against after it looked them up.
             raise ConcurrentChange(what="commit", other="gc", detail=str(exc.orig).splitlines()[0]) from exc
         try:
             faults.point("db.after_commit")
-            commit = self.get_commit(row["id"])
+            with self._sessions() as s:
+                read = views.commits_by_id(s, [row["id"]])
+            if not read:
+                raise UnknownRevision(rev=row["id"])
+            commit = read[0]
         except Exception as exc:
             raise CommitReadFailed(commit=short(row["id"]), detail=str(exc)) from exc
         if conflict is not None:
@@ -501,17 +507,17 @@ class Repo:
 
     def _record(self, s: Session, result: IngestResult, row: dict[str, Any], edges: list[catalog.EdgeRow],
                 entries: dict[str, str], req: CommitRequest, head: str | None,
-                now: datetime) -> tuple[str | None, str]:
-        """Insert one commit's rows and move its branch, inside the caller's transaction.
+                now: datetime, chunk_lists: dict[str, list[str]]) -> tuple[str | None, str]:
+        """Insert one commit's rows and move its branch, inside the caller's transaction
+        (``chunk_lists``: those of the parent's tensors, read before ingest).
 
         Returns ``(conflict, kept)``: the branch head found instead of ``head`` (None when the
         branch moved as expected) and the ``conflicts/`` branch that then keeps the commit.
         """
         kept = ""
-        row["generation"] = 1 + max((_generation(s, p) for p in {e.parent_id for e in edges}), default=0)
         catalog.record_commit(
             s,
-            packs=[catalog.PackRow(p.pack_id, p.size, len(p.locations)) for p in result.packs],
+            packs=[catalog.PackRow(p.pack_id, p.size, len(p.locations), result.deferred) for p in result.packs],
             chunks=[
                 catalog.ChunkRow(loc.chunk_id, loc.pack_id, loc.offset, loc.length, loc.raw_length,
                                  loc.encoding, loc.depth, loc.base_id, result.alone_lengths.get(loc.chunk_id))
@@ -526,6 +532,7 @@ class Repo:
             edges=edges,
             metrics=req.metrics,
             now=now,
+            chunk_lists=chunk_lists,
         )
         conflict = catalog.move_branch(s, req.branch, row["id"], head, now)
         if conflict is not None:
@@ -533,8 +540,6 @@ class Repo:
             # rather than lose it, and tell the caller.
             kept = f"conflicts/{req.branch}/{short(row['id'])}"
             catalog.move_branch(s, kept, row["id"], None, now)
-        if result.deferred and result.packs:
-            s.execute(update(Pack).where(Pack.id.in_([p.pack_id for p in result.packs])).values(deferred=True))
         faults.point("db.before_commit")
         return conflict, kept
 
@@ -583,9 +588,7 @@ class Repo:
         """The commit ``rev`` names, with parents, metrics and refs."""
         self._check_open()
         with self._sessions() as s:
-            row = s.get(CommitRow, revparse.resolve(s, rev))
-            assert row is not None
-            return views.commits(s, [row])[0]
+            return views.commits_by_id(s, [revparse.resolve(s, rev)])[0]
 
     def log(
         self, rev: str | None = None, *, where: str | None = None, limit: int | None = None, offset: int = 0
@@ -868,9 +871,5 @@ def _default_target(s: Session) -> str:
         raise UnknownRevision(rev="HEAD", hint="The repository has no commits yet; commit first.")
     return newest
 
-
-def _generation(s: Session, commit_id: str) -> int:
-    row = s.get(CommitRow, commit_id)
-    return row.generation if row is not None else 0
 
 

@@ -8,23 +8,24 @@ chunk layer and the database layer never import each other.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, cast
 
-from sqlalchemy import BindParameter, Table, bindparam, func, insert, select, update
+from sqlalchemy import BindParameter, Table, bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from ckptrepo.db import lines
-from ckptrepo.db.engine import insert_ignore
+from ckptrepo.db.engine import fetch_tuples, insert_ignore, insert_tuples
 from ckptrepo.db.models import Chunk, Commit, Edge, Entry, EntryRun, Metric, Pack, Ref, Tensor, TensorChunk
 
 _IN_BATCH = 500
 
 
-@dataclass(frozen=True)
-class ChunkRow:
+class ChunkRow(NamedTuple):
+    """A ``chunks`` row, its fields in the order of ``CHUNK_COLUMNS`` (inserted as it is)."""
+
     chunk_id: str
     pack_id: str
     offset: int
@@ -36,11 +37,19 @@ class ChunkRow:
     alone_length: int | None = None
 
 
-@dataclass(frozen=True)
-class PackRow:
+class PackRow(NamedTuple):
+    """A ``packs`` row but its creation time; ``deferred``: its chunks are left for ``repack``."""
+
     pack_id: str
     size: int
     n_chunks: int
+    deferred: bool = False
+
+
+CHUNK_COLUMNS = ("id", "pack_id", "offset", "length", "raw_length", "encoding", "depth", "base_id", "alone_length")
+# ``TensorRow.stats`` holds exactly these (``ingest.stats.combine``).
+STAT_COLUMNS = ("numel", "mean", "std", "min", "max", "l2_norm", "abs_max", "nan_count", "inf_count")
+_TENSOR_COLUMNS = ("id", "dtype", "shape", "nbytes", "chunk_size", "n_chunks", *STAT_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -62,12 +71,32 @@ class EdgeRow:
     mapping: dict[str, str] | None = None
 
 
+# Built once, run with the ids bound (an expanding IN): building a statement whose IN list
+# holds fifty ids cost more than running it. Plain rows, not ORM objects.
+_IDS: BindParameter[Any] = bindparam("ids", expanding=True)
+_CHUNKS = cast(Table, Chunk.__table__).c
+_TENSOR_CHUNKS = cast(Table, TensorChunk.__table__).c
+_ENTRIES = cast(Table, Entry.__table__).c
+_COMMITS = cast(Table, Commit.__table__).c
+_EXISTING_CHUNKS = select(_CHUNKS.id).where(_CHUNKS.id.in_(_IDS))
+_CHUNK_LISTS = (select(_TENSOR_CHUNKS.tensor_id, _TENSOR_CHUNKS.seq, _TENSOR_CHUNKS.chunk_id)
+                .where(_TENSOR_CHUNKS.tensor_id.in_(_IDS)))
+_CHUNK_LISTS_OF_COMMITS = (
+    select(_TENSOR_CHUNKS.tensor_id, _TENSOR_CHUNKS.seq, _TENSOR_CHUNKS.chunk_id)
+    .where(_TENSOR_CHUNKS.tensor_id.in_(select(_ENTRIES.tensor_id).where(_ENTRIES.commit_id.in_(_IDS))))
+)
+_ENTRIES_OF = select(_ENTRIES.name, _ENTRIES.tensor_id).where(_ENTRIES.commit_id == bindparam("commit_id"))
+_PLACES_OF = select(_COMMITS.id, _COMMITS.line_id, _COMMITS.fp_depth, _COMMITS.generation).where(
+    _COMMITS.id.in_(_IDS))
+
+
 def existing_chunks(session: Session, ids: Sequence[str]) -> set[str]:
     """The subset of ``ids`` already in the chunk index."""
+    conn = session.connection()
     found: set[str] = set()
     for start in range(0, len(ids), _IN_BATCH):
-        batch = ids[start : start + _IN_BATCH]
-        found.update(session.scalars(select(Chunk.id).where(Chunk.id.in_(batch))))
+        batch = list(ids[start : start + _IN_BATCH])
+        found.update(cid for (cid,) in fetch_tuples(conn, _EXISTING_CHUNKS, {"ids": batch}))
     return found
 
 
@@ -80,16 +109,19 @@ def chunks_by_id(session: Session, ids: Sequence[str]) -> dict[str, Chunk]:
     return found
 
 
-def chunk_ids_of(session: Session, commit_ids: Sequence[str]) -> frozenset[str]:
-    """Every chunk id used by the given commits' tensors."""
+def chunk_lists_of(session: Session, commit_ids: Sequence[str]) -> dict[str, list[str]]:
+    """The ordered chunk ids of every tensor of the given commits, by tensor id."""
     if not commit_ids:
-        return frozenset()
-    q = (
-        select(TensorChunk.chunk_id)
-        .join(Entry, Entry.tensor_id == TensorChunk.tensor_id)
-        .where(Entry.commit_id.in_(list(commit_ids)))
-    )
-    return frozenset(session.scalars(q))
+        return {}
+    return _chunk_lists(fetch_tuples(session.connection(), _CHUNK_LISTS_OF_COMMITS, {"ids": list(commit_ids)}))
+
+
+def _chunk_lists(rows: Iterable[tuple[str, int, str]]) -> dict[str, list[str]]:
+    """``tensor_chunks`` rows ``(tensor_id, seq, chunk_id)``, in any order, as ordered chunk ids by tensor."""
+    by_seq: dict[str, dict[int, str]] = {}
+    for tid, seq, cid in rows:
+        by_seq.setdefault(tid, {})[seq] = cid
+    return {tid: [chunks[i] for i in sorted(chunks)] for tid, chunks in by_seq.items()}
 
 
 def record_commit(
@@ -103,107 +135,85 @@ def record_commit(
     edges: Iterable[EdgeRow],
     metrics: dict[str, float],
     now: datetime,
+    chunk_lists: Mapping[str, Sequence[str]] | None = None,
 ) -> None:
     """Insert everything one commit adds. Rows another commit inserted concurrently
-    (same chunk, same tensor) are kept as they are: content ids make them equal.
+    (same pack, chunk, tensor) are kept as they are: content ids make them equal.
     The commit's ``first_parent_id`` is taken from ``edges`` (its ``parent`` edge at
-    position 0), whatever ``commit`` says, and its first-parent line from ``lines.place``;
-    the rows kept by line (``edges.fork_line_id``, ``entry_runs``) are derived here too."""
+    position 0), its ``generation`` from its parents' (1 + the highest, 1 for a root) and its
+    first-parent line from ``lines.place``, whatever ``commit`` says; the rows kept by line
+    (``edges.fork_line_id``, ``entry_runs``) are derived here too. ``chunk_lists``: ordered
+    chunk ids of tensors stored already (those of the first parent, read before ingest), by
+    tensor id; they and ``tensors``' save reading chunk lists back for ``entry_runs``.
+    Rows are inserted through the driver (``engine.insert_tuples``), packs, chunks, tensors
+    and their chunk lists in key order: two transactions inserting overlapping keys then lock
+    them in the same order and cannot deadlock (PostgreSQL); base chunks sort before their deltas.
+    """
+    conn = session.connection()
     edge_list = list(edges)
-    # Rows go in key order: two transactions inserting overlapping keys then lock them in the
-    # same order and cannot deadlock (PostgreSQL); base chunks sort before their deltas.
-    pack_rows = [
-        {"id": p.pack_id, "size": p.size, "n_chunks": p.n_chunks, "created_at": now}
-        for p in sorted(packs, key=lambda p: p.pack_id)
-    ]
-    if pack_rows:
-        session.execute(insert_ignore(Pack), pack_rows)
-    chunk_rows = [
-        {
-            "id": c.chunk_id, "pack_id": c.pack_id, "offset": c.offset, "length": c.length,
-            "raw_length": c.raw_length, "encoding": c.encoding, "depth": c.depth, "base_id": c.base_id,
-            "alone_length": c.alone_length,
-        }
-        for c in sorted(chunks, key=lambda c: (c.depth, c.chunk_id))
-    ]
-    if chunk_rows:
-        session.execute(insert_ignore(Chunk), chunk_rows)
+    insert_tuples(conn, Pack, ("id", "size", "n_chunks", "deferred", "created_at"),
+                  [(*p, now) for p in sorted(packs)], ignore=True)
+    chunk_rows = sorted(chunks, key=lambda c: (c.depth, c.chunk_id))
+    insert_tuples(conn, Chunk, CHUNK_COLUMNS, chunk_rows, ignore=True)
     tensor_list = sorted({t.tensor_id: t for t in tensors}.values(), key=lambda t: t.tensor_id)
-    if tensor_list:
-        session.execute(
-            insert_ignore(Tensor),
-            [
-                {
-                    "id": t.tensor_id, "dtype": t.dtype, "shape": t.shape, "nbytes": t.nbytes,
-                    "chunk_size": t.chunk_size, "n_chunks": len(t.chunk_ids), **t.stats,
-                }
-                for t in tensor_list
-            ],
-        )
-        session.execute(
-            insert_ignore(TensorChunk),
-            [
-                {"tensor_id": t.tensor_id, "seq": i, "chunk_id": cid}
-                for t in tensor_list
-                for i, cid in enumerate(t.chunk_ids)
-            ],
-        )
+    insert_tuples(conn, Tensor, _TENSOR_COLUMNS, [
+        (t.tensor_id, t.dtype, t.shape, t.nbytes, t.chunk_size, len(t.chunk_ids), *[t.stats[k] for k in STAT_COLUMNS])
+        for t in tensor_list
+    ], ignore=True)
+    insert_tuples(conn, TensorChunk, ("tensor_id", "seq", "chunk_id"), [
+        (t.tensor_id, i, cid) for t in tensor_list for i, cid in enumerate(t.chunk_ids)
+    ], ignore=True)
+    cid = commit["id"]
     first = next((e.parent_id for e in edge_list if e.kind == "parent" and e.position == 0), None)
     extra = any(lines.extra_parent(e.kind, e.position) for e in edge_list)
-    spot = lines.place(session, commit["id"], first, extra)
-    session.add(Commit(**{**commit, "first_parent_id": first, **spot._asdict()}))
-    session.flush()
-    if entries:
-        session.execute(
-            insert_ignore(Entry),
-            [{"commit_id": commit["id"], "name": n, "tensor_id": tid} for n, tid in entries.items()],
-        )
+    spot = lines.place(session, cid, first, extra)
+    parents = {pid: (line, depth, generation) for pid, line, depth, generation in fetch_tuples(
+        conn, _PLACES_OF, {"ids": [e.parent_id for e in edge_list]})} if edge_list else {}
+    row = {**commit, "first_parent_id": first, **spot._asdict(),
+           "generation": 1 + max((p[2] for p in parents.values()), default=0)}
+    insert_tuples(conn, Commit, tuple(row), [tuple(row.values())])
+    insert_tuples(conn, Entry, ("commit_id", "name", "tensor_id"),
+                  [(cid, n, tid) for n, tid in entries.items()], ignore=True)
     # Where this commit's tensors change along its line: against its first parent's entries
     # when it continues that parent's line, all of them when it starts a line; with how many
     # chunk positions differ from the first parent's tensor of the same name.
-    before: dict[str, str] = {}
-    if first is not None:
-        before = dict(session.execute(select(Entry.name, Entry.tensor_id).where(Entry.commit_id == first)).all())
-    continues = first is not None and spot.line_id != commit["id"]
+    before: dict[str, str] = dict(fetch_tuples(conn, _ENTRIES_OF, {"commit_id": first})) if first else {}
+    continues = first is not None and spot.line_id != cid
     runs = lines.runs_of(spot.line_id, spot.fp_depth, entries, before if continues else None)
     pairs = {(r["tensor_id"], before[r["name"]]) for r in runs
              if r["tensor_id"] is not None and before.get(r["name"]) not in (None, r["tensor_id"])}
-    if pairs:
-        counts = changed_chunks(session, pairs)
-        for r in runs:
-            r["changed_chunks"] = counts.get((r["tensor_id"], before.get(r["name"], "")), 0)
-    if runs:  # through the table: plain rows, without the ORM's per-row bulk handling
-        session.execute(insert(cast(Table, EntryRun.__table__)), runs)
-    parents = {cid: (line, depth) for cid, line, depth in session.execute(
-        select(Commit.id, Commit.line_id, Commit.fp_depth).where(Commit.id.in_([e.parent_id for e in edge_list])))}
+    known = {**(chunk_lists or {}), **{t.tensor_id: t.chunk_ids for t in tensor_list}}
+    counts = changed_chunks(session, pairs, known)
+    for r in runs:
+        r["changed_chunks"] = counts.get((r["tensor_id"], before.get(r["name"], "")), 0)
+    insert_tuples(conn, EntryRun, _RUN_COLUMNS, [tuple(r[c] for c in _RUN_COLUMNS) for r in runs])
+    edge_rows = []
     for e in edge_list:
-        # A parent that does not exist is refused by the foreign key at the flush below.
-        fork = lines.fork_of(e.kind, e.position, (spot.line_id, spot.fp_depth), parents.get(e.parent_id, ("", -1)))
-        session.add(
-            Edge(child_id=commit["id"], parent_id=e.parent_id, kind=e.kind, position=e.position, mapping=e.mapping,
-                 fork_line_id=fork[0] if fork else None, fork_depth=fork[1] if fork else None)
-        )
-    for name, value in metrics.items():
-        session.add(Metric(commit_id=commit["id"], name=name, value=value))
-    session.flush()
+        # A parent that does not exist is refused by the foreign key.
+        up = parents.get(e.parent_id)
+        fork = lines.fork_of(e.kind, e.position, (spot.line_id, spot.fp_depth), up[:2] if up else ("", -1))
+        edge_rows.append((cid, e.parent_id, e.kind, e.position, e.mapping, *(fork or (None, None))))
+    insert_tuples(conn, Edge, _EDGE_COLUMNS, edge_rows)
+    insert_tuples(conn, Metric, ("commit_id", "name", "value"), [(cid, n, v) for n, v in metrics.items()])
 
 
-def changed_chunks(session: Session, pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], int]:
+_RUN_COLUMNS = ("name", "line_id", "fp_depth", "tensor_id", "changed_chunks")
+_EDGE_COLUMNS = ("child_id", "parent_id", "kind", "position", "mapping", "fork_line_id", "fork_depth")
+
+
+def changed_chunks(session: Session, pairs: Iterable[tuple[str, str]],
+                   known: Mapping[str, Sequence[str]] | None = None) -> dict[tuple[str, str], int]:
     """For each pair of tensor ids ``(a, b)``: how many chunk positions both have hold different
-    chunk ids (pairs whose tensors are not stored count 0)."""
+    chunk ids (pairs whose tensors are not stored count 0). ``known``: ordered chunk ids by
+    tensor id, for tensors whose chunk lists the caller has (the others are read)."""
     wanted = set(pairs)
-    ids = sorted({t for pair in wanted for t in pair})
-    chunks: dict[str, dict[int, str]] = {}
+    chunks: dict[str, Sequence[str]] = dict(known or {})
+    ids = sorted({t for pair in wanted for t in pair if t not in chunks})
+    conn = session.connection()
     for start in range(0, len(ids), _IN_BATCH):
-        rows = session.execute(select(TensorChunk.tensor_id, TensorChunk.seq, TensorChunk.chunk_id)
-                               .where(TensorChunk.tensor_id.in_(ids[start : start + _IN_BATCH])))
-        for tid, seq, cid in rows:
-            chunks.setdefault(tid, {})[seq] = cid
-    out: dict[tuple[str, str], int] = {}
-    for a, b in wanted:
-        ca, cb = chunks.get(a, {}), chunks.get(b, {})
-        out[a, b] = sum(1 for seq, cid in ca.items() if seq in cb and cb[seq] != cid)
-    return out
+        chunks.update(_chunk_lists(fetch_tuples(conn, _CHUNK_LISTS, {"ids": ids[start : start + _IN_BATCH]})))
+    return {(a, b): sum(1 for x, y in zip(chunks.get(a, ()), chunks.get(b, ()), strict=False) if x != y)
+            for a, b in wanted}
 
 
 def move_branch(session: Session, name: str, new_id: str, expected: str | None, now: datetime) -> str | None:
@@ -238,9 +248,6 @@ def parents_of(session: Session, commit_id: str) -> list[Edge]:
     return list(session.scalars(select(Edge).where(Edge.child_id == commit_id).order_by(Edge.position)))
 
 
-# Built once, run with the ids bound (an expanding IN): building a statement whose IN list
-# holds fifty ids cost more than running it. Plain rows, not ORM objects.
-_IDS: BindParameter[Any] = bindparam("ids", expanding=True)
 _REFS_AT = select(Ref.commit_id, Ref.kind, Ref.name).where(Ref.commit_id.in_(_IDS)).order_by(Ref.kind, Ref.name)
 _METRICS_OF = select(Metric.commit_id, Metric.name, Metric.value).where(Metric.commit_id.in_(_IDS))
 _EDGES_OF = (select(Edge.child_id, Edge.parent_id, Edge.kind, Edge.mapping)

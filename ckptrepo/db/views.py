@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, cast
 
+from sqlalchemy import Table, bindparam, select
 from sqlalchemy.orm import Session
 
 from ckptrepo import types as t
@@ -22,7 +24,25 @@ def tensor_info(name: str, row: Any) -> t.TensorInfo:
     )
 
 
-def commits(s: Session, rows: list[CommitRow]) -> list[t.Commit]:
+_IN_BATCH = 500
+# Every column ``commits`` reads, by id: not the skeleton, whose parsing a large model's
+# thousands of names make the dearest part of a commit's row.
+_COMMIT_COLUMNS = [c for c in cast(Table, CommitRow.__table__).c if c.name != "skeleton"]
+_COMMITS_BY_ID = select(*_COMMIT_COLUMNS).where(_COMMIT_COLUMNS[0].in_(bindparam("ids", expanding=True)))
+
+
+def commits_by_id(s: Session, ids: Sequence[str]) -> list[t.Commit]:
+    """The commits with these full ids, in the order given; ids that name no commit are left out."""
+    conn = s.connection()
+    found: dict[str, Any] = {}
+    for start in range(0, len(ids), _IN_BATCH):
+        found.update((r.id, r) for r in conn.execute(_COMMITS_BY_ID, {"ids": list(ids[start : start + _IN_BATCH])}))
+    return commits(s, [found[i] for i in ids if i in found])
+
+
+def commits(s: Session, rows: Sequence[Any]) -> list[t.Commit]:
+    """Public commits from rows of ``commits`` (ORM objects, or rows of a select of its columns
+    but the skeleton), in their order."""
     ids = [r.id for r in rows]
     edges = catalog.edges_of(s, ids)
     metrics = catalog.metrics_of(s, ids)

@@ -28,8 +28,6 @@ from ckptrepo.types import Commit
 if TYPE_CHECKING:
     from ckptrepo.repository import Repo
 
-_IN_BATCH = 500
-
 
 def _depth(max_depth: int | None) -> int | None:
     if max_depth is not None and (isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1):
@@ -127,11 +125,7 @@ def commits(repo: Repo, ids: Sequence[str]) -> list[Commit]:
     """The commits with these full ids, in the order given; ids that name no commit are left out."""
     repo._check_open()
     with repo._sessions() as s:
-        found: dict[str, CommitRow] = {}
-        for i in range(0, len(ids), _IN_BATCH):
-            batch = list(ids[i : i + _IN_BATCH])
-            found.update((r.id, r) for r in s.scalars(select(CommitRow).where(CommitRow.id.in_(batch))))
-        return _public(s, [found[i] for i in ids if i in found])
+        return views.commits_by_id(s, ids)
 
 
 def _public(s: Session, rows: list[CommitRow]) -> list[Commit]:
