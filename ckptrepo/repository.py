@@ -137,6 +137,8 @@ class Repo:
         self._write_ahead = bool(env_int("WRITE_AHEAD", 1))
         self._ahead_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckpt-ahead")
         self._unchanged: frozenset[str] = frozenset()  # tensor names the last commit found unchanged
+        # The layout of the commit recorded last, which the next one is likely to have as first parent.
+        self._last_recorded: catalog.CommitLayout | None = None
         self._idle_repack = (idle_repack if idle_repack is not None else bool(env_int("IDLE_REPACK", 1))) and (
             config.compression and config.encode == "auto")
         self._closed = False
@@ -429,7 +431,7 @@ class Repo:
 
     def _persist_packs_then_rows(self, req: CommitRequest, pool: ThreadPoolExecutor, *, defer: bool) -> t.Commit:
         with self._sessions() as s:
-            head = _branch_head(s, req.branch)
+            head = catalog.branch_head(s, req.branch)
             parent_ids = [revparse.resolve(s, p) for p in req.parents] if req.parents else []
             if req.parents is None and head is not None:
                 parent_ids = [head]
@@ -439,9 +441,17 @@ class Repo:
                     hint="Commit on another branch, or include the branch head as a parent.",
                 )
             transfer = (revparse.resolve(s, req.transfer[0]), req.transfer[1]) if req.transfer else None
-            # The chunks that will likely deduplicate, as chunk lists (``record_commit`` reuses them).
-            chunk_lists = catalog.chunk_lists_of(s, parent_ids[:1] + ([transfer[0]] if transfer else []))
-        likely = frozenset(cid for ids in chunk_lists.values() for cid in ids)
+            # The first parent's layout (``record_commit`` derives rows from it): not read again
+            # when this process recorded that commit last, as a training loop's commits do.
+            last, parent = self._last_recorded, None
+            if parent_ids:
+                reuse = last is not None and last.commit_id == parent_ids[0]
+                parent = last if reuse else catalog.commit_layout(s, parent_ids[0])
+            # The chunks that will likely deduplicate: those of the first parent and transfer source.
+            lists = [parent.chunk_lists] if parent is not None else []
+            if transfer is not None:
+                lists.append(catalog.chunk_lists_of(s, [transfer[0]]))
+        likely = frozenset(cid for by_tensor in lists for ids in by_tensor.values() for cid in ids)
         plan: Future[DeltaPlan] | None = None
         if self.config.compression and self.config.delta and not defer:
             names, first = list(req.tensors), parent_ids[0] if parent_ids else None
@@ -484,11 +494,13 @@ class Repo:
         # its edges and moves the branch; nothing of this commit is visible before it commits.
         try:
             with write_transaction(self._sessions) as s:
-                conflict, kept = self._record(s, result, row, edges, entries, req, head, now, chunk_lists)
+                conflict, kept = self._record(s, result, row, edges, entries, req, head, now, parent)
         except DbIntegrityError as exc:
             # A foreign key names a row that is gone: a gc in another process removed chunks or
             # tensors this commit deduplicated against after it looked them up.
             raise ConcurrentChange(what="commit", other="gc", detail=str(exc.orig).splitlines()[0]) from exc
+        self._last_recorded = catalog.CommitLayout(row["id"], entries,
+                                                   {r.tensor_id: r.chunk_ids for r in result.tensors})
         try:
             faults.point("db.after_commit")
             with self._sessions() as s:
@@ -507,9 +519,9 @@ class Repo:
 
     def _record(self, s: Session, result: IngestResult, row: dict[str, Any], edges: list[catalog.EdgeRow],
                 entries: dict[str, str], req: CommitRequest, head: str | None,
-                now: datetime, chunk_lists: dict[str, list[str]]) -> tuple[str | None, str]:
+                now: datetime, parent: catalog.CommitLayout | None) -> tuple[str | None, str]:
         """Insert one commit's rows and move its branch, inside the caller's transaction
-        (``chunk_lists``: those of the parent's tensors, read before ingest).
+        (``parent``: the first parent's layout, read before ingest).
 
         Returns ``(conflict, kept)``: the branch head found instead of ``head`` (None when the
         branch moved as expected) and the ``conflicts/`` branch that then keeps the commit.
@@ -532,7 +544,7 @@ class Repo:
             edges=edges,
             metrics=req.metrics,
             now=now,
-            chunk_lists=chunk_lists,
+            parent=parent,
         )
         conflict = catalog.move_branch(s, req.branch, row["id"], head, now)
         if conflict is not None:
@@ -857,13 +869,8 @@ def upgrade_database(path: str | Path) -> tuple[str | None, str]:
 # -- helpers ---------------------------------------------------------------------------------
 
 
-def _branch_head(s: Session, branch: str) -> str | None:
-    ref = s.get(Ref, ("branch", branch))
-    return ref.commit_id if ref is not None else None
-
-
 def _default_target(s: Session) -> str:
-    head = _branch_head(s, DEFAULT_BRANCH)
+    head = catalog.branch_head(s, DEFAULT_BRANCH)
     if head is not None:
         return head
     newest = s.scalars(select(CommitRow.id).order_by(CommitRow.created_at.desc()).limit(1)).first()

@@ -17,7 +17,7 @@ from sqlalchemy import BindParameter, Table, bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from ckptrepo.db import lines
-from ckptrepo.db.engine import fetch_tuples, insert_ignore, insert_tuples
+from ckptrepo.db.engine import fetch_tuples, insert_tuples, present_values
 from ckptrepo.db.models import Chunk, Commit, Edge, Entry, EntryRun, Metric, Pack, Ref, Tensor, TensorChunk
 
 _IN_BATCH = 500
@@ -78,9 +78,6 @@ _CHUNKS = cast(Table, Chunk.__table__).c
 _TENSOR_CHUNKS = cast(Table, TensorChunk.__table__).c
 _ENTRIES = cast(Table, Entry.__table__).c
 _COMMITS = cast(Table, Commit.__table__).c
-_EXISTING_CHUNKS = select(_CHUNKS.id).where(_CHUNKS.id.in_(_IDS))
-_CHUNK_LISTS = (select(_TENSOR_CHUNKS.tensor_id, _TENSOR_CHUNKS.seq, _TENSOR_CHUNKS.chunk_id)
-                .where(_TENSOR_CHUNKS.tensor_id.in_(_IDS)))
 _CHUNK_LISTS_OF_COMMITS = (
     select(_TENSOR_CHUNKS.tensor_id, _TENSOR_CHUNKS.seq, _TENSOR_CHUNKS.chunk_id)
     .where(_TENSOR_CHUNKS.tensor_id.in_(select(_ENTRIES.tensor_id).where(_ENTRIES.commit_id.in_(_IDS))))
@@ -92,12 +89,7 @@ _PLACES_OF = select(_COMMITS.id, _COMMITS.line_id, _COMMITS.fp_depth, _COMMITS.g
 
 def existing_chunks(session: Session, ids: Sequence[str]) -> set[str]:
     """The subset of ``ids`` already in the chunk index."""
-    conn = session.connection()
-    found: set[str] = set()
-    for start in range(0, len(ids), _IN_BATCH):
-        batch = list(ids[start : start + _IN_BATCH])
-        found.update(cid for (cid,) in fetch_tuples(conn, _EXISTING_CHUNKS, {"ids": batch}))
-    return found
+    return present_values(session.connection(), _CHUNKS.id, ids)
 
 
 def chunks_by_id(session: Session, ids: Sequence[str]) -> dict[str, Chunk]:
@@ -107,6 +99,21 @@ def chunks_by_id(session: Session, ids: Sequence[str]) -> dict[str, Chunk]:
         batch = ids[start : start + _IN_BATCH]
         found.update((c.id, c) for c in session.scalars(select(Chunk).where(Chunk.id.in_(batch))))
     return found
+
+
+class CommitLayout(NamedTuple):
+    """A stored commit's entries (name -> tensor id) and its tensors' ordered chunk ids (by tensor
+    id): never changed once committed, so whoever has them need not read them again."""
+
+    commit_id: str
+    entries: dict[str, str]
+    chunk_lists: dict[str, list[str]]
+
+
+def commit_layout(session: Session, commit_id: str) -> CommitLayout:
+    """The layout of a stored commit (empty for an id that names none)."""
+    entries = dict(fetch_tuples(session.connection(), _ENTRIES_OF, {"commit_id": commit_id}))
+    return CommitLayout(commit_id, entries, chunk_lists_of(session, [commit_id]))
 
 
 def chunk_lists_of(session: Session, commit_ids: Sequence[str]) -> dict[str, list[str]]:
@@ -135,16 +142,16 @@ def record_commit(
     edges: Iterable[EdgeRow],
     metrics: dict[str, float],
     now: datetime,
-    chunk_lists: Mapping[str, Sequence[str]] | None = None,
+    parent: CommitLayout | None,
 ) -> None:
     """Insert everything one commit adds. Rows another commit inserted concurrently
     (same pack, chunk, tensor) are kept as they are: content ids make them equal.
     The commit's ``first_parent_id`` is taken from ``edges`` (its ``parent`` edge at
     position 0), its ``generation`` from its parents' (1 + the highest, 1 for a root) and its
     first-parent line from ``lines.place``, whatever ``commit`` says; the rows kept by line
-    (``edges.fork_line_id``, ``entry_runs``) are derived here too. ``chunk_lists``: ordered
-    chunk ids of tensors stored already (those of the first parent, read before ingest), by
-    tensor id; they and ``tensors``' save reading chunk lists back for ``entry_runs``.
+    (``edges.fork_line_id``, ``entry_runs``) are derived here too, with ``parent``: the first
+    parent's layout (``commit_layout``, or kept from recording it; None for a root), which
+    the caller has read before ingest (ValueError when it is not that commit's).
     Rows are inserted through the driver (``engine.insert_tuples``), packs, chunks, tensors
     and their chunk lists in key order: two transactions inserting overlapping keys then lock
     them in the same order and cannot deadlock (PostgreSQL); base chunks sort before their deltas.
@@ -177,21 +184,24 @@ def record_commit(
     # Where this commit's tensors change along its line: against its first parent's entries
     # when it continues that parent's line, all of them when it starts a line; with how many
     # chunk positions differ from the first parent's tensor of the same name.
-    before: dict[str, str] = dict(fetch_tuples(conn, _ENTRIES_OF, {"commit_id": first})) if first else {}
-    continues = first is not None and spot.line_id != cid
-    runs = lines.runs_of(spot.line_id, spot.fp_depth, entries, before if continues else None)
+    if (parent.commit_id if parent is not None else None) != first:
+        raise ValueError(f"the layout given is not that of the first parent {first}")
+    before = parent.entries if parent is not None else {}
+    line, depth = spot.line_id, spot.fp_depth
+    continues = first is not None and line != cid
+    runs = lines.runs_of(line, depth, entries, before if continues else None)
     pairs = {(r["tensor_id"], before[r["name"]]) for r in runs
              if r["tensor_id"] is not None and before.get(r["name"]) not in (None, r["tensor_id"])}
-    known = {**(chunk_lists or {}), **{t.tensor_id: t.chunk_ids for t in tensor_list}}
-    counts = changed_chunks(session, pairs, known)
-    for r in runs:
-        r["changed_chunks"] = counts.get((r["tensor_id"], before.get(r["name"], "")), 0)
-    insert_tuples(conn, EntryRun, _RUN_COLUMNS, [tuple(r[c] for c in _RUN_COLUMNS) for r in runs])
+    counts = changed_chunks(pairs, {**(parent.chunk_lists if parent is not None else {}),
+                                    **{t.tensor_id: t.chunk_ids for t in tensor_list}})
+    insert_tuples(conn, EntryRun, _RUN_COLUMNS, [
+        (r["name"], line, depth, r["tensor_id"], counts.get((r["tensor_id"], before.get(r["name"], "")), 0))
+        for r in runs])
     edge_rows = []
     for e in edge_list:
         # A parent that does not exist is refused by the foreign key.
         up = parents.get(e.parent_id)
-        fork = lines.fork_of(e.kind, e.position, (spot.line_id, spot.fp_depth), up[:2] if up else ("", -1))
+        fork = lines.fork_of(e.kind, e.position, (line, depth), up[:2] if up else ("", -1))
         edge_rows.append((cid, e.parent_id, e.kind, e.position, e.mapping, *(fork or (None, None))))
     insert_tuples(conn, Edge, _EDGE_COLUMNS, edge_rows)
     insert_tuples(conn, Metric, ("commit_id", "name", "value"), [(cid, n, v) for n, v in metrics.items()])
@@ -201,46 +211,46 @@ _RUN_COLUMNS = ("name", "line_id", "fp_depth", "tensor_id", "changed_chunks")
 _EDGE_COLUMNS = ("child_id", "parent_id", "kind", "position", "mapping", "fork_line_id", "fork_depth")
 
 
-def changed_chunks(session: Session, pairs: Iterable[tuple[str, str]],
-                   known: Mapping[str, Sequence[str]] | None = None) -> dict[tuple[str, str], int]:
+def changed_chunks(pairs: Iterable[tuple[str, str]],
+                   chunk_lists: Mapping[str, Sequence[str]]) -> dict[tuple[str, str], int]:
     """For each pair of tensor ids ``(a, b)``: how many chunk positions both have hold different
-    chunk ids (pairs whose tensors are not stored count 0). ``known``: ordered chunk ids by
-    tensor id, for tensors whose chunk lists the caller has (the others are read)."""
-    wanted = set(pairs)
-    chunks: dict[str, Sequence[str]] = dict(known or {})
-    ids = sorted({t for pair in wanted for t in pair if t not in chunks})
-    conn = session.connection()
-    for start in range(0, len(ids), _IN_BATCH):
-        chunks.update(_chunk_lists(fetch_tuples(conn, _CHUNK_LISTS, {"ids": ids[start : start + _IN_BATCH]})))
-    return {(a, b): sum(1 for x, y in zip(chunks.get(a, ()), chunks.get(b, ()), strict=False) if x != y)
-            for a, b in wanted}
+    chunk ids, given the tensors' ordered chunk ids (a tensor missing there counts as none)."""
+    return {(a, b): sum(1 for x, y in zip(chunk_lists.get(a, ()), chunk_lists.get(b, ()), strict=False) if x != y)
+            for a, b in pairs}
+
+
+_REFS = cast(Table, Ref.__table__)
+_BRANCH_AT = select(_REFS.c.commit_id).where(_REFS.c.kind == "branch", _REFS.c.name == bindparam("ref_name"))
+_MOVE_BRANCH = (update(_REFS)
+                .where(_REFS.c.kind == "branch", _REFS.c.name == bindparam("ref_name"),
+                       _REFS.c.commit_id == bindparam("expected"))
+                .values(commit_id=bindparam("new_id"), updated_at=bindparam("now")))
+
+
+def branch_head(session: Session, name: str) -> str | None:
+    """The commit id branch ``name`` points at, or None when there is no such branch."""
+    return session.connection().execute(_BRANCH_AT, {"ref_name": name}).scalar()
 
 
 def move_branch(session: Session, name: str, new_id: str, expected: str | None, now: datetime) -> str | None:
     """Compare-and-swap a branch: point ``name`` at ``new_id`` if it is at ``expected``
-    (``None``: the branch must not exist). Returns None on success, else where it is."""
+    (``None``: the branch must not exist). Returns None on success, else where it is
+    (``""``: the branch is gone)."""
+    conn = session.connection()
     if expected is None:
-        current = session.get(Ref, ("branch", name))
+        current = branch_head(session, name)
         if current is not None:
-            return current.commit_id
+            return current
         # Insert-or-ignore, then read back: a concurrent creator of the same branch wins cleanly.
-        session.execute(
-            insert_ignore(Ref),
-            [{"kind": "branch", "name": name, "commit_id": new_id, "updated_at": now}],
-        )
-        current = session.get(Ref, ("branch", name), populate_existing=True)
+        insert_tuples(conn, Ref, ("kind", "name", "commit_id", "updated_at"), [("branch", name, new_id, now)],
+                      ignore=True)
+        current = branch_head(session, name)
         assert current is not None
-        return None if current.commit_id == new_id else current.commit_id
-    moved = session.execute(
-        update(Ref)
-        .where(Ref.kind == "branch", Ref.name == name, Ref.commit_id == expected)
-        .values(commit_id=new_id, updated_at=now)
-        .execution_options(synchronize_session=False)
-    )
-    if moved.rowcount == 1:  # type: ignore[attr-defined]
+        return None if current == new_id else current
+    moved = conn.execute(_MOVE_BRANCH, {"ref_name": name, "expected": expected, "new_id": new_id, "now": now})
+    if moved.rowcount == 1:
         return None
-    current = session.get(Ref, ("branch", name), populate_existing=True)
-    return current.commit_id if current is not None else ""
+    return branch_head(session, name) or ""
 
 
 def parents_of(session: Session, commit_id: str) -> list[Edge]:

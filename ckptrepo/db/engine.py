@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, cast
 from weakref import WeakKeyDictionary
 
-from sqlalchemy import Connection, Engine, Insert, Table, create_engine, event, insert
+from sqlalchemy import Column, Connection, Engine, Insert, Table, create_engine, event, insert
 from sqlalchemy.engine import URL, Dialect, make_url
 from sqlalchemy.exc import ArgumentError, CompileError
 from sqlalchemy.ext.compiler import compiles
@@ -270,6 +270,15 @@ class _TupleInsert:
 _TUPLE_INSERTS: WeakKeyDictionary[Dialect, dict[tuple[str, tuple[str, ...], bool], _TupleInsert]] = (
     WeakKeyDictionary())
 _MARKS = {"qmark": "?", "format": "%s", "pyformat": "%s"}
+_IN_BATCH = 500
+
+
+def _mark(dialect: Dialect) -> str:
+    """The driver's placeholder for one positional parameter."""
+    mark = _MARKS.get(dialect.paramstyle)
+    if mark is None:
+        raise CompileError(f"driver SQL for the {dialect.paramstyle!r} parameter style is not supported")
+    return mark
 
 
 def _tuple_insert(dialect: Dialect, table: Table, columns: tuple[str, ...], ignore: bool) -> _TupleInsert:
@@ -281,9 +290,7 @@ def _tuple_insert(dialect: Dialect, table: Table, columns: tuple[str, ...], igno
     missing = [c.name for c in table.columns if c.default is not None and c.name not in columns]
     if missing:
         raise ValueError(f"insert_tuples into {table.name} must name the columns with defaults: {missing}")
-    mark = _MARKS.get(dialect.paramstyle)
-    if mark is None:
-        raise CompileError(f"insert_tuples does not support the {dialect.paramstyle!r} parameter style")
+    mark = _mark(dialect)
     quote = dialect.identifier_preparer
     cols = [table.columns[name] for name in columns]
     sql = (f"INSERT INTO {quote.format_table(table)} ({', '.join(quote.format_column(c) for c in cols)}) "
@@ -327,6 +334,27 @@ def insert_tuples(conn: Connection, table: Table | type[DeclarativeBase], column
                 values[i] = process(values[i])
             params.append(tuple(values))
     conn.exec_driver_sql(prepared.sql, params)
+
+
+def present_values(conn: Connection, column: Column[Any], values: Sequence[str | int]) -> set[Any]:
+    """The subset of ``values`` that ``column`` (of a table) holds, looked up by the driver in
+    batches of 500 (``column IN (...)``). For text and integer columns, whose values the driver
+    takes and returns as they are: no SQLAlchemy type processing, and none of its per-call
+    rendering of an expanding IN (for the chunk lookups of a commit's ingest, that cost more
+    than the lookups). The caller owns ``conn``."""
+    mark = _mark(conn.dialect)
+    quote = conn.dialect.identifier_preparer
+    head = f"SELECT {quote.format_column(column)} FROM {quote.format_table(column.table)} " \
+           f"WHERE {quote.format_column(column)} IN "
+    found: set[Any] = set()
+    for start in range(0, len(values), _IN_BATCH):
+        batch = tuple(values[start : start + _IN_BATCH])
+        result = conn.exec_driver_sql(f"{head}({', '.join([mark] * len(batch))})", batch)
+        try:
+            found.update(value for (value,) in result.cursor.fetchall())
+        finally:
+            result.close()
+    return found
 
 
 def serial_plans(conn: Connection) -> None:

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from sqlalchemy import ColumnElement, and_, select
+from sqlalchemy import ColumnElement, and_, bindparam, select
 from sqlalchemy.orm import Session, aliased
 
 from ckptrepo.db.models import Commit
@@ -66,15 +66,19 @@ def place(session: Session, commit_id: str, first_parent_id: str | None, extra_p
     """
     if first_parent_id is None:
         return Placement(commit_id, 0, not extra_parents)
-    query = select(Commit.line_id, Commit.fp_depth, Commit.linear).where(Commit.id == first_parent_id)
-    if session.get_bind().dialect.name == "postgresql":
-        query = query.with_for_update(key_share=True)
-    row = session.execute(query).one_or_none()
+    conn = session.connection()
+    row = conn.execute(_PARENT_PLACE, {"parent": first_parent_id}).one_or_none()
     if row is None:
         return Placement(commit_id, 0, False)
     line, depth, linear = row
-    taken = session.scalar(select(Commit.id).where(Commit.line_id == line, Commit.fp_depth == depth + 1))
+    taken = conn.execute(_PLACE_TAKEN, {"line": line, "depth": depth + 1}).scalar()
     return Placement(commit_id if taken is not None else line, depth + 1, bool(linear) and not extra_parents)
+
+
+# Built once (``place`` runs with every commit). FOR NO KEY UPDATE renders on PostgreSQL only.
+_PARENT_PLACE = (select(Commit.line_id, Commit.fp_depth, Commit.linear).where(Commit.id == bindparam("parent"))
+                 .with_for_update(key_share=True))
+_PLACE_TAKEN = select(Commit.id).where(Commit.line_id == bindparam("line"), Commit.fp_depth == bindparam("depth"))
 
 
 def assign_all(commits: Iterable[tuple[str, str | None, bool]],

@@ -9,23 +9,26 @@ import textwrap
 import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import cast
 
 import pytest
 import sqlalchemy.exc
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Engine, String, func, inspect, select
+from sqlalchemy import Connection, Engine, String, Table, func, inspect, select
 
 from ckptrepo.db import migrate
 from ckptrepo.db.engine import (
     database_url,
     insert_ignore,
+    insert_tuples,
     make_engine,
+    present_values,
     session_factory,
     write_connection,
     write_transaction,
 )
-from ckptrepo.db.models import Base, Chunk, Commit, Pack, RepoMeta, include_object
+from ckptrepo.db.models import Base, Chunk, Commit, Edge, Pack, RepoMeta, Tensor, include_object
 from ckptrepo.errors import FormatError, RepositoryExists, SchemaOutdated, SchemaTooNew, UsageError
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
@@ -391,3 +394,82 @@ def test_first_parent_migration_fills_existing_commits(db_url: str) -> None:
         assert "first_parent_id" not in [col["name"] for col in inspect(eng).get_columns("commits")]
     finally:
         eng.dispose()
+
+
+def _stored(conn: Connection, table: Table, keys: dict[str, object]) -> tuple[object, ...]:
+    """The row of ``table`` at ``keys`` as the database holds it, but for those key columns: on
+    SQLite each value with its storage class, on PostgreSQL each column's text (so that JSON
+    ``null`` and SQL NULL differ)."""
+    quote = conn.dialect.identifier_preparer
+    columns = [c for c in table.columns if c.name not in keys]
+    if conn.dialect.name == "sqlite":
+        exprs = [f"typeof({quote.format_column(c)}), {quote.format_column(c)}" for c in columns]
+    else:
+        exprs = [f"CAST({quote.format_column(c)} AS TEXT)" for c in columns]
+    where = " AND ".join(f"{quote.format_column(table.columns[k])} = {':' + k}" for k in keys)
+    row = conn.execute(sqlalchemy.text(f"SELECT {', '.join(exprs)} FROM {quote.format_table(table)} WHERE {where}"),
+                       keys).one()
+    return tuple(row)
+
+
+def test_insert_tuples_stores_what_insert_stores(engine: Engine) -> None:
+    """Rows written through the driver (``insert_tuples``) are the rows SQLAlchemy's ``insert``
+    writes for the same values: JSON (None as JSON null), UtcDateTime from another zone, booleans,
+    floats with NaN and None, integers."""
+    later = NOW.astimezone(timezone(timedelta(hours=-5)))
+    a, b, c, d = (ch * 64 for ch in "abcd")
+    commit = {"message": "m", "created_at": later, "author": "x", "host": "h", "branch": None, "step": 3,
+              "epoch": None, "generation": 2, "first_parent_id": None, "fp_depth": 0, "linear": True,
+              "code_version": None, "skeleton": {"d": ["w", {"t": "w"}, "n", None]}, "n_tensors": 1,
+              "logical_bytes": 1 << 40, "new_bytes": 0, "stored_bytes": 7, "stall_s": 0.25, "wait_s": 0.0,
+              "persist_s": 1e-9, "nonfinite": 0}
+    tensor = {"dtype": "float32", "shape": [3, 0, 2], "nbytes": 0, "chunk_size": 4096, "n_chunks": 1, "numel": 0,
+              "mean": float("nan"), "std": None, "min": -0.0, "max": 1.5, "l2_norm": None, "abs_max": 2.0,
+              "nan_count": 0, "inf_count": 1}
+    pairs = [  # (table, key columns, row through insert(), the same row's other key through insert_tuples)
+        (Pack, {"id": a}, {"size": 5, "n_chunks": 2, "created_at": later, "deferred": True}, {"id": b}),
+        (Commit, {"id": a, "line_id": a}, {**commit, "config": None}, {"id": b, "line_id": b}),
+        (Commit, {"id": c, "line_id": c}, {**commit, "config": {"lr": 0.1, "x": [None]}}, {"id": d, "line_id": d}),
+        (Edge, {"child_id": a, "parent_id": c}, {"kind": "parent", "position": 0, "mapping": None,
+                                                 "fork_line_id": None, "fork_depth": None},
+         {"child_id": b, "parent_id": d}),
+        (Edge, {"child_id": c, "parent_id": a}, {"kind": "transfer", "position": 1, "mapping": {"w": "v"},
+                                                 "fork_line_id": a, "fork_depth": 0},
+         {"child_id": d, "parent_id": b}),
+        (Tensor, {"id": a}, tensor, {"id": b}),
+    ]
+    with write_connection(engine) as conn:
+        for model, key, values, other in pairs:
+            table = cast(Table, model.__table__)
+            conn.execute(sqlalchemy.insert(table), [{**key, **values}])
+            insert_tuples(conn, model, (*other, *values), [(*other.values(), *values.values())])
+    with engine.connect() as conn:
+        for model, key, _, other in pairs:
+            table = cast(Table, model.__table__)
+            keys = list(key)
+            assert _stored(conn, table, key) == _stored(conn, table, dict(zip(keys, other.values(), strict=True)))
+
+
+def test_insert_tuples_ignores_existing_rows_only_when_asked(engine: Engine) -> None:
+    columns = ("id", "size", "n_chunks", "created_at", "deferred")
+    with write_connection(engine) as conn:
+        insert_tuples(conn, Pack, columns, [("a" * 64, 1, 0, NOW, False)])
+    with write_connection(engine) as conn:  # insert-or-ignore: the existing row is kept as it is
+        insert_tuples(conn, Pack, columns, [("a" * 64, 2, 0, NOW, True), ("b" * 64, 2, 0, NOW, False)], ignore=True)
+    with pytest.raises(sqlalchemy.exc.IntegrityError), write_connection(engine) as conn:
+        insert_tuples(conn, Pack, columns, [("c" * 64, 3, 0, NOW, False), ("a" * 64, 3, 0, NOW, False)])
+    with engine.connect() as conn:
+        assert dict(conn.execute(select(Pack.id, Pack.size)).all()) == {"a" * 64: 1, "b" * 64: 2}
+    with pytest.raises(ValueError, match="deferred"), write_connection(engine) as conn:
+        insert_tuples(conn, Pack, ("id", "size", "n_chunks", "created_at"), [("d" * 64, 1, 0, NOW)])
+
+
+def test_present_values(engine: Engine) -> None:
+    ids = [f"{i:064x}" for i in range(1200)]
+    with write_connection(engine) as conn:
+        insert_tuples(conn, Pack, ("id", "size", "n_chunks", "created_at", "deferred"),
+                      [(i, 1, 0, NOW, False) for i in ids[::3]])
+    with engine.connect() as conn:
+        asked = [*ids[1:], "f" * 64]  # more than one batch
+        assert present_values(conn, cast(Table, Pack.__table__).c.id, asked) == set(ids[3::3])
+        assert present_values(conn, cast(Table, Pack.__table__).c.id, []) == set()
