@@ -50,6 +50,8 @@ CHUNK_COLUMNS = ("id", "pack_id", "offset", "length", "raw_length", "encoding", 
 # ``TensorRow.stats`` holds exactly these (``ingest.stats.combine``).
 STAT_COLUMNS = ("numel", "mean", "std", "min", "max", "l2_norm", "abs_max", "nan_count", "inf_count")
 _TENSOR_COLUMNS = ("id", "dtype", "shape", "nbytes", "chunk_size", "n_chunks", *STAT_COLUMNS)
+_RUN_COLUMNS = ("name", "line_id", "fp_depth", "tensor_id", "changed_chunks")
+_EDGE_COLUMNS = ("child_id", "parent_id", "kind", "position", "mapping", "fork_line_id", "fork_depth")
 
 
 @dataclass(frozen=True)
@@ -120,13 +122,8 @@ def chunk_lists_of(session: Session, commit_ids: Sequence[str]) -> dict[str, lis
     """The ordered chunk ids of every tensor of the given commits, by tensor id."""
     if not commit_ids:
         return {}
-    return _chunk_lists(fetch_tuples(session.connection(), _CHUNK_LISTS_OF_COMMITS, {"ids": list(commit_ids)}))
-
-
-def _chunk_lists(rows: Iterable[tuple[str, int, str]]) -> dict[str, list[str]]:
-    """``tensor_chunks`` rows ``(tensor_id, seq, chunk_id)``, in any order, as ordered chunk ids by tensor."""
     by_seq: dict[str, dict[int, str]] = {}
-    for tid, seq, cid in rows:
+    for tid, seq, cid in fetch_tuples(session.connection(), _CHUNK_LISTS_OF_COMMITS, {"ids": list(commit_ids)}):
         by_seq.setdefault(tid, {})[seq] = cid
     return {tid: [chunks[i] for i in sorted(chunks)] for tid, chunks in by_seq.items()}
 
@@ -157,9 +154,13 @@ def record_commit(
     them in the same order and cannot deadlock (PostgreSQL); base chunks sort before their deltas.
     """
     conn = session.connection()
+    cid = commit["id"]
     edge_list = list(edges)
+    first = next((e.parent_id for e in edge_list if e.kind == "parent" and e.position == 0), None)
+    if (parent.commit_id if parent is not None else None) != first:
+        raise ValueError(f"the layout given is not that of the first parent {first}")
     insert_tuples(conn, Pack, ("id", "size", "n_chunks", "deferred", "created_at"),
-                  [(*p, now) for p in sorted(packs)], ignore=True)
+                  [(*p, now) for p in sorted(packs, key=lambda p: p.pack_id)], ignore=True)
     chunk_rows = sorted(chunks, key=lambda c: (c.depth, c.chunk_id))
     insert_tuples(conn, Chunk, CHUNK_COLUMNS, chunk_rows, ignore=True)
     tensor_list = sorted({t.tensor_id: t for t in tensors}.values(), key=lambda t: t.tensor_id)
@@ -168,13 +169,12 @@ def record_commit(
         for t in tensor_list
     ], ignore=True)
     insert_tuples(conn, TensorChunk, ("tensor_id", "seq", "chunk_id"), [
-        (t.tensor_id, i, cid) for t in tensor_list for i, cid in enumerate(t.chunk_ids)
+        (t.tensor_id, i, chunk_id) for t in tensor_list for i, chunk_id in enumerate(t.chunk_ids)
     ], ignore=True)
-    cid = commit["id"]
-    first = next((e.parent_id for e in edge_list if e.kind == "parent" and e.position == 0), None)
     extra = any(lines.extra_parent(e.kind, e.position) for e in edge_list)
     spot = lines.place(session, cid, first, extra)
-    parents = {pid: (line, depth, generation) for pid, line, depth, generation in fetch_tuples(
+    line, depth = spot.line_id, spot.fp_depth
+    parents = {pid: (pline, pdepth, generation) for pid, pline, pdepth, generation in fetch_tuples(
         conn, _PLACES_OF, {"ids": [e.parent_id for e in edge_list]})} if edge_list else {}
     row = {**commit, "first_parent_id": first, **spot._asdict(),
            "generation": 1 + max((p[2] for p in parents.values()), default=0)}
@@ -184,12 +184,8 @@ def record_commit(
     # Where this commit's tensors change along its line: against its first parent's entries
     # when it continues that parent's line, all of them when it starts a line; with how many
     # chunk positions differ from the first parent's tensor of the same name.
-    if (parent.commit_id if parent is not None else None) != first:
-        raise ValueError(f"the layout given is not that of the first parent {first}")
     before = parent.entries if parent is not None else {}
-    line, depth = spot.line_id, spot.fp_depth
-    continues = first is not None and line != cid
-    runs = lines.runs_of(line, depth, entries, before if continues else None)
+    runs = lines.runs_of(line, depth, entries, before if first is not None and line != cid else None)
     pairs = {(r["tensor_id"], before[r["name"]]) for r in runs
              if r["tensor_id"] is not None and before.get(r["name"]) not in (None, r["tensor_id"])}
     counts = changed_chunks(pairs, {**(parent.chunk_lists if parent is not None else {}),
@@ -205,10 +201,6 @@ def record_commit(
         edge_rows.append((cid, e.parent_id, e.kind, e.position, e.mapping, *(fork or (None, None))))
     insert_tuples(conn, Edge, _EDGE_COLUMNS, edge_rows)
     insert_tuples(conn, Metric, ("commit_id", "name", "value"), [(cid, n, v) for n, v in metrics.items()])
-
-
-_RUN_COLUMNS = ("name", "line_id", "fp_depth", "tensor_id", "changed_chunks")
-_EDGE_COLUMNS = ("child_id", "parent_id", "kind", "position", "mapping", "fork_line_id", "fork_depth")
 
 
 def changed_chunks(pairs: Iterable[tuple[str, str]],

@@ -267,7 +267,7 @@ class _TupleInsert:
 
 
 # Per dialect (weakly: an engine's dialect goes with it), per (table, columns, ignore).
-_TUPLE_INSERTS: WeakKeyDictionary[Dialect, dict[tuple[str, tuple[str, ...], bool], _TupleInsert]] = (
+_TUPLE_INSERTS: WeakKeyDictionary[Dialect, dict[tuple[Table, tuple[str, ...], bool], _TupleInsert]] = (
     WeakKeyDictionary())
 _MARKS = {"qmark": "?", "format": "%s", "pyformat": "%s"}
 _IN_BATCH = 500
@@ -282,8 +282,9 @@ def _mark(dialect: Dialect) -> str:
 
 
 def _tuple_insert(dialect: Dialect, table: Table, columns: tuple[str, ...], ignore: bool) -> _TupleInsert:
+    """The statement of ``insert_tuples``, built on first use."""
     cache = _TUPLE_INSERTS.setdefault(dialect, {})
-    key = (table.name, columns, ignore)
+    key = (table, columns, ignore)
     found = cache.get(key)
     if found is not None:
         return found
@@ -320,19 +321,21 @@ def insert_tuples(conn: Connection, table: Table | type[DeclarativeBase], column
     per dialect and there is no per-row parameter processing beyond those conversions (for the
     thousand-odd rows of a commit that processing cost more than the inserts). Columns left out
     are NULL or their server default, never a Python-side default: leaving out one that has such
-    a default raises ValueError. Driver errors are raised as SQLAlchemy's (``IntegrityError``...).
+    a default raises ValueError. Driver errors are raised as SQLAlchemy's (``IntegrityError``...),
+    a type's refusal of a value as it is (``UtcDateTime``'s ValueError for a naive datetime).
     """
     if not rows:
         return
     prepared = _tuple_insert(conn.dialect, _table(table), tuple(columns), ignore)
-    params = rows if isinstance(rows, list) else list(rows)  # a tuple of rows would be one row
-    if prepared.processors:
-        params = []
-        for row in rows:
-            values = list(row)
-            for i, process in prepared.processors:
-                values[i] = process(values[i])
-            params.append(tuple(values))
+    if not prepared.processors:
+        conn.exec_driver_sql(prepared.sql, rows if isinstance(rows, list) else list(rows))  # many rows: a list
+        return
+    params = []
+    for row in rows:
+        values = list(row)
+        for i, process in prepared.processors:
+            values[i] = process(values[i])
+        params.append(tuple(values))
     conn.exec_driver_sql(prepared.sql, params)
 
 

@@ -27,8 +27,9 @@ def tensor_info(name: str, row: Any) -> t.TensorInfo:
 _IN_BATCH = 500
 # Every column ``commits`` reads, by id: not the skeleton, whose parsing a large model's
 # thousands of names make the dearest part of a commit's row.
-_COMMIT_COLUMNS = [c for c in cast(Table, CommitRow.__table__).c if c.name != "skeleton"]
-_COMMITS_BY_ID = select(*_COMMIT_COLUMNS).where(_COMMIT_COLUMNS[0].in_(bindparam("ids", expanding=True)))
+_COMMITS = cast(Table, CommitRow.__table__).c
+_COMMITS_BY_ID = (select(*[c for c in _COMMITS if c.name != "skeleton"])
+                  .where(_COMMITS.id.in_(bindparam("ids", expanding=True))))
 
 
 def commits_by_id(s: Session, ids: Sequence[str]) -> list[t.Commit]:
