@@ -35,7 +35,9 @@ step ended (its phase 2 finished inside the interval). The 3.5% goal is judged a
 that share is at least half: "met" when the whole 95% interval is at most 3.5.
 
 ``--variant NAME:VAR=VALUE[,VAR=VALUE]`` adds a block kind: ckptrepo with another
-repository opened with those ``CKPT_*`` environment variables (an A/B in the same run).
+repository opened with those ``CKPT_*`` environment variables (an A/B in the same run). A
+variant at ``CKPT_BACKGROUND_PRIORITY=normal`` must say ``CKPT_IDLE_REPACK``: its idle repack
+would run at normal priority inside the other kinds' blocks and flatter it.
 
     python benchmarks/bench_training_paired.py [--ks 10 50 200] [--rounds N] [--quick]
         [--peers dcp copy] [--variant NAME:CKPT_WRITE_AHEAD=0] [--seed 0] [--dir PATH]
@@ -172,6 +174,9 @@ def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
     env = dict(a.split("=", 1) for a in assigns.split(",") if a)
     if not name or not env or not all(k.startswith("CKPT_") for k in env):
         raise SystemExit(f"--variant {spec!r}: expected NAME:CKPT_VAR=VALUE[,CKPT_VAR=VALUE]")
+    if env.get("CKPT_BACKGROUND_PRIORITY") == "normal" and "CKPT_IDLE_REPACK" not in env:
+        # Its idle repack would run at normal priority inside the other kinds' blocks.
+        raise SystemExit(f"--variant {spec!r}: a normal-priority variant needs CKPT_IDLE_REPACK=0 (or =1, knowingly)")
     return name, env
 
 
