@@ -186,13 +186,6 @@ class CommitReadFailed(CkptError):
     hint = "The commit is in the repository (`ckpt show ID`); do not commit it again."
 
 
-class StagingAborted(CkptError):
-    """The commit's snapshot copy failed before phase 2 could read it: {detail}"""
-
-    exit_code = 1
-    hint = "Nothing of this commit was stored; fix the cause and commit again."
-
-
 class CommitFailed(CkptError):
     """A background commit failed: {detail}."""
 

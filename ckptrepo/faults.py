@@ -33,8 +33,7 @@ POINTS = (
     "db.before_commit",
     "db.after_commit",
 )
-"""The points a commit passes, in order (except that phase 2 reaches ``ingest.chunk`` for the
-first tensors while phase 1 still passes ``stage.copy`` for the later ones)."""
+"""The points a commit passes, in order."""
 GC_POINTS = ("gc.after_commit",)
 """The points a gc passes."""
 REPACK_POINTS = ("repack.chunk", "repack.before_commit", "repack.after_commit")

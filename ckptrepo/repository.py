@@ -60,7 +60,7 @@ from ckptrepo.ingest.handle import CommitHandle
 from ckptrepo.ingest.pipeline import DeltaPlan, IngestOptions, IngestResult, ingest
 from ckptrepo.ingest.request import CommitRequest, check_int, check_json, check_metrics, transfer_spec
 from ckptrepo.ingest.spare import SpareCpuGate
-from ckptrepo.ingest.staging import Slot, StageProgress, StagingPool
+from ckptrepo.ingest.staging import Slot, StagingPool
 from ckptrepo.ingest.writeahead import WriteAhead
 from ckptrepo.lineage import analysis, queries, revparse
 from ckptrepo.lineage.graph import EDGE_KINDS
@@ -284,9 +284,9 @@ class Repo:
         Phase 1, on the caller's thread: validate the whole state (UnsupportedState names
         the offending key path; nothing is written) and copy every tensor into a reused
         staging slot, waiting for a free slot when ``max_inflight`` commits are in flight.
-        When this returns the caller may mutate the state again. Phase 2, in the
-        background, in call order, reading each tensor as soon as phase 1 has copied it
-        (a failed copy stops it and is raised here, nothing stored): resolve parents
+        When this returns the caller may mutate the state again (a failed copy is raised
+        here; nothing is stored). Phase 2, in the background once the copy has ended, in
+        call order: resolve parents
         (default: the branch head as of then; two or more make a merge), hash, deduplicate,
         encode, write durable packs, then one transaction makes the commit visible and
         moves the branch by compare-and-swap
@@ -341,45 +341,29 @@ class Repo:
             self._staging.release(slot)
             raise
         release = functools.partial(self._staging.release, slot)
+        try:
+            slot.copy(flat.tensors, staged)
+        except BaseException:
+            release()
+            raise
+        staged_at = time.perf_counter()
+        stall = staged_at - entered
         if blocking:  # CUDA tensors: staged first, then committed on this thread
-            try:
-                slot.copy(flat.tensors, staged)
-            except BaseException:
-                release()
-                raise
-            staged_at = time.perf_counter()
-            request = CommitRequest(tensors=staged, stall_s=staged_at - entered, wait_s=waited, staged_at=staged_at,
-                                    **metadata)
+            request = CommitRequest(tensors=staged, stall_s=stall, wait_s=waited, staged_at=staged_at, **metadata)
             return self._commit_now(request, release, defer=self._defers(blocking=True))
-        # Phase 2 starts on the tensors already copied while the later ones are being copied:
-        # on a free core, hashing and encoding overlap the snapshot.
-        progress = StageProgress()
+        # Phase 2 and the write-ahead start once the copy has ended. Started during it (as they
+        # once were), their database reads, layout and wake-ups took the interpreter lock from
+        # the copying thread: under training the copy took twice as long (BENCHMARKS.md).
         defer = self._defers(blocking=False)
         ahead = self._plan_write_ahead(slot, staged, raw=defer or not self.config.compression)
-        request = CommitRequest(tensors=staged, stall_s=0.0, wait_s=waited, staged_at=0.0, ready=progress.wait,
-                                ahead=ahead, **metadata)
-
-        def settle_and_release() -> None:
-            progress.settle()  # a phase 2 that failed early must not free a slot still being copied into
-            release()
-
+        request = CommitRequest(tensors=staged, stall_s=stall, wait_s=waited, staged_at=staged_at, ahead=ahead,
+                                **metadata)
         future = self._committer.submit(lambda: self._persist(request, self._background_pool, defer=defer),
-                                        finally_=settle_and_release)
+                                        finally_=release)
         if defer and self._idle_repack:
             self._committer.submit_idle(self._repack_when_idle)
-        if ahead is not None:  # its writes follow the copy; _persist closes it in any case
-            ahead.start(self._ahead_pool, progress.wait)
-        try:
-            slot.copy(flat.tensors, staged, progress)
-        except BaseException as exc:
-            progress.fail(exc)
-            failure = future.exception()  # phase 2 stops at the tensor it waits for; the slot is freed
-            if failure is not None:
-                self._committer.acknowledge(failure)  # this raise reports it
-            raise
-        request.staged_at = time.perf_counter()
-        request.stall_s = request.staged_at - entered
-        progress.finish()
+        if ahead is not None:  # _persist closes it in any case
+            ahead.start(self._ahead_pool)
         return CommitHandle(future, staged=True, on_failure_seen=self._committer.acknowledge)
 
     def _plan_write_ahead(self, slot: Slot, staged: dict[str, torch.Tensor], *, raw: bool) -> WriteAhead | None:
@@ -475,7 +459,7 @@ class Repo:
         sink = PackSink(self._backend, self.config.pack_target)
         if len(self._plane_hints) > _MAX_HINTS:
             self._plane_hints.clear()
-        result = ingest(req.tensors, sink, known, pool, opts, likely, plan, req.ready, self._plane_hints,
+        result = ingest(req.tensors, sink, known, pool, opts, likely, plan, self._plane_hints,
                         ahead=req.ahead)
         result.deferred = defer
         new = result.new_chunk_ids

@@ -122,7 +122,6 @@ def ingest(
     opts: IngestOptions,
     likely_known: frozenset[str] = frozenset(),
     delta: DeltaPlan | Future[DeltaPlan] | None = None,
-    ready: Callable[[int], int] | None = None,
     hints: dict[str, PlaneHint] | None = None,
     ahead: WriteAhead | None = None,
 ) -> IngestResult:
@@ -134,9 +133,7 @@ def ingest(
     it is written. With ``delta``, chunks are also tried as deltas against their base
     (a base that cannot be read is skipped, never fatal); a plan still being computed (a
     future) lets hashing start at once and is waited for before the first chunk is encoded.
-    With ``ready``, the bytes of the ``i``-th tensor are read only after ``ready(i)`` returns
-    how many tensors are in place (at least ``i + 1``; phase 1 may still be copying the
-    later ones). ``hints`` (by tensor name) carries what encoding learnt about
+    ``hints`` (by tensor name) carries what encoding learnt about
     each tensor into later ingests of the same name — which byte planes pay, its standalone
     ratio, whether deltas win — so a commit of a state seen before samples less; entries
     are added for new names. With ``ahead`` (raw chunks only: ``compression`` off), a new
@@ -147,7 +144,7 @@ def ingest(
     """
     if ahead is not None and opts.compression:
         raise UsageError("a write-ahead holds raw chunks: it needs compression off")
-    job = _Ingest(sink, known, pool, opts, likely_known, delta, ready, hints, ahead)
+    job = _Ingest(sink, known, pool, opts, likely_known, delta, hints, ahead)
     try:
         return job.run(tensors)
     except BaseException:
@@ -206,11 +203,10 @@ class _Ingest:
 
     def __init__(self, sink: PackSink, known: KnownFn, pool: Executor, opts: IngestOptions,
                  likely_known: frozenset[str], delta: DeltaPlan | Future[DeltaPlan] | None,
-                 ready: Callable[[int], int] | None = None, hints: dict[str, PlaneHint] | None = None,
+                 hints: dict[str, PlaneHint] | None = None,
                  ahead: WriteAhead | None = None) -> None:
         self.sink, self.known, self.pool, self.opts, self.likely = sink, known, pool, opts, likely_known
         self.ahead = ahead
-        self.ready = ready
         self.delta: DeltaPlan | None = None
         self.cache: BaseCache | None = None
         self.pending_plan = delta if isinstance(delta, Future) else None
@@ -287,9 +283,7 @@ class _Ingest:
                 batch.clear()
 
         # Stage-1 jobs take runs of consecutive chunks (small tensors especially: a future per
-        # chunk costs the interpreter lock more than hashing it), never reaching into a tensor
-        # phase 1 has not copied yet.
-        ready_upto = -1 if self.ready is not None else len(names)  # tensors 0..ready_upto are in place
+        # chunk costs the interpreter lock more than hashing it).
         in_flight = 0  # chunks submitted to stage 1 and not yet taken
         group: list[_Job] = []
         size = 0
@@ -306,11 +300,6 @@ class _Ingest:
                     take(h)
 
         for job in jobs:
-            if job[0] > ready_upto:
-                if group:
-                    submit()
-                assert self.ready is not None
-                ready_upto = self.ready(job[0]) - 1
             group.append(job)
             size += len(job[3])
             if size >= _GROUP_BYTES or len(group) >= _GROUP_CHUNKS:
@@ -322,8 +311,6 @@ class _Ingest:
                 take(h)
         self._resolve(batch, result)
         self._plan_bases()  # a pending plan is waited for even when nothing needed encoding
-        if self.ready is not None:
-            self.ready(len(names))  # phase 1 has finished (empty tensors at the end included)
         while self.encoding:
             self._write(self.encoding.popleft().result(), result)
         for i, name in enumerate(names):

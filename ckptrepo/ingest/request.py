@@ -6,7 +6,7 @@ import getpass
 import json
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -38,7 +38,6 @@ class CommitRequest:
     stall_s: float
     wait_s: float
     staged_at: float
-    ready: Callable[[int], int] | None = None  # phase 2 may start before phase 1 ends (StageProgress.wait)
     ahead: WriteAhead | None = None  # raw chunks written ahead of phase 2 (ingest.writeahead)
 
 

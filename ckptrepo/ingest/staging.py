@@ -12,7 +12,6 @@ is called by whoever finishes the commit (the background committer), exactly onc
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ckptrepo import faults
-from ckptrepo.errors import StagingAborted, UsageError
+from ckptrepo.errors import UsageError
 from ckptrepo.state import bit_view
 
 _ALIGN = 64
@@ -41,64 +40,6 @@ def _page_aligned(n: int) -> int:
 class _Arena:
     data: torch.Tensor
     pinned: bool
-
-
-class StageProgress:
-    """How far phase 1's copy has got, for a phase 2 that starts before it ends.
-
-    ``wait(i)`` returns once tensor ``i`` (in staging order) is in place, ``wait(count)``
-    once ``finish`` has been called (the copy and the request's figures are complete);
-    either raises StagingAborted if the copy failed first. It returns how many tensors are
-    in place then (``sys.maxsize`` once the copy has finished: all of them).
-
-    Waiters are woken once at least ``batch`` bytes have been copied since the last wake-up
-    (or at the end), not after every tensor: a state of many small tensors would otherwise
-    wake each waiting thread hundreds of times per commit, each wake-up taking the
-    interpreter lock from the copying thread. A waiter thus learns of a tensor at most one
-    batch's copy later (4 MiB: a fraction of a millisecond).
-    """
-
-    batch = 4 << 20  # bytes copied between wake-ups of the waiters
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._done = 0
-        self._complete = False
-        self._error: BaseException | None = None
-        self._unannounced = 0  # bytes copied since waiters were last woken
-
-    def advance(self, nbytes: int = 0) -> None:
-        """Tensor number ``done`` (``nbytes`` long) is in place."""
-        with self._cond:
-            self._done += 1
-            self._unannounced += nbytes
-            if self._unannounced >= self.batch:
-                self._unannounced = 0
-                self._cond.notify_all()
-
-    def finish(self) -> None:
-        with self._cond:
-            self._complete = True
-            self._cond.notify_all()
-
-    def fail(self, error: BaseException) -> None:
-        with self._cond:
-            self._error = error
-            self._cond.notify_all()
-
-    def settle(self) -> None:
-        """Block until the copy has finished or failed (never raises)."""
-        with self._cond:
-            while self._error is None and not self._complete:
-                self._cond.wait()
-
-    def wait(self, index: int) -> int:
-        with self._cond:
-            while self._error is None and not self._complete and self._done <= index:
-                self._cond.wait()
-            if self._error is not None:
-                raise StagingAborted(detail=str(self._error) or type(self._error).__name__)
-            return sys.maxsize if self._complete else self._done
 
 
 class Slot:
@@ -146,11 +87,9 @@ class Slot:
         self.nbytes = offset
         return out
 
-    def copy(self, tensors: dict[str, torch.Tensor], out: dict[str, torch.Tensor],
-             progress: StageProgress | None = None) -> None:
-        """Fill the views of ``prepare`` from ``tensors``; ``progress`` learns of each tensor
-        as soon as its bytes are in place (none when CUDA copies are involved: those are
-        only valid after the final synchronisation). The caller calls ``progress.finish()``."""
+    def copy(self, tensors: dict[str, torch.Tensor], out: dict[str, torch.Tensor]) -> None:
+        """Fill the views of ``prepare`` from ``tensors``; when this returns every staged byte
+        is in place (CUDA copies included: they are synchronised at the end)."""
         any_cuda = any(t.is_cuda for t in tensors.values())
         for name, dst in out.items():
             faults.point("stage.copy")
@@ -158,8 +97,6 @@ class Slot:
             if dst.numel():
                 # Copy as same-size integers: every dtype gets the plain (strided) memcpy kernel.
                 bit_view(dst).copy_(bit_view(src.detach()), non_blocking=src.is_cuda)
-            if progress is not None and not any_cuda:
-                progress.advance(dst.numel() * dst.element_size())
         if any_cuda:
             # Non-blocking device-to-host copies: the staged bytes are only valid (and the
             # caller only free to mutate its tensors) once the streams have drained.

@@ -8,8 +8,8 @@ pack writes then wait for the disk inside that stall: a commit that stores its c
 they follow hashing and deduplication. ``WriteAhead`` drops that order for the tensors
 that will probably be new — those the previous commit of this process did not find
 unchanged (``Repo`` keeps the names it found unchanged): normal-priority threads write
-their bytes from the staging arena into pack files as phase 1 copies them (two files at a
-time), page-aligned requests straight from the page-aligned arena with direct I/O (no copy,
+their bytes from the staging arena into pack files once phase 1 has copied them (two files
+at a time), page-aligned requests straight from the page-aligned arena with direct I/O (no copy,
 a few system calls, the interpreter lock released), while phase 2 hashes them.
 
 Phase 2 then only indexes what turned out new (``add``): a new chunk's entry points at its
@@ -22,8 +22,8 @@ deleted. Files are cut at chunk boundaries once they span ``target`` bytes. With
 I/O (a filesystem that refuses it, ``CKPT_DIRECT_IO=0``) the same writes go through the
 page cache.
 
-Thread contract: ``start`` runs on the committing thread, before phase 1 copies (the writes
-then follow the copy tensor by tensor) or after it; ``add`` and ``seal`` on phase 2's
+Thread contract: ``start`` runs on the committing thread once phase 1 has copied every
+tensor; ``add`` and ``seal`` on phase 2's
 thread; ``close`` (phase 2's thread, always, also after a failure) waits for the writers
 and deletes every file not put in the store. The staging slot must not be reused before
 ``close`` has returned. Until ``seal`` puts a file, it is a temporary ``pack-*.tmp`` in the
@@ -37,7 +37,6 @@ import contextlib
 import os
 import tempfile
 import threading
-from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,12 +65,6 @@ class _File:
     extents: list[tuple[int, int]]  # page-aligned arena ranges, in order
     path: Path | None = None
     entries: list[PackEntry] = field(default_factory=list)
-    starts: list[int] = field(default_factory=list)  # arena offset of each piece placed here ...
-    tensors: list[int] = field(default_factory=list)  # ... and its tensor's index, in arena order
-
-    def last_tensor_before(self, end: int) -> int:
-        """The highest index of a tensor with bytes before arena offset ``end`` in this file."""
-        return self.tensors[max(0, bisect.bisect_left(self.starts, end) - 1)]
 
     @property
     def end(self) -> int:
@@ -113,15 +106,14 @@ class WriteAhead:
             if not wanted or nbytes == 0 or start < 0 or start + nbytes > size:
                 self._where.append(None)
                 continue
-            index = len(self._where)
-            self._where.append((start, self._place(index, start, nbytes, chunk_step(t.element_size(), chunk_size),
+            self._where.append((start, self._place(start, nbytes, chunk_step(t.element_size(), chunk_size),
                                                    target)))
         self._lock = threading.Lock()
         self._futures: list[Future[None]] = []
         self._started = False
         self._closed = False
 
-    def _place(self, index: int, start: int, nbytes: int, step: int, target: int) -> list[tuple[int, int]]:
+    def _place(self, start: int, nbytes: int, step: int, target: int) -> list[tuple[int, int]]:
         """Lay one tensor's bytes into files, whole chunks at a time; returns its pieces."""
         pieces: list[tuple[int, int]] = []
         pos = 0
@@ -138,8 +130,6 @@ class WriteAhead:
             else:
                 f.extents.append((a, b))
             pieces.append((pos, len(self._files) - 1))
-            f.starts.append(lo)
-            f.tensors.append(index)
             pos += take
         return pieces
 
@@ -148,18 +138,17 @@ class WriteAhead:
         """How many tensors are written ahead."""
         return sum(w is not None for w in self._where)
 
-    def start(self, executor: Executor, ready: Callable[[int], int] | None = None) -> None:
+    def start(self, executor: Executor) -> None:
         """Queue one job per file on ``executor`` (normal-priority threads: as many files are
-        written at once as it has threads); nothing once closed. With ``ready`` (phase 1's
-        ``StageProgress.wait``), a request is written only once every tensor it covers is in
-        place, so the writes start while phase 1 is still copying the later tensors."""
+        written at once as it has threads); nothing once closed. The arena must hold every
+        tensor's bytes by then (phase 1 has ended)."""
         with self._lock:
             if self._closed or self._started:
                 return
             self._started = True
-            self._futures = [executor.submit(self._write, f, ready) for f in self._files]
+            self._futures = [executor.submit(self._write, f) for f in self._files]
 
-    def _write(self, f: _File, ready: Callable[[int], int] | None) -> None:
+    def _write(self, f: _File) -> None:
         view = self._arena.numpy().data
         fd, name = tempfile.mkstemp(prefix="pack-", suffix=".tmp", dir=self._backend.staging_dir())
         f.path = Path(name)
@@ -170,8 +159,6 @@ class WriteAhead:
             for lo, hi in f.extents:
                 for at in range(lo, hi, REQUEST):
                     end = min(hi, at + REQUEST)
-                    if ready is not None:
-                        ready(f.last_tensor_before(end))
                     faults.point("pack.write")
                     pwrite_all(out, view[at:end], PAGE + at - f.base)
             # Flush the payloads now, while training runs: the fsync of ``seal`` (inside the

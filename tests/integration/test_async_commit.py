@@ -18,7 +18,7 @@ from sqlalchemy import select
 import ckptrepo
 from ckptrepo import errors, faults
 from ckptrepo.ingest import pipeline
-from ckptrepo.ingest.staging import StageProgress
+from ckptrepo.ingest.writeahead import WriteAhead
 
 
 @pytest.fixture
@@ -139,47 +139,48 @@ def test_interpreter_exit_flushes_pending_commits(tmp_path: Path) -> None:
         assert torch.equal(repo.load_tensor("main", "w"), torch.full((300_000,), 2.0))
 
 
-def test_phase2_starts_while_the_snapshot_is_still_copying(
+def test_phase2_and_the_write_ahead_start_once_the_copy_has_ended(
     repo: ckptrepo.Repo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The copy of the last tensor waits until phase 2 has hashed a chunk of the first one:
-    # without the early start this would time out.
-    hashed = threading.Event()
-    real_hash = pipeline._Ingest._hash_group
-    real_advance = StageProgress.advance
-    copied = itertools.count()
-    in_place = [0]  # tensors phase 1 has reported copied
-
-    def advance(self: StageProgress, nbytes: int = 0) -> None:
-        in_place[0] = next(copied) + 1
-        real_advance(self, nbytes)
-
-    def hash_and_signal(self: Any, group: list[Any]) -> Any:
-        assert all(job[0] < in_place[0] for job in group), "phase 2 read a tensor before it was copied"
-        out = real_hash(self, group)
-        hashed.set()
-        return out
-
-    copies = itertools.count()
+    # Started during the copy, they took the interpreter lock from the copying thread (the
+    # copy took twice as long under training): each must see every tensor copied already.
+    in_place = [0]  # this commit's tensors whose copy had begun
     real_point = faults.point
 
     def point(name: str) -> None:
-        if name == "stage.copy" and next(copies) == 2:
-            assert hashed.wait(10), "phase 2 did not start before the copy ended"
+        if name == "stage.copy":
+            in_place[0] += 1
+            time.sleep(0.02)  # a slow copy: time enough for an early phase 2 to show itself
         real_point(name)
 
-    monkeypatch.setattr(pipeline._Ingest, "_hash_group", hash_and_signal)
-    monkeypatch.setattr(StageProgress, "advance", advance)
-    monkeypatch.setattr(StageProgress, "batch", 0)  # waiters woken after every tensor
-    monkeypatch.setattr("ckptrepo.ingest.staging.faults.point", point)
+    seen: list[tuple[str, int]] = []
+    real_hash, real_write = pipeline._Ingest._hash_group, WriteAhead._write
+
+    def hash_group(self: Any, group: list[Any]) -> Any:
+        seen.append(("hash", in_place[0]))
+        return real_hash(self, group)
+
+    def write(self: WriteAhead, f: Any) -> None:
+        seen.append(("write", in_place[0]))
+        real_write(self, f)
+
+    monkeypatch.setattr(faults, "point", point)
+    monkeypatch.setattr(pipeline._Ingest, "_hash_group", hash_group)
+    monkeypatch.setattr(WriteAhead, "_write", write)
     state = {"a": torch.randn(100_000), "b": torch.randn(50_000), "c": torch.randn(70_000)}
+    repo.commit(state, step=0).wait()  # the previous commit decides what is written ahead
+    for v in state.values():
+        v.add_(1)
     expected = {k: v.clone() for k, v in state.items()}
+    seen.clear()
+    in_place[0] = 0
     handle = repo.commit(state, step=1)
-    monkeypatch.setattr(pipeline._Ingest, "_hash_group", real_hash)
     for v in state.values():
         v.zero_()
     commit = handle.wait()
-    assert commit.stall_s > 0 and commit.persist_s >= 0
+    assert {kind for kind, _ in seen} == {"hash", "write"}
+    assert all(n == len(state) for _, n in seen), seen  # the last tensor's copy had begun ...
+    assert commit.stall_s >= 0.02 * len(state)  # ... and ended: commit() returned after it
     for name, value in expected.items():
         assert torch.equal(repo.load_tensor(commit.id, name), value)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -80,35 +79,6 @@ def test_written_tensors_become_packs_that_read_back(backend: LocalBackend) -> N
         assert all(e.offset >= PAGE for e in entries)  # payloads start after the header page
         assert backend.size(pack_key(p.pack_id)) == p.size
     assert not list(backend.staging_dir().glob("pack-*.tmp"))
-
-
-def test_writes_follow_phase_1_tensor_by_tensor(backend: LocalBackend) -> None:
-    # The arena is filled only when the writer asks for a tensor (as StageProgress.wait does
-    # while phase 1 copies): a request written before its tensors were in place would put
-    # other bytes in the pack than the chunk ids name.
-    source = state()
-    slot = Slot()
-    views = slot.prepare(source)
-    names = list(source)
-    copied = [0]
-    lock = threading.Lock()
-
-    def ready(index: int) -> int:
-        with lock:
-            while copied[0] <= index:
-                name = names[copied[0]]
-                if views[name].numel():
-                    views[name].copy_(source[name])
-                copied[0] += 1
-            return copied[0]
-
-    ahead = WriteAhead(backend, slot.arena, list(views.values()), [True] * 4, target=64 * 1024, chunk_size=CHUNK)
-    with ThreadPoolExecutor(2) as pool:
-        ahead.start(pool, ready)
-        taken = index_all(ahead, source)
-        packs = ahead.seal()
-    ahead.close()
-    assert read_all(backend, packs) == taken and len(taken) == 10 + 1 + 4
 
 
 def test_files_respect_the_target_except_for_a_single_chunk(backend: LocalBackend) -> None:
