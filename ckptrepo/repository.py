@@ -488,10 +488,7 @@ class Repo:
         try:
             faults.point("db.after_commit")
             with self._sessions() as s:
-                read = views.commits_by_id(s, [row["id"]])
-            if not read:
-                raise UnknownRevision(rev=row["id"])
-            commit = read[0]
+                commit = _commit_by_id(s, row["id"])
         except Exception as exc:
             raise CommitReadFailed(commit=short(row["id"]), detail=str(exc)) from exc
         if conflict is not None:
@@ -584,7 +581,7 @@ class Repo:
         """The commit ``rev`` names, with parents, metrics and refs."""
         self._check_open()
         with self._sessions() as s:
-            return views.commits_by_id(s, [revparse.resolve(s, rev)])[0]
+            return _commit_by_id(s, revparse.resolve(s, rev))
 
     def log(
         self, rev: str | None = None, *, where: str | None = None, limit: int | None = None, offset: int = 0
@@ -851,6 +848,14 @@ def upgrade_database(path: str | Path) -> tuple[str | None, str]:
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
+
+def _commit_by_id(s: Session, commit_id: str) -> t.Commit:
+    """The stored commit with this full id; UnknownRevision when there is none."""
+    found = views.commits_by_id(s, [commit_id])
+    if not found:
+        raise UnknownRevision(rev=commit_id)
+    return found[0]
 
 
 def _default_target(s: Session) -> str:
