@@ -31,13 +31,15 @@ torch.save or none block would flatter ckptrepo), and what it left is encoded by
 ``repo.repack()`` after the k, timed and reported as its cost per commit.
 Every block ends with a timed ``gc.collect()``, so garbage is paid for by the kind that made
 it. "fits": the share of ckptrepo blocks in which the commit was durable before the block's last
-step ended (its phase 2 finished inside the interval). The 3.5% goal is judged at the k where
-that share is at least half: "met" when the whole 95% interval is at most 3.5.
+step ended (its phase 2 finished inside the interval). CheckFreq's 3.5% bound is shown for
+every method at every k ("met" when the whole 95% interval is at most 3.5, "met by the mean"
+when only the mean is); the summary names, per method, the smallest k of the run within it:
+how often each could checkpoint for that budget. A variant's row also gives its difference
+from the default ckptrepo kind, paired by round, with a 95% interval.
 
 ``--variant NAME:VAR=VALUE[,VAR=VALUE]`` adds a block kind: ckptrepo with another
-repository opened with those ``CKPT_*`` environment variables (an A/B in the same run). A
-variant at ``CKPT_BACKGROUND_PRIORITY=normal`` must say ``CKPT_IDLE_REPACK``: its idle repack
-would run at normal priority inside the other kinds' blocks and flatter it.
+repository opened with those ``CKPT_*`` environment variables (an A/B in the same run), e.g.
+``idle:CKPT_BACKGROUND_PRIORITY=idle``.
 
     python benchmarks/bench_training_paired.py [--ks 10 50 200] [--rounds N] [--quick]
         [--peers dcp copy] [--variant NAME:CKPT_WRITE_AHEAD=0] [--seed 0] [--dir PATH]
@@ -174,9 +176,6 @@ def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
     env = dict(a.split("=", 1) for a in assigns.split(",") if a)
     if not name or not env or not all(k.startswith("CKPT_") for k in env):
         raise SystemExit(f"--variant {spec!r}: expected NAME:CKPT_VAR=VALUE[,CKPT_VAR=VALUE]")
-    if env.get("CKPT_BACKGROUND_PRIORITY") == "normal" and "CKPT_IDLE_REPACK" not in env:
-        # Its idle repack would run at normal priority inside the other kinds' blocks.
-        raise SystemExit(f"--variant {spec!r}: a normal-priority variant needs CKPT_IDLE_REPACK=0 (or =1, knowingly)")
     return name, env
 
 
@@ -253,6 +252,18 @@ def bootstrap(stat: Callable[[list[int]], float], n: int, rng: random.Random) ->
     return values[int(0.025 * BOOTSTRAP)], values[int(0.975 * BOOTSTRAP) - 1]
 
 
+def difference(blocks: list[Block], other: list[Block], base: list[Block], idx: list[int]) -> float:
+    """``blocks``' wall overhead minus ``other``'s, in points, over the rounds ``idx``."""
+    return overhead(blocks, base, idx, wall) - overhead(other, base, idx, wall)
+
+
+def verdict(over: float, hi: float) -> str:
+    """CheckFreq's bound next to an overhead and the upper end of its 95% interval."""
+    return ("goal <= 3.5  met (whole 95% interval)" if hi <= 3.5 else
+            "goal <= 3.5  met by the mean, not by the whole 95% interval" if over <= 3.5 else
+            "goal <= 3.5  MISSED")
+
+
 def wall(b: Block) -> float:
     return b.wall
 
@@ -274,7 +285,8 @@ def measure_k(k: int, rounds: int, trainer: Trainer, base: Path, variants: list[
         dcp.cleanup()
     if "copy" in peers:
         kinds.append(Kind("copy floor", peer=CopyFloor(trainer)))
-    kinds.append(Kind("ckptrepo", repo=open_repo(where / "repo", trainer, {})))
+    default = Kind("ckptrepo", repo=open_repo(where / "repo", trainer, {}))
+    kinds.append(default)
     kinds += [Kind(f"ckptrepo {name}", repo=open_repo(where / f"repo-{name}", trainer, env)) for name, env in variants]
     loads: list[ForeignLoad] = []
     started = time.perf_counter()
@@ -341,12 +353,13 @@ def measure_k(k: int, rounds: int, trainer: Trainer, base: Path, variants: list[
                          persist_s=statistics.mean(b.persist for b in bl), repack_after_s=rep_s,
                          repack_after_cpu_per_commit=rep_cpu / (n + 1), pending_mib=left / MIB,
                          repacked_mib_during=during)
-            goal = "goal <= 3.5 applies where phase 2 fits"
-            if fits >= 0.5:
-                goal = ("goal <= 3.5  met (whole 95% interval)" if hi <= 3.5 else
-                        "goal <= 3.5  met by the mean, not by the whole 95% interval" if over <= 3.5 else
-                        "goal <= 3.5  MISSED")
+            goal = verdict(over, hi)
             note = f"{goal}; {note}"
+            if kind is not default:  # a variant: against the default repository, round by round
+                diff = functools.partial(difference, bl, default.blocks, none)
+                d_lo, d_hi = bootstrap(diff, n, rng)
+                entry.update(minus_default=diff(idx), minus_default_ci95=(d_lo, d_hi))
+                note += f"; minus ckptrepo {diff(idx):+.1f} points [{d_lo:+.1f}, {d_hi:+.1f}]"
             rows.append((f"k={k} {kind.name} overhead % (wall)", over, note))
             rows.append((f"k={k} {kind.name} stall / end wait s", entry["stall_s"],
                          f"end wait {end_wait:.3f} s; phase 2 done within the block in {100 * fits:.0f}% of blocks; "
@@ -368,6 +381,8 @@ def measure_k(k: int, rounds: int, trainer: Trainer, base: Path, variants: list[
                 rows.append((f"RATIO k={k} {kind.name} / dcp.async_save overhead (wall)", entry["ratio_dcp_async"],
                              f"95% interval {d_lo:.2f}..{d_hi:.2f}; for comparison"))
         else:
+            if kind.peer is not None and not isinstance(kind.peer, CopyFloor):
+                note = f"{verdict(over, hi)}; {note}"
             rows.append((f"k={k} {kind.name} overhead % (wall)", over, note))
             rows.append((f"k={k} {kind.name} stall s", entry["stall_s"], ""))
         info[kind.name] = entry
@@ -375,6 +390,23 @@ def measure_k(k: int, rounds: int, trainer: Trainer, base: Path, variants: list[
     print(f"  k={k}: other processes took {100 * statistics.median(shares):.0f}% of the CPU "
           f"(max {100 * max(shares):.0f}%) over the rounds", flush=True)
     return rows, info
+
+
+def within_bound(per_k: dict[int, dict[str, Any]]) -> list[tuple[str, float, str]]:
+    """Per method: the smallest k of the run whose overhead is within CheckFreq's 3.5% (by the
+    whole 95% interval, else by the mean): how often it could checkpoint for that budget."""
+    names = list(dict.fromkeys(n for info in per_k.values() for n, e in info.items() if isinstance(e, dict)))
+    rows = []
+    for name in names:
+        if name == "copy floor":
+            continue
+        found = [(k, info[name]) for k, info in sorted(per_k.items()) if name in info]
+        strict = next((k for k, e in found if e["ci95"][1] <= 3.5), None)
+        loose = next((k for k, e in found if e["overhead_pct"] <= 3.5), None)
+        rows.append((f"smallest k within 3.5%: {name}", float(strict or loose or "nan"),
+                     f"whole 95% interval: {strict or 'none of ' + str([k for k, _ in found])}; "
+                     f"by the mean: {loose or 'none'}"))
+    return rows
 
 
 def main() -> None:
@@ -408,6 +440,7 @@ def main() -> None:
             r, info = measure_k(k, rounds, trainer, base, variants, args.peers, rng)
             rows += r
             extra["per_k"][k] = info
+    rows += within_bound(extra["per_k"])
     report("training overhead of checkpointing every k steps, paired blocks (mean, 95% bootstrap interval)",
            rows, extra)
 

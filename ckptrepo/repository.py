@@ -121,11 +121,19 @@ class Repo:
         self._plane_hints: dict[str, PlaneHint] = {}
         self._pool = ThreadPoolExecutor(max_workers=default_workers(), thread_name_prefix="ckpt")
         lower = functools.partial(priority.lower_this_thread, self.background_priority)
+        idle = functools.partial(priority.lower_this_thread, "idle")
         # Threads only asynchronous commits use (they may be lowered for good, see ingest.priority).
         self._background_pool = (
             self._pool if self.background_priority == "normal"
             else ThreadPoolExecutor(max_workers=default_workers(), thread_name_prefix="ckpt-bg", initializer=lower)
         )
+        # The repack between commits runs at idle priority whatever the commits' priority: its
+        # loop on a thread of its own (the committer thread waits for it), its encoding on these.
+        self._idle_pool = (
+            self._background_pool if self.background_priority == "idle"
+            else ThreadPoolExecutor(max_workers=default_workers(), thread_name_prefix="ckpt-idle", initializer=idle)
+        )
+        self._repack_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-repack", initializer=idle)
         self._staging = StagingPool(
             max_inflight if max_inflight is not None else env_int("MAX_INFLIGHT", 1),
             staging_budget if staging_budget is not None else (env_int("STAGING_BUDGET", 0) or None),
@@ -216,11 +224,11 @@ class Repo:
         ``max_inflight`` (default 1, env ``CKPT_MAX_INFLIGHT``) bounds commits staged but not
         yet durable; ``staging_budget`` (bytes, default unbounded, env ``CKPT_STAGING_BUDGET``)
         bounds their staged bytes. ``commit()`` waits when either is used up.
-        ``background_priority`` (``idle``, the default, or ``normal``; env
+        ``background_priority`` (``normal``, the default, or ``idle``; env
         ``CKPT_BACKGROUND_PRIORITY``) is the CPU priority of asynchronous commits' phase 2
         (see ``ckptrepo.ingest.priority``). ``idle_repack`` (default on, env
-        ``CKPT_IDLE_REPACK``; only with ``encode="auto"``): between asynchronous commits, the
-        background thread repacks what commits stored raw, giving way to the next commit.
+        ``CKPT_IDLE_REPACK``; only with ``encode="auto"``): between asynchronous commits,
+        idle-priority threads repack what commits stored raw, giving way to the next commit.
         """
         repo_dir = find_repo(path, search_parents=False)
         return cls(repo_dir, RepoConfig.load(repo_dir), max_inflight=max_inflight, staging_budget=staging_budget,
@@ -254,6 +262,8 @@ class Repo:
         self._base_cache.clear()
         self._pool.shutdown(wait=True)
         self._background_pool.shutdown(wait=True)
+        self._idle_pool.shutdown(wait=True)
+        self._repack_thread.shutdown(wait=True)
         self._ahead_pool.shutdown(wait=True)
         self._backend.close()
         self._engine.dispose()
@@ -383,10 +393,13 @@ class Repo:
         return self.config.compression and (mode == "deferred" or (mode == "auto" and not blocking))
 
     def _repack_when_idle(self, stop: Callable[[], bool]) -> None:
-        """The background repack between asynchronous commits (committer thread, its priority)."""
+        """The background repack between asynchronous commits (an idle job of the committer
+        thread, which waits here): run on idle-priority threads whatever ``background_priority``
+        says, so that once it has started it never takes CPU a training job wants."""
         from ckptrepo import repack as packer
 
-        packer.repack(self._sessions, self._backend, self._reader, self._background_pool, self.config, stop=stop)
+        self._repack_thread.submit(packer.repack, self._sessions, self._backend, self._reader, self._idle_pool,
+                                   self.config, stop=stop).result()
 
     def _commit_now(self, request: CommitRequest, release: Callable[[], None] | None, *,
                     defer: bool = False) -> CommitHandle:

@@ -1,11 +1,10 @@
 """Write-ahead: an asynchronous commit's staged bytes written raw to pack files at once.
 
-Phase 2 of an asynchronous commit runs at idle priority (``ingest.priority``). On cores a
-training job keeps busy it hardly runs until the next ``commit()`` waits for it, and its
-pack writes then wait for the disk inside that stall: a commit that stores its chunks raw
-(deferred encoding, or a repository without compression) was as slow to wait for as
-``torch.save`` + fsync on a slow disk. Those writes need almost no CPU, only an order:
-they follow hashing and deduplication. ``WriteAhead`` drops that order for the tensors
+Phase 2 of an asynchronous commit hashes, then writes what turned out new. With phase 2 at
+idle priority (``ingest.priority``), on cores a training job keeps busy it hardly ran until
+the next ``commit()`` waited for it, and its pack writes then waited for the disk inside
+that stall; at normal priority they still follow the hashing. Those writes need almost no
+CPU, only an order: they follow hashing and deduplication. ``WriteAhead`` drops that order for the tensors
 that will probably be new — those the previous commit of this process did not find
 unchanged (``Repo`` keeps the names it found unchanged): normal-priority threads write
 their bytes from the staging arena into pack files once phase 1 has copied them (two files

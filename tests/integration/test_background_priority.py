@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+from concurrent.futures import Executor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -27,10 +30,10 @@ def _state() -> dict[str, torch.Tensor]:
 
 def test_resolve_defaults_env_and_bad_values(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(priority.ENV, raising=False)
-    assert priority.resolve(None) == "idle"
-    monkeypatch.setenv(priority.ENV, "normal")
     assert priority.resolve(None) == "normal"
-    assert priority.resolve("idle") == "idle"
+    monkeypatch.setenv(priority.ENV, "idle")
+    assert priority.resolve(None) == "idle"
+    assert priority.resolve("normal") == "normal"
     with pytest.raises(UsageError, match="background priority 'low'"):
         priority.resolve("low")
 
@@ -56,3 +59,28 @@ def test_normal_priority_lowers_nothing(tmp_path: Path) -> None:
     with ckptrepo.Repo.init(tmp_path / "r", background_priority="normal") as repo:
         repo.commit(_state(), step=1).wait()
         assert all(p != os.SCHED_IDLE for p in _policies().values())
+
+
+@pytest.mark.parametrize("prio", ["normal", "idle"])
+def test_the_repack_between_commits_runs_on_idle_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         prio: str) -> None:
+    from ckptrepo import repack as packer
+
+    monkeypatch.setenv("CKPT_IDLE_REPACK_SPARE", "0")  # the spare-CPU gate opens whatever else runs here
+    seen: list[tuple[int, int]] = []
+    real = packer.repack
+
+    def spy(sessions: Any, backend: Any, reader: Any, pool: Executor, config: Any, **kw: Any) -> Any:
+        seen.append((os.sched_getscheduler(0), pool.submit(os.sched_getscheduler, 0).result()))
+        return real(sessions, backend, reader, pool, config, **kw)
+
+    monkeypatch.setattr(packer, "repack", spy)
+    with ckptrepo.Repo.init(tmp_path / "r", background_priority=prio, idle_repack=True) as repo:
+        repo.commit(_state(), step=1).wait()
+        commit_threads = {n: p for n, p in _policies().items() if n.startswith(("ckpt-commit", "ckpt_"))}
+        deadline = time.monotonic() + 60
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert seen and all(loop == os.SCHED_IDLE and workers == os.SCHED_IDLE for loop, workers in seen), seen
+    if prio == "normal":
+        assert commit_threads and all(p != os.SCHED_IDLE for p in commit_threads.values()), commit_threads
