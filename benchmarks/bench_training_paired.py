@@ -69,7 +69,7 @@ from _training import MIB, Trainer, add_model_args
 
 import ckptrepo
 
-ROUNDS = {10: 40, 50: 30, 200: 8}  # ~2.5, ~7 and ~6.5 minutes at ~0.05 s/step with five kinds
+ROUNDS = {10: 40, 50: 60, 200: 16}  # ~2.5, ~15 and ~15 minutes at ~0.057 s/step with five kinds
 BOOTSTRAP = 2000
 
 
@@ -371,9 +371,13 @@ def measure_k(k: int, rounds: int, trainer: Trainer, base: Path, variants: list[
             ts_lo, ts_hi = bootstrap(functools.partial(ratio_to, bl, save, none), n, rng)
             ts_over = overhead(save, none, idx, wall)
             ratio = over / ts_over if ts_over > 0 else float("nan")
-            entry.update(ratio_torch_save=ratio, ratio_ci95=(ts_lo, ts_hi))
+            below = functools.partial(difference, bl, save, none)
+            b_lo, b_hi = bootstrap(below, n, rng)
+            entry.update(ratio_torch_save=ratio, ratio_ci95=(ts_lo, ts_hi), minus_torch_save=below(idx),
+                         minus_torch_save_ci95=(b_lo, b_hi))
             rows.append((f"RATIO k={k} {kind.name} / torch.save overhead (wall)", ratio,
-                         f"{goal_note(ts_hi, 1.0)} (upper end of the 95% interval {ts_lo:.2f}..{ts_hi:.2f})"))
+                         f"{goal_note(ts_hi, 1.0)} (upper end of the 95% interval {ts_lo:.2f}..{ts_hi:.2f}); "
+                         f"overhead minus torch.save's {below(idx):+.1f} points [{b_lo:+.1f}, {b_hi:+.1f}]"))
             if dcp_blocks is not None:
                 d_over = overhead(dcp_blocks, none, idx, wall)
                 d_lo, d_hi = bootstrap(functools.partial(ratio_to, bl, dcp_blocks, none), n, rng)
