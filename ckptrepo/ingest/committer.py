@@ -7,8 +7,9 @@ future the ``CommitHandle`` waits on. A failed job is remembered so that the nex
 are flushed by ``drain``/``close``, and at interpreter exit before ``concurrent.futures``
 refuses new work (the jobs themselves use a worker pool).
 
-Idle jobs (``submit_idle``: the background repack) run on the same thread between commits,
-so they never run concurrently with one; one starts only after ``idle_delay`` seconds without
+Idle jobs (``submit_idle``: the background repack) run on the same thread between commits
+(or hand their work to another thread and wait for it there, as the repack does to run at
+idle priority), so they never run concurrently with one; one starts only after ``idle_delay`` seconds without
 a new commit (a training loop that commits more often than that never pays for starting
 and abandoning them) and, with an ``idle_gate``, only at the end of such a window in which the
 gate saw spare CPU (``ingest.spare``: on cores a training job keeps busy it keeps waiting,
