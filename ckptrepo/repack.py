@@ -149,25 +149,30 @@ def repack(
     dry_run: bool = False,
     stop: Callable[[], bool] | None = None,
     window: int = 6,
+    max_packs: int | None = None,
 ) -> RepackReport:
     """Move the chunks of deferred packs (and, with ``compact_below`` > 0, of packs whose
     live chunks fill less than that fraction) into new packs; see the module docstring.
 
-    ``stop`` is asked before each chunk: when it turns true the batch in progress is
-    dropped (its temporary pack deleted, nothing recorded) and the run returns with
-    ``stopped``; batches already recorded stay. On any failure the batch in progress
-    changes nothing and the failure is raised.
+    ``max_packs``: take only the oldest that many deferred packs (a background run plans a
+    bounded amount of work however large the backlog; delta bases, older, come first).
+    ``stop`` is asked once the plan is read and before each chunk: when it turns true the
+    batch in progress is dropped (its temporary pack deleted, nothing recorded) and the run
+    returns with ``stopped``; batches already recorded stay. On any failure the batch in
+    progress changes nothing and the failure is raised.
     """
     if not 0.0 <= compact_below <= 1.0:
         raise UsageError(f"compact-below {compact_below} is not a fraction", hint="Pass a value from 0 to 1.")
     started, cpu0 = time.perf_counter(), time.process_time()
     with sessions() as s:
-        deferred, sparse, items = _plan(s, config, compact_below)
+        deferred, sparse, items = _plan(s, config, compact_below, max_packs)
     report: dict[str, Any] = dict(dry_run=dry_run, deferred_packs=len(deferred), sparse_packs=len(sparse),
                                   packs_read=len(deferred) + len(sparse))
-    if dry_run or not items:
+    halted = stop is not None and stop()
+    if dry_run or not items or halted:
         report["bytes_before"] = sum(i.loc.length for i in items)
-        return RepackReport(**report, seconds=time.perf_counter() - started, cpu_s=time.process_time() - cpu0)
+        return RepackReport(**report, seconds=time.perf_counter() - started, cpu_s=time.process_time() - cpu0,
+                            stopped=halted and not dry_run and bool(items))
     run = _Run(sessions, backend, reader, pool, config, max(1, window), stop or (lambda: False))
     run.orig = {i.loc.chunk_id: i.loc for i in items}
     with sessions() as s:
@@ -195,9 +200,13 @@ def pending(sessions: sessionmaker[Session]) -> tuple[int, int]:
 # -- planning ---------------------------------------------------------------------------------
 
 
-def _plan(s: Session, config: RepoConfig, compact_below: float) -> tuple[list[str], list[str], list[_Item]]:
-    """The packs to read and their chunks, in the order they are to be written."""
-    deferred = sorted(s.scalars(select(Pack.id).where(Pack.deferred.is_(True), Pack.retired_at.is_(None))))
+def _plan(s: Session, config: RepoConfig, compact_below: float,
+          max_packs: int | None = None) -> tuple[list[str], list[str], list[_Item]]:
+    """The packs to read and their chunks, in the order they are to be written (``max_packs``:
+    only the oldest that many deferred packs)."""
+    oldest = (select(Pack.id).where(Pack.deferred.is_(True), Pack.retired_at.is_(None))
+              .order_by(Pack.created_at, Pack.id).limit(max_packs))
+    deferred = sorted(s.scalars(oldest))
     sparse: list[str] = []
     if compact_below > 0:
         live = (

@@ -10,11 +10,13 @@ database's write lock and on the branch compare-and-swap.
 from __future__ import annotations
 
 import functools
+import logging
 import shutil
 import socket
 import time
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
@@ -72,7 +74,12 @@ if TYPE_CHECKING:
 from ckptrepo.storage import Backend, open_backend
 
 DEFAULT_BRANCH = "main"
+log = logging.getLogger("ckptrepo")
 _MAX_HINTS = 100_000  # per-name encoding hints kept across commits (a few hundred bytes each)
+# Deferred packs one background repack run plans at a time (oldest first; ~64 MiB each): its
+# planning reads every chunk of the packs it takes, and must not grow with the backlog.
+_IDLE_REPACK_PACKS = 8
+_POLL_S = 0.05
 
 
 def _repo_dir(path: str | Path) -> Path:
@@ -134,6 +141,7 @@ class Repo:
             else ThreadPoolExecutor(max_workers=default_workers(), thread_name_prefix="ckpt-idle", initializer=idle)
         )
         self._repack_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-repack", initializer=idle)
+        self._repack_running: Future[None] | None = None
         self._staging = StagingPool(
             max_inflight if max_inflight is not None else env_int("MAX_INFLIGHT", 1),
             staging_budget if staging_budget is not None else (env_int("STAGING_BUDGET", 0) or None),
@@ -393,13 +401,42 @@ class Repo:
         return self.config.compression and (mode == "deferred" or (mode == "auto" and not blocking))
 
     def _repack_when_idle(self, stop: Callable[[], bool]) -> None:
-        """The background repack between asynchronous commits (an idle job of the committer
-        thread, which waits here): run on idle-priority threads whatever ``background_priority``
-        says, so that once it has started it never takes CPU a training job wants."""
+        """The background repack between asynchronous commits, an idle job of the committer
+        thread. It runs on idle-priority threads whatever ``background_priority`` says, so that
+        once started it never takes CPU a training job wants, in runs of at most
+        ``_IDLE_REPACK_PACKS`` deferred packs until none is left or ``stop()`` turns true.
+
+        The committer thread waits here until the repack is done or ``stop()`` (a commit or a
+        drain came), then returns at once: the repack notices ``stop`` at its next chunk, but
+        an idle-priority thread on cores a training job keeps busy may take seconds to get
+        there, and a commit must not wait for it (a repack is safe beside commits: it moves
+        only chunk rows still where it read them). ``_settle`` waits for it to end."""
         from ckptrepo import repack as packer
 
-        self._repack_thread.submit(packer.repack, self._sessions, self._backend, self._reader, self._idle_pool,
-                                   self.config, stop=stop).result()
+        def run() -> None:
+            while not stop():
+                report = packer.repack(self._sessions, self._backend, self._reader, self._idle_pool, self.config,
+                                       stop=stop, max_packs=_IDLE_REPACK_PACKS)
+                if report.stopped or not report.chunks_encoded + report.chunks_copied:
+                    return
+
+        running = self._repack_thread.submit(run)
+        self._repack_running = running
+        running.add_done_callback(_log_repack_failure)
+        while not stop():
+            try:
+                running.exception(timeout=_POLL_S)  # a failure is logged by _log_repack_failure
+                return
+            except FutureTimeout:
+                continue
+
+    def _settle(self) -> None:
+        """Wait for pending commits and for a background repack to end (gc, repack and verify
+        see the repository at rest)."""
+        self._committer.drain()
+        running = self._repack_running
+        if running is not None:
+            running.exception()
 
     def _commit_now(self, request: CommitRequest, release: Callable[[], None] | None, *,
                     defer: bool = False) -> CommitHandle:
@@ -767,7 +804,7 @@ class Repo:
         ``dry_run`` reports the same figures and changes nothing.
         """
         self._check_open()
-        self._committer.drain()
+        self._settle()
         return collector.collect(self._sessions, self._backend, grace=grace, dry_run=dry_run)
 
     def repack(self, *, compact_below: float = 0.0, dry_run: bool = False) -> RepackReport:
@@ -782,7 +819,7 @@ class Repo:
         from ckptrepo import repack as packer
 
         self._check_open()
-        self._committer.drain()
+        self._settle()
         return packer.repack(self._sessions, self._backend, self._reader, self._pool, self.config,
                              compact_below=compact_below, dry_run=dry_run)
 
@@ -827,9 +864,15 @@ class Repo:
         from ckptrepo.verify import verify
 
         self._check_open()
-        self._committer.drain()
+        self._settle()
 
         return verify(self, full=full)
+
+
+def _log_repack_failure(done: Future[None]) -> None:
+    exc = None if done.cancelled() else done.exception()
+    if exc is not None:
+        log.warning("background repack failed (it is retried later): %s", exc)
 
 
 def find_repo(path: str | Path = ".", *, search_parents: bool = False) -> Path:

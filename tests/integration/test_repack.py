@@ -235,3 +235,57 @@ def test_cli_init_encode_and_repack(tmp_path: Path) -> None:
     assert bad.exit_code == 2
     with ckptrepo.Repo.open(tmp_path / "c") as repo:
         assert _same(repo.checkout("main"), _state(1))
+
+
+def test_a_bounded_run_takes_the_oldest_deferred_packs(repo: ckptrepo.Repo) -> None:
+    from ckptrepo import repack as packer
+
+    ids = _commit_all(repo, 3)
+    with repo._sessions() as s:
+        ages = dict(s.execute(select(Pack.id, Pack.created_at).where(Pack.deferred.is_(True))).all())
+    report = packer.repack(repo._sessions, repo._backend, repo._reader, repo._pool, repo.config, max_packs=1)
+    left = _deferred(repo)
+    assert report.deferred_packs == 1 and not report.stopped and len(left) == len(ages) - 1
+    taken = (set(ages) - set(left)).pop()
+    assert all(ages[taken] <= ages[p] for p in left)
+    for i, cid in enumerate(ids):
+        assert _same(repo.checkout(cid), _state(i))
+    assert repo.verify(full=True).ok
+
+
+def test_a_run_stopped_before_it_starts_changes_nothing(repo: ckptrepo.Repo) -> None:
+    from ckptrepo import repack as packer
+
+    _commit_all(repo, 2)
+    before = (repo.stats(), sorted(_deferred(repo)), _encodings(repo))
+    report = packer.repack(repo._sessions, repo._backend, repo._reader, repo._pool, repo.config, stop=lambda: True)
+    assert report.stopped and report.packs_written == 0
+    assert (repo.stats(), sorted(_deferred(repo)), _encodings(repo)) == before
+
+
+def test_a_commit_does_not_wait_for_a_background_repack_to_give_way(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A background repack on idle-priority threads that a busy machine starves: it notices
+    # ``stop`` late (here: only once the test lets it go). Commits go on meanwhile; gc, repack
+    # and verify wait for it to end.
+    import threading
+
+    from ckptrepo import repack as packer
+
+    monkeypatch.setenv("CKPT_IDLE_REPACK_SPARE", "0")
+    started, release, ended = threading.Event(), threading.Event(), threading.Event()
+
+    def starved(*args: Any, stop: Any = None, **kw: Any) -> packer.RepackReport:
+        started.set()
+        release.wait(60)
+        ended.set()
+        return packer.RepackReport(dry_run=False, deferred_packs=0, sparse_packs=0, packs_read=0, stopped=True)
+
+    monkeypatch.setattr(packer, "repack", starved)
+    with ckptrepo.Repo.init(tmp_path / "w", chunk_size=CHUNK, pack_target=8 * CHUNK, idle_repack=True) as repo:
+        repo.commit(_state(0), step=0).wait()
+        assert started.wait(60)
+        second = repo.commit(_state(1), step=1).wait(timeout=30)  # durable while the repack still runs
+        assert not ended.is_set() and repo.resolve("main") == second.id
+        threading.Timer(0.2, release.set).start()
+        assert repo.verify().ok and ended.is_set()
