@@ -265,7 +265,9 @@ class Repo:
         if self._closed:
             return
         self._closed = True
-        self._committer.close()
+        self._committer.close()  # asks a background repack to stop
+        if self._repack_running is not None:
+            self._repack_running.exception()  # it still uses the pools shut down below
         self._staging.clear()
         self._base_cache.clear()
         self._pool.shutdown(wait=True)

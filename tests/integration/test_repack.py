@@ -289,3 +289,40 @@ def test_a_commit_does_not_wait_for_a_background_repack_to_give_way(
         assert not ended.is_set() and repo.resolve("main") == second.id
         threading.Timer(0.2, release.set).start()
         assert repo.verify().ok and ended.is_set()
+
+
+def test_close_waits_for_a_background_repack_before_shutting_its_pools(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The repack winds down after close() asked it to stop, still handing chunks to its
+    # encoding threads; close() must not shut those threads (or the backend) down under it.
+    import threading
+
+    from ckptrepo import repack as packer
+
+    monkeypatch.setenv("CKPT_IDLE_REPACK_SPARE", "0")
+    started, release = threading.Event(), threading.Event()
+    outcome: list[object] = []
+
+    def starved(sessions: Any, backend: Any, reader: Any, pool: Any, *args: Any, **kw: Any) -> packer.RepackReport:
+        started.set()
+        release.wait(60)
+        try:
+            outcome.append(pool.submit(lambda: "encoded").result())
+        except RuntimeError as exc:  # "cannot schedule new futures after shutdown"
+            outcome.append(exc)
+        return packer.RepackReport(dry_run=False, deferred_packs=0, sparse_packs=0, packs_read=0, stopped=True)
+
+    monkeypatch.setattr(packer, "repack", starved)
+    repo = ckptrepo.Repo.init(tmp_path / "c", chunk_size=CHUNK, pack_target=8 * CHUNK, idle_repack=True,
+                              background_priority="idle")
+    repo.commit(_state(0), step=0).wait()
+    assert started.wait(60)
+    stop_committer = repo._committer.close
+
+    def close_committer() -> None:  # the repack goes on only once close() is past this point
+        stop_committer()
+        threading.Timer(0.2, release.set).start()
+
+    monkeypatch.setattr(repo._committer, "close", close_committer)
+    repo.close()
+    assert outcome == ["encoded"]
