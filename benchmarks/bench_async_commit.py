@@ -14,7 +14,11 @@ and again into one repository, with a tiny in-place change to one tensor between
 next starts (so no commit waits for a staging slot):
   - ckptrepo ``commit()`` call to return (steady state; the first commit, which allocates
     the staging arena, is reported on its own line),
-  - (a) copy of every tensor into preallocated buffers (the floor of any snapshot),
+  - (a) copy of every tensor into preallocated buffers (the floor of any snapshot); it is
+    measured on its own in the rotation and again right before each ``commit()``, and the
+    goal (stall <= 1.3x the floor) is judged on the median of those pairs' ratios: the
+    copy's speed drifts by up to 2x between moments of one round on a shared VM; the ratio
+    of the unpaired medians is printed too,
   - (b) torch.save + fsync (file and directory),
   - (c) ``dcp.async_save`` call to return: as documented (a fresh default stager per call,
     which allocates its staging memory each time) and with one ``DefaultStager`` reused
@@ -218,6 +222,13 @@ class Bench:
         self.add("copy", time.perf_counter() - start)
 
     def ckpt_stall(self, first: bool = False) -> None:
+        if not first:
+            # The floor again, right before this commit: the copy's speed on this VM drifts by
+            # up to 2x between moments of one round, so the goal is judged on the pair.
+            start = time.perf_counter()
+            for dst, src in zip(self.bufs, tensors_of(self.state), strict=True):
+                dst.copy_(src)
+            self.add("copy_paired", time.perf_counter() - start)
         touch(self.state, self.round)
         start = time.perf_counter()
         handle = self.repo.commit(self.state, step=self.round)
@@ -349,6 +360,8 @@ def run(base: Path, args: argparse.Namespace) -> None:
     stall, copy, save = m["stall"], m["copy"], m["torch_save"]
     durable, dcp_save = m["durable"], m["dcp_save"]
     new_mib = m["new_bytes"] / MIB
+    pairs = [st / cp for st, cp in zip(bench.t["stall"], bench.t["copy_paired"], strict=True)]
+    paired = median(pairs)
 
     def bound(inflight: int) -> float:
         return (nbytes * (1 + inflight) + 300 * MIB) / MIB
@@ -375,7 +388,9 @@ def run(base: Path, args: argparse.Namespace) -> None:
         ("peak RSS, state only (baseline)", rss["baseline"]["peak"] / MIB, "MiB  (python + torch + the state)"),
         ("peak RSS, ckptrepo max_inflight=1", peak1, f"MiB  (bound state*2+300 = {bound(1):.0f} MiB)"),
         ("peak RSS, ckptrepo max_inflight=2", peak2, f"MiB  (bound state*3+300 = {bound(2):.0f} MiB)"),
-        ("RATIO stall / copy floor", stall / copy, goal_note(stall / copy, 1.3)),
+        ("RATIO stall / copy floor, paired", paired, goal_note(paired, 1.3)
+         + f"; median of per-round stall / the copy right before it ({min(pairs):.2f}-{max(pairs):.2f})"),
+        ("RATIO stall / copy floor, unpaired", stall / copy, "medians of measurements seconds apart"),
         ("RATIO stall / torch.save+fsync", stall / save, goal_note(stall / save, 0.1)),
         ("RATIO stall / dcp.async_save block (fresh)", stall / m["async_block_fresh"], ""),
         ("RATIO stall / dcp.async_save block (reused)", stall / m["async_block_reused"], ""),
