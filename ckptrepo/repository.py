@@ -266,8 +266,7 @@ class Repo:
             return
         self._closed = True
         self._committer.close()  # asks a background repack to stop
-        if self._repack_running is not None:
-            self._repack_running.exception()  # it still uses the pools shut down below
+        self._wait_for_repack()  # it still uses the pools and backend shut down below
         self._staging.clear()
         self._base_cache.clear()
         self._pool.shutdown(wait=True)
@@ -436,6 +435,10 @@ class Repo:
         """Wait for pending commits and for a background repack to end (gc, repack and verify
         see the repository at rest)."""
         self._committer.drain()
+        self._wait_for_repack()
+
+    def _wait_for_repack(self) -> None:
+        """Block until a background repack (running, or winding down after ``stop``) has ended."""
         running = self._repack_running
         if running is not None:
             running.exception()
