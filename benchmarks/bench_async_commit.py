@@ -222,10 +222,7 @@ class Bench:
 
     def _copy(self) -> float:
         """Seconds to copy every tensor into the preallocated buffers."""
-        start = time.perf_counter()
-        for dst, src in zip(self.bufs, tensors_of(self.state), strict=True):
-            dst.copy_(src)
-        return time.perf_counter() - start
+        return self._copy_into(self.bufs)
 
     def copy_floor(self) -> None:
         self.add("copy", self._copy())
@@ -240,7 +237,7 @@ class Bench:
         return list(slots[0].prepare(flatten(self.state).tensors).values())
 
     def _copy_into(self, views: list[torch.Tensor]) -> float:
-        """Seconds to copy every tensor into ``views`` (the same plain copy as ``_copy``)."""
+        """Seconds to copy every tensor into ``views``, one plain ``copy_`` per tensor."""
         start = time.perf_counter()
         for dst, src in zip(views, tensors_of(self.state), strict=True):
             dst.copy_(src)

@@ -5,6 +5,7 @@ read changes, storage shrinks, verify stays clean, and gc keeps retired packs fo
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from typer.testing import CliRunner
 
 import ckptrepo
 from ckptrepo import errors, faults
+from ckptrepo import repack as packer
 from ckptrepo.chunks.codecs import Encoding
 from ckptrepo.db.models import Chunk, Pack
 
@@ -238,8 +240,6 @@ def test_cli_init_encode_and_repack(tmp_path: Path) -> None:
 
 
 def test_a_bounded_run_takes_the_oldest_deferred_packs(repo: ckptrepo.Repo) -> None:
-    from ckptrepo import repack as packer
-
     ids = _commit_all(repo, 3)
     with repo._sessions() as s:
         ages = dict(s.execute(select(Pack.id, Pack.created_at).where(Pack.deferred.is_(True))).all())
@@ -254,8 +254,6 @@ def test_a_bounded_run_takes_the_oldest_deferred_packs(repo: ckptrepo.Repo) -> N
 
 
 def test_a_run_stopped_before_it_starts_changes_nothing(repo: ckptrepo.Repo) -> None:
-    from ckptrepo import repack as packer
-
     _commit_all(repo, 2)
     before = (repo.stats(), sorted(_deferred(repo)), _encodings(repo))
     report = packer.repack(repo._sessions, repo._backend, repo._reader, repo._pool, repo.config, stop=lambda: True)
@@ -268,9 +266,6 @@ def test_a_commit_does_not_wait_for_a_background_repack_to_give_way(
     # A background repack on idle-priority threads that a busy machine starves: it notices
     # ``stop`` late (here: only once the test lets it go). Commits go on meanwhile; gc, repack
     # and verify wait for it to end.
-    import threading
-
-    from ckptrepo import repack as packer
 
     monkeypatch.setenv("CKPT_IDLE_REPACK_SPARE", "0")
     started, release, ended = threading.Event(), threading.Event(), threading.Event()
@@ -295,9 +290,6 @@ def test_close_waits_for_a_background_repack_before_shutting_its_pools(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The repack winds down after close() asked it to stop, still handing chunks to its
     # encoding threads; close() must not shut those threads (or the backend) down under it.
-    import threading
-
-    from ckptrepo import repack as packer
 
     monkeypatch.setenv("CKPT_IDLE_REPACK_SPARE", "0")
     started, release = threading.Event(), threading.Event()
