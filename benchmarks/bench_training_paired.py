@@ -16,6 +16,11 @@ training steps, in rounds whose order is drawn at random:
     best case), k steps, then its future and an fsync of the new directory,
   - copy floor (``--peers copy``, default): a copy of every tensor into preallocated buffers,
     nothing persisted: the least any snapshot-then-persist checkpointer costs the loop,
+  - persist floor (``--peers persist``): the same copy into one page-aligned buffer, then a
+    background thread writes it raw to a new file (direct I/O, 8 MiB requests, as
+    ckptrepo's write-ahead does) and fsyncs it; the block waits for that thread and fsyncs
+    the directory: the least any *durable* snapshot-then-persist checkpointer costs the
+    loop (no format, no hashing, no index, no deduplication),
   - none: k steps.
 The blocks of a round run back to back, seconds apart, so the machine's drift (other
 tenants of the host, which move the step time of this VM by up to 2x over minutes) falls on
@@ -39,10 +44,11 @@ from the default ckptrepo kind, paired by round, with a 95% interval.
 
 ``--variant NAME:VAR=VALUE[,VAR=VALUE]`` adds a block kind: ckptrepo with another
 repository opened with those ``CKPT_*`` environment variables (an A/B in the same run), e.g.
-``idle:CKPT_BACKGROUND_PRIORITY=idle``.
+``idle:CKPT_BACKGROUND_PRIORITY=idle``. ``--blocking`` adds a kind whose commits are
+``commit(..., blocking=True)``: phase 2 inside the call, while the trainer waits.
 
     python benchmarks/bench_training_paired.py [--ks 10 50 200] [--rounds N] [--quick]
-        [--peers dcp copy] [--variant NAME:CKPT_WRITE_AHEAD=0] [--seed 0] [--dir PATH]
+        [--peers dcp copy persist] [--variant NAME:CKPT_WRITE_AHEAD=0] [--blocking] [--seed 0] [--dir PATH]
 """
 
 from __future__ import annotations
@@ -50,11 +56,13 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import mmap
 import os
 import random
 import shutil
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -98,6 +106,7 @@ class Kind:
     repo: ckptrepo.Repo | None = None
     peer: Callable[[Trainer], Finish | None] | None = None  # checkpoint; what to wait for at the block's end
     cleanup: Callable[[], None] | None = None  # after the block, untimed
+    blocking: bool = False  # the repository's commits are ``commit(..., blocking=True)``
     blocks: list[Block] = field(default_factory=list)
 
 
@@ -137,6 +146,61 @@ class CopyFloor:
     def __call__(self, trainer: Trainer) -> None:
         for buf, t in zip(self.bufs, self.tensors(trainer), strict=True):
             buf.copy_(t)
+
+
+class PersistFloor(CopyFloor):
+    """The floor of any durable snapshot-then-persist checkpointer: the copy floor's copy, into
+    one page-aligned buffer, written raw by a background thread to a new file with direct I/O
+    (buffered if the filesystem refuses it) and fsynced; the block waits for the thread."""
+
+    REQUEST = 8 << 20
+
+    def __init__(self, trainer: Trainer, where: Path) -> None:
+        self.where = where
+        self.path: Path | None = None
+        offsets, size = [], 0
+        for t in self.tensors(trainer):
+            offsets.append(size)
+            size += -(-t.nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
+        self.size = size
+        self.arena = mmap.mmap(-1, size)
+        flat = torch.frombuffer(self.arena, dtype=torch.uint8)
+        flat.fill_(0)  # faulted in beforehand, as the copy floor's buffers are
+        self.bufs = [flat[o:o + t.nbytes].view(t.dtype).view(t.shape)
+                     for o, t in zip(offsets, self.tensors(trainer), strict=True)]
+
+    def write(self, path: Path) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        try:
+            fd = os.open(path, flags | getattr(os, "O_DIRECT", 0), 0o644)
+        except OSError:
+            fd = os.open(path, flags, 0o644)
+        try:
+            view = memoryview(self.arena)
+            for off in range(0, self.size, self.REQUEST):
+                chunk = view[off:off + self.REQUEST]
+                done = 0
+                while done < len(chunk):
+                    done += os.pwrite(fd, chunk[done:], off + done)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def __call__(self, trainer: Trainer) -> Finish:  # type: ignore[override]
+        super().__call__(trainer)
+        path = self.path = self.where / f"raw-{trainer.n}.bin"
+        writer = threading.Thread(target=self.write, args=(path,))
+        writer.start()
+
+        def finish() -> None:
+            writer.join()
+            fsync_dir(self.where)
+
+        return finish
+
+    def cleanup(self) -> None:
+        if self.path is not None:
+            self.path.unlink()
 
 
 class DcpAsync:
@@ -202,7 +266,7 @@ def run_block(kind: Kind, trainer: Trainer, k: int) -> tuple[Block, int]:
     start = time.perf_counter()
     handle, finish = None, None
     if kind.repo is not None:
-        handle = kind.repo.commit(trainer.state, step=trainer.n)
+        handle = kind.repo.commit(trainer.state, step=trainer.n, blocking=kind.blocking)
     elif kind.peer is not None:
         finish = kind.peer(trainer)
     called = time.perf_counter()
@@ -273,7 +337,8 @@ def cpu(b: Block) -> float:
 
 
 def measure_k(k: int, rounds: int, trainer: Trainer, base: Path, variants: list[tuple[str, dict[str, str]]],
-              peers: list[str], rng: random.Random) -> tuple[list[tuple[str, float, str]], dict[str, Any]]:
+              peers: list[str], rng: random.Random,
+              blocking: bool = False) -> tuple[list[tuple[str, float, str]], dict[str, Any]]:
     where = base / f"k{k}"
     where.mkdir()
     saver = TorchSave(where)
@@ -285,9 +350,14 @@ def measure_k(k: int, rounds: int, trainer: Trainer, base: Path, variants: list[
         dcp.cleanup()
     if "copy" in peers:
         kinds.append(Kind("copy floor", peer=CopyFloor(trainer)))
+    if "persist" in peers:
+        floor = PersistFloor(trainer, where)
+        kinds.append(Kind("persist floor", peer=floor, cleanup=floor.cleanup))
     default = Kind("ckptrepo", repo=open_repo(where / "repo", trainer, {}))
     kinds.append(default)
     kinds += [Kind(f"ckptrepo {name}", repo=open_repo(where / f"repo-{name}", trainer, env)) for name, env in variants]
+    if blocking:
+        kinds.append(Kind("ckptrepo blocking", repo=open_repo(where / "repo-blocking", trainer, {}), blocking=True))
     loads: list[ForeignLoad] = []
     started = time.perf_counter()
     try:
@@ -334,6 +404,7 @@ def measure_k(k: int, rounds: int, trainer: Trainer, base: Path, variants: list[
                             "foreign_write_mib_s": [x.write_mib_s for x in loads]}
     save = kinds[1].blocks
     dcp_blocks = kinds[2].blocks if dcp is not None else None
+    persist = next((kd for kd in kinds if kd.name == "persist floor"), None)
     for kind in kinds[1:]:
         bl = kind.blocks
         idx = list(range(n))
@@ -360,6 +431,11 @@ def measure_k(k: int, rounds: int, trainer: Trainer, base: Path, variants: list[
                 d_lo, d_hi = bootstrap(diff, n, rng)
                 entry.update(minus_default=diff(idx), minus_default_ci95=(d_lo, d_hi))
                 note += f"; minus ckptrepo {diff(idx):+.1f} points [{d_lo:+.1f}, {d_hi:+.1f}]"
+            if persist is not None:  # what ckptrepo adds to the least a durable checkpoint costs
+                diff = functools.partial(difference, bl, persist.blocks, none)
+                p_lo, p_hi = bootstrap(diff, n, rng)
+                entry.update(minus_persist_floor=diff(idx), minus_persist_floor_ci95=(p_lo, p_hi))
+                note += f"; minus the persist floor {diff(idx):+.1f} points [{p_lo:+.1f}, {p_hi:+.1f}]"
             rows.append((f"k={k} {kind.name} overhead % (wall)", over, note))
             rows.append((f"k={k} {kind.name} stall / end wait s", entry["stall_s"],
                          f"end wait {end_wait:.3f} s; phase 2 done within the block in {100 * fits:.0f}% of blocks; "
@@ -421,8 +497,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="k=50 only, 20 rounds (~6 minutes)")
     ap.add_argument("--variant", action="append", default=[], metavar="NAME:CKPT_VAR=VALUE",
                     help="add blocks of ckptrepo with these environment settings (repeatable)")
-    ap.add_argument("--peers", nargs="*", default=["dcp", "copy"], choices=["dcp", "copy"],
-                    help="peers besides torch.save: dcp.async_save, the copy floor (default both)")
+    ap.add_argument("--blocking", action="store_true",
+                    help="add blocks of ckptrepo committing with blocking=True (phase 2 in the call)")
+    ap.add_argument("--peers", nargs="*", default=["dcp", "copy"], choices=["dcp", "copy", "persist"],
+                    help="peers besides torch.save: dcp.async_save, the copy floor, the persist floor "
+                         "(default: dcp, copy)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the block order and the bootstrap")
     add_model_args(ap)
     ap.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir under /work)")
@@ -441,7 +520,7 @@ def main() -> None:
     with scratch_dir(args.dir) as base:
         for k in args.ks:
             rounds = args.rounds or (20 if args.quick else ROUNDS.get(k, 10))
-            r, info = measure_k(k, rounds, trainer, base, variants, args.peers, rng)
+            r, info = measure_k(k, rounds, trainer, base, variants, args.peers, rng, args.blocking)
             rows += r
             extra["per_k"][k] = info
     rows += within_bound(extra["per_k"])
