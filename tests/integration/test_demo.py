@@ -17,9 +17,13 @@ def test_demo_builds_both_branches(tmp_path: Path) -> None:
     root = demo.main(tmp_path / "tour", steps=16, every=4, console=Console(file=out, width=100))
     assert root == tmp_path / "tour"
     text = out.getvalue()
-    assert "bit-identical" in text and "log lr-high" in text and "dedup" in text
+    assert "bit-identical" in text and "log lr-high" in text and "dedup" in text and "repack   encoded" in text
 
     with Repo.open(root) as repo:
+        # The tour encodes what the commits stored raw before it prints the sizes.
+        assert repo.repack_pending() == (0, 0)
+        stats = repo.stats()
+        assert 0 < stats.stored_bytes < stats.unique_bytes
         assert {b.name for b in repo.branches()} == {"main", "lr-high"}
         main = repo.log("main")
         branch = repo.log("lr-high")
