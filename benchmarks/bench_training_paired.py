@@ -76,6 +76,7 @@ from _common import ForeignLoad, fsync_dir, fsync_path, goal_note, report, scrat
 from _training import MIB, Trainer, add_model_args
 
 import ckptrepo
+from ckptrepo.storage.appendfile import pwrite_all
 
 ROUNDS = {10: 40, 50: 60, 200: 16}  # ~2.5, ~15 and ~15 minutes at ~0.057 s/step with five kinds
 BOOTSTRAP = 2000
@@ -178,10 +179,7 @@ class PersistFloor(CopyFloor):
         try:
             view = memoryview(self.arena)
             for off in range(0, self.size, self.REQUEST):
-                chunk = view[off:off + self.REQUEST]
-                done = 0
-                while done < len(chunk):
-                    done += os.pwrite(fd, chunk[done:], off + done)
+                pwrite_all(fd, view[off:off + self.REQUEST], off)
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -266,7 +266,6 @@ def test_a_commit_does_not_wait_for_a_background_repack_to_give_way(
     # A background repack on idle-priority threads that a busy machine starves: it notices
     # ``stop`` late (here: only once the test lets it go). Commits go on meanwhile; gc, repack
     # and verify wait for it to end.
-
     monkeypatch.setenv("CKPT_IDLE_REPACK_SPARE", "0")
     started, release, ended = threading.Event(), threading.Event(), threading.Event()
 
@@ -290,7 +289,6 @@ def test_close_waits_for_a_background_repack_before_shutting_its_pools(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The repack winds down after close() asked it to stop, still handing chunks to its
     # encoding threads; close() must not shut those threads (or the backend) down under it.
-
     monkeypatch.setenv("CKPT_IDLE_REPACK_SPARE", "0")
     started, release = threading.Event(), threading.Event()
     outcome: list[object] = []
