@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import blake3
@@ -13,6 +14,8 @@ SHORT_LEN = 10
 
 # Inputs at least this large are hashed with blake3's own threads (it releases the GIL).
 _PARALLEL_MIN = 4 << 20
+_PLAIN = re.compile(r"[A-Za-z0-9_]+")
+_HEX = re.compile(r"[0-9a-f]*")
 
 
 def hash_bytes(data: bytes | bytearray | memoryview) -> str:
@@ -24,6 +27,22 @@ def hash_bytes(data: bytes | bytearray | memoryview) -> str:
 def hash_json(value: Any) -> str:
     """BLAKE3-256 of the canonical JSON form of ``value`` (sorted keys, no spaces)."""
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return hash_bytes(text.encode("ascii"))
+
+
+def tensor_id(dtype: str, shape: Sequence[int], chunk_size: int, chunk_ids: Sequence[str]) -> str:
+    """The id of a tensor: ``hash_json([dtype, shape, chunk_size, chunk_ids])``.
+
+    A commit computes one per tensor on its background thread; for the names and ids ckptrepo
+    makes (a dtype name of letters, digits and underscores; hex chunk ids) the canonical
+    JSON is written directly, which costs half of ``json.dumps``; anything else goes through
+    ``hash_json``. Both give the same text, hence the same id (tests/unit/test_ids.py).
+    """
+    if not (_PLAIN.fullmatch(dtype) and all(type(d) is int for d in shape)
+            and all(_HEX.fullmatch(c) for c in chunk_ids)):
+        return hash_json([dtype, list(shape), chunk_size, list(chunk_ids)])
+    ids = '"' + '","'.join(chunk_ids) + '"' if chunk_ids else ""
+    text = f'["{dtype}",[{",".join(map(str, shape))}],{int(chunk_size)},[{ids}]]'
     return hash_bytes(text.encode("ascii"))
 
 

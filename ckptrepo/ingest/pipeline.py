@@ -39,7 +39,7 @@ from ckptrepo.chunks.chunker import chunk_spans
 from ckptrepo.chunks.codecs import Encoding, PlaneHint, encode_with_base
 from ckptrepo.chunks.store import ChunkLocation, ChunkReader, PackSink, SealedPack
 from ckptrepo.errors import CkptError, UsageError
-from ckptrepo.ids import hash_bytes, hash_json
+from ckptrepo.ids import hash_bytes, tensor_id
 from ckptrepo.ingest.basecache import BaseCache
 from ckptrepo.ingest.stats import Moments, combine, moments_of_bytes
 from ckptrepo.ingest.writeahead import WriteAhead
@@ -252,8 +252,12 @@ class _Ingest:
     def run(self, tensors: dict[str, torch.Tensor]) -> IngestResult:
         names = list(tensors)
         self.names, self.dtypes = names, [t.dtype for t in tensors.values()]
+        known = self.known_hints
         for name in names:
-            self.hints.append(self.known_hints.setdefault(name, PlaneHint()))
+            hint = known.get(name)
+            if hint is None:
+                hint = known[name] = PlaneHint()
+            self.hints.append(hint)
         ids: list[list[str]] = []
         parts: list[list[Moments]] = []
         views: list[memoryview] = []
@@ -321,7 +325,7 @@ class _Ingest:
             result.tensors.append(
                 TensorRecord(
                     name=name,
-                    tensor_id=hash_json([dtype, shape, self.opts.chunk_size, ids[i]]),
+                    tensor_id=tensor_id(dtype, shape, self.opts.chunk_size, ids[i]),
                     dtype=dtype,
                     shape=shape,
                     nbytes=len(views[i]),

@@ -1,0 +1,168 @@
+"""CPU time of one asynchronous commit of the training benchmark's state, by thread, against the
+machine's own speeds for the work it cannot avoid.
+
+On cores a CPU training job keeps busy, what a commit costs the loop is, to first order, the
+CPU its background threads take (BENCHMARKS.md, training overhead). This script commits the
+117 MiB state of ``_training.py`` (a few steps in, AdamW moments filled) ``--commits`` times
+on an otherwise idle machine, each time after nudging every tensor so that nothing
+deduplicates, as in training, and reads every thread's CPU time from
+``/proc/self/task/*/schedstat`` (nanoseconds) before ``commit()`` and after ``wait()``.
+Threads are grouped by role from their names: the caller (``MainThread``: flatten and the
+snapshot copy), torch's intra-op threads (the caller's copy on the other cores), the
+committer (phase 2: lookups, indexing, the transaction), the workers (BLAKE3 and the chunk
+statistics) and the write-ahead.
+
+The peers, measured in the same run on the same bytes: BLAKE3 of every chunk on one thread
+(the ``blake3`` package, as ckptrepo calls it), the statistics' pass (``moments_of_bytes``)
+and a one-thread copy. Their sum is the least CPU a content-addressed commit with statistics
+spends; the script prints the commit's background CPU as a multiple of it.
+
+    python benchmarks/bench_commit_cpu.py [--commits 20] [--dir PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import blake3
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import report, scratch_dir
+from _training import Trainer, add_model_args
+
+import ckptrepo
+from ckptrepo import state as st
+from ckptrepo.chunks.chunker import chunk_spans
+from ckptrepo.ingest.stats import moments_of_bytes
+
+ROLES = ("caller", "torch intra-op", "committer", "workers", "write-ahead", "other")
+
+
+def role_of(name: str | None) -> str:
+    """The role of a thread from its Python name (None: a thread Python did not start)."""
+    if name is None:
+        return "torch intra-op"
+    if name == "MainThread":
+        return "caller"
+    for prefix, role in (("ckpt-commit", "committer"), ("ckpt-ahead", "write-ahead"), ("ckpt_", "workers")):
+        if name.startswith(prefix):
+            return role
+    return "other"
+
+
+def thread_cpu_ns() -> dict[int, int]:
+    """CPU nanoseconds of every thread of this process, by native id."""
+    out: dict[int, int] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                out[int(tid)] = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def by_role(before: dict[int, int], after: dict[int, int]) -> dict[str, int]:
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, int] = collections.Counter()
+    for tid, ns in after.items():
+        out[role_of(names.get(tid))] += ns - before.get(tid, 0)
+    return out
+
+
+def nudge(trainer: Trainer) -> None:
+    """Change every floating-point tensor of the state a little (a training step would)."""
+    with torch.no_grad():
+        for p in trainer.model.parameters():
+            p.add_(1e-3)
+        for s in trainer.opt.state.values():
+            for v in s.values():
+                if isinstance(v, torch.Tensor) and v.is_floating_point():
+                    v.add_(1e-3)
+
+
+def peers(trainer: Trainer, chunk_size: int) -> dict[str, float]:
+    """Seconds, on one thread, for BLAKE3 of every chunk, the statistics' pass and a copy."""
+    flat = st.flatten(trainer.state)
+    staged = {k: v.detach().clone() for k, v in flat.tensors.items()}
+    views = [(st.tensor_bytes(t), t.dtype, t.element_size()) for t in staged.values()]
+    chunks = [(view[o:o + n], dtype) for view, dtype, size in views
+              for o, n in chunk_spans(len(view), size, chunk_size)]
+    dst = {k: torch.empty_like(v) for k, v in staged.items()}
+    threads = torch.get_num_threads()
+
+    def copy() -> None:
+        for k, v in staged.items():
+            dst[k].copy_(v)
+
+    def best(fn: object, repeat: int = 5) -> float:
+        times = []
+        for _ in range(repeat):
+            start = time.perf_counter()
+            fn()  # type: ignore[operator]
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    torch.set_num_threads(1)
+    try:
+        return {
+            "blake3": best(lambda: [blake3.blake3(raw).digest() for raw, _ in chunks]),
+            "moments": best(lambda: [moments_of_bytes(raw, dtype) for raw, dtype in chunks]),
+            "copy": best(copy),
+        }
+    finally:
+        torch.set_num_threads(threads)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--commits", type=int, default=20, help="commits measured (after one warm-up)")
+    ap.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir under /work)")
+    add_model_args(ap)
+    args = ap.parse_args()
+    trainer = Trainer(args)
+    for _ in range(3):
+        trainer.step()
+    print(f"state {trainer.state_mib():.0f} MiB; torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}")
+    totals: dict[str, int] = collections.Counter()
+    stalls: list[float] = []
+    with scratch_dir(args.dir) as base, ckptrepo.Repo.init(base / "repo", idle_repack=False) as repo:
+        chunk_size = repo.config.chunk_size
+        repo.commit(trainer.state, step=0).wait()  # allocates the staging arena
+        for i in range(args.commits):
+            nudge(trainer)
+            time.sleep(0.05)  # the nudge's own threads settle
+            before = thread_cpu_ns()
+            commit = repo.commit(trainer.state, step=i + 1).wait()
+            time.sleep(0.05)
+            for role, ns in by_role(before, thread_cpu_ns()).items():
+                totals[role] += ns
+            stalls.append(commit.stall_s)
+    speeds = peers(trainer, chunk_size)
+    n = args.commits
+    ms = {role: totals.get(role, 0) / n / 1e6 for role in ROLES}
+    background = ms["committer"] + ms["workers"] + ms["write-ahead"]
+    floor = (speeds["blake3"] + speeds["moments"]) * 1e3
+    rows = [(f"CPU ms per commit: {role}", ms[role], "") for role in ROLES]
+    rows += [
+        ("CPU ms per commit: background (committer + workers + write-ahead)", background, ""),
+        ("peer: BLAKE3 of every chunk, one thread, ms", speeds["blake3"] * 1e3, ""),
+        ("peer: chunk statistics pass, one thread, ms", speeds["moments"] * 1e3, ""),
+        ("peer: copy of the state, one thread, ms", speeds["copy"] * 1e3, ""),
+        ("RATIO background CPU / (BLAKE3 + statistics)", background / floor, "the work no content-addressed commit "
+                                                                              "with statistics avoids"),
+        ("median stall, ms", sorted(stalls)[len(stalls) // 2] * 1e3, ""),
+    ]
+    report("CPU of an asynchronous commit of the training state, by thread", rows,
+           {"commits": n, "ms_by_role": ms, "peers_s": speeds})
+
+
+if __name__ == "__main__":
+    main()
