@@ -36,7 +36,7 @@ def tensor_id(dtype: str, shape: Sequence[int], chunk_size: int, chunk_ids: Sequ
     A commit computes one per tensor on its background thread; for the names and ids ckptrepo
     makes (a dtype name of letters, digits and underscores; hex chunk ids) the canonical
     JSON is written directly, which costs half of ``json.dumps``; anything else goes through
-    ``hash_json``. Both give the same text, hence the same id (tests/unit/test_ids.py).
+    ``hash_json``. Both give the same text, hence the same id (tests/property/test_tensor_ids.py).
     """
     if not (_PLAIN.fullmatch(dtype) and all(type(d) is int for d in shape)
             and all(_HEX.fullmatch(c) for c in chunk_ids)):
