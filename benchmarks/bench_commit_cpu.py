@@ -28,6 +28,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import blake3
@@ -102,11 +103,11 @@ def peers(trainer: Trainer, chunk_size: int) -> dict[str, float]:
         for k, v in staged.items():
             dst[k].copy_(v)
 
-    def best(fn: object, repeat: int = 5) -> float:
+    def best(fn: Callable[[], object], repeat: int = 5) -> float:
         times = []
         for _ in range(repeat):
             start = time.perf_counter()
-            fn()  # type: ignore[operator]
+            fn()
             times.append(time.perf_counter() - start)
         return min(times)
 
