@@ -76,7 +76,7 @@ from _common import ForeignLoad, fsync_dir, fsync_path, goal_note, report, scrat
 from _training import MIB, Trainer, add_model_args
 
 import ckptrepo
-from ckptrepo.storage.appendfile import pwrite_all
+from ckptrepo.storage.appendfile import direct_io_enabled, open_direct, pwrite_all
 
 ROUNDS = {10: 40, 50: 60, 200: 16}  # ~2.5, ~15 and ~15 minutes at ~0.057 s/step with five kinds
 BOOTSTRAP = 2000
@@ -152,7 +152,7 @@ class CopyFloor:
 class PersistFloor(CopyFloor):
     """The floor of any durable snapshot-then-persist checkpointer: the copy floor's copy, into
     one page-aligned buffer, written raw by a background thread to a new file with direct I/O
-    (buffered if the filesystem refuses it) and fsynced; the block waits for the thread."""
+    (buffered where ckptrepo's write-ahead would be) and fsynced; the block waits for the thread."""
 
     REQUEST = 8 << 20
 
@@ -171,17 +171,19 @@ class PersistFloor(CopyFloor):
                      for o, t in zip(offsets, self.tensors(trainer), strict=True)]
 
     def write(self, path: Path) -> None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-        try:
-            fd = os.open(path, flags | getattr(os, "O_DIRECT", 0), 0o644)
-        except OSError:
-            fd = os.open(path, flags, 0o644)
+        # Direct I/O exactly when ckptrepo's write-ahead would use it (``CKPT_DIRECT_IO``, a
+        # filesystem that takes it): the same helpers decide.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        direct = open_direct(str(path)) if direct_io_enabled() else None
+        out = fd if direct is None else direct
         try:
             view = memoryview(self.arena)
             for off in range(0, self.size, self.REQUEST):
-                pwrite_all(fd, view[off:off + self.REQUEST], off)
-            os.fsync(fd)
+                pwrite_all(out, view[off:off + self.REQUEST], off)
+            os.fsync(out)
         finally:
+            if direct is not None:
+                os.close(direct)
             os.close(fd)
 
     def __call__(self, trainer: Trainer) -> Finish:  # type: ignore[override]
