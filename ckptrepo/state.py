@@ -29,7 +29,7 @@ import pickle
 import re
 import warnings
 from collections import OrderedDict, defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +110,30 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     if flat.numel() <= 1:  # contiguity ignores the stride of a size-0/1 dim; the byte view does not
         flat = flat.as_strided([flat.numel()], [1])
     return flat.view(torch.uint8).numpy().data
+
+
+def tensors_bytes(tensors: Iterable[torch.Tensor]) -> list[memoryview]:
+    """``tensor_bytes`` of each tensor, in order: the same bytes, aliased or copied alike.
+
+    Contiguous CPU tensors that share a storage (the views of one staging arena, say) are
+    sliced out of one memoryview of that storage: a slice costs a fraction of the four tensor
+    calls ``tensor_bytes`` makes, which a commit of a few hundred tensors notices."""
+    bases: dict[tuple[int, int], memoryview] = {}
+    out: list[memoryview] = []
+    for t in tensors:
+        if not (t.is_cpu and t.is_contiguous()) or t.is_conj() or t.is_neg():
+            out.append(tensor_bytes(t))
+            continue
+        storage = t.untyped_storage()
+        key = (storage.data_ptr(), storage.nbytes())  # storages over the same bytes share a view
+        base = bases.get(key)
+        if base is None:
+            base = bases[key] = torch.empty(0, dtype=torch.uint8).set_(storage).numpy().data
+        size = t.element_size()
+        start = t.storage_offset() * size
+        view = base[start : start + t.numel() * size]
+        out.append(view if len(view) == t.numel() * size else tensor_bytes(t))
+    return out
 
 
 def tensor_from_bytes(

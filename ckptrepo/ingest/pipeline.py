@@ -160,6 +160,7 @@ _GROUP_CHUNKS = 16  # ... or this many chunks
 _AHEAD_LOOKUP = 256  # chunks per store lookup when a write-ahead already writes the new ones
 
 
+_NO_MOMENTS = Moments()  # a placeholder, replaced by each chunk's own (frozen: shared safely)
 _Job = tuple[int, int, int, memoryview, torch.dtype]  # (tensor index, chunk seq, offset in it, bytes, dtype)
 
 
@@ -260,15 +261,17 @@ class _Ingest:
             self.hints.append(hint)
         ids: list[list[str]] = []
         parts: list[list[Moments]] = []
-        views: list[memoryview] = []
         jobs: list[_Job] = []
+        views = st.tensors_bytes(tensors.values())
+        chunk = self.opts.chunk_size
         for i, name in enumerate(names):
             t = tensors[name]
-            view = st.tensor_bytes(t)
-            views.append(view)
-            spans = chunk_spans(len(view), t.element_size(), self.opts.chunk_size)
+            view = views[i]
+            n, size = len(view), t.element_size()
+            # Most tensors are one chunk: what chunk_spans gives them, without the call.
+            spans = [(0, n)] if 0 < n <= chunk - chunk % size else chunk_spans(n, size, chunk)
             ids.append([""] * len(spans))
-            parts.append([Moments()] * len(spans))
+            parts.append([_NO_MOMENTS] * len(spans))
             jobs.extend((i, seq, off, view[off : off + ln], t.dtype) for seq, (off, ln) in enumerate(spans))
         result = IngestResult(tensors=[], packs=[], new_chunk_ids=self.queued)
         hashing = self.hashing

@@ -49,6 +49,10 @@ class Slot:
     def __init__(self) -> None:
         self._arena: _Arena | None = None
         self.nbytes = 0
+        # The last layout and its views: a training loop stages the same names, dtypes and
+        # shapes every time, and making ~200 views again cost ~4 ms of each commit's stall.
+        self._layout: tuple[list[tuple[str, torch.dtype, torch.Size, bool]], _Arena, int,
+                            dict[str, torch.Tensor]] | None = None
 
     @property
     def capacity(self) -> int:
@@ -67,7 +71,14 @@ class Slot:
 
     def prepare(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Lay ``tensors`` out in the arena (growing it if needed); returns the views that
-        ``copy`` will fill, by name, in the same order. Reads no tensor data."""
+        ``copy`` will fill, by name, in the same order. Reads no tensor data. The views are
+        those of the previous call (in a new dict) when the names, dtypes, shapes and devices
+        are the same and the arena has not changed."""
+        key = [(name, t.dtype, t.shape, t.is_cuda) for name, t in tensors.items()]
+        last = self._layout
+        if last is not None and last[1] is self._arena and last[0] == key:
+            self.nbytes = last[2]
+            return dict(last[3])
         layout: list[tuple[str, int, int]] = []
         offset = 0
         any_cuda = False
@@ -85,6 +96,8 @@ class Slot:
             else:
                 out[name] = arena[start : start + nbytes].view(src.dtype).view(src.shape)
         self.nbytes = offset
+        assert self._arena is not None
+        self._layout = (key, self._arena, offset, dict(out))
         return out
 
     def copy(self, tensors: dict[str, torch.Tensor], out: dict[str, torch.Tensor]) -> None:
@@ -115,6 +128,7 @@ class Slot:
     def drop(self) -> None:
         """Free the arena (memory goes back to the allocator)."""
         self._arena = None
+        self._layout = None
         self.nbytes = 0
 
 

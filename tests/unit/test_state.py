@@ -26,6 +26,7 @@ from ckptrepo.state import (
     split_path,
     tensor_bytes,
     tensor_from_bytes,
+    tensors_bytes,
     unflatten,
 )
 
@@ -363,3 +364,18 @@ def test_load_into_errors_name_the_path() -> None:
         load_into({"n": 3}, {"n": 4})
     with pytest.raises(UsageError, match="'d/x'"):
         load_into({"d": {"x": torch.zeros(1)}}, {"d": {"x": "text"}})
+
+
+def test_tensors_bytes_slice_shared_storages_and_equal_tensor_bytes() -> None:
+    arena = torch.arange(64, dtype=torch.uint8)
+    a = arena[8:24].view(torch.float32)  # views of one storage: sliced from one memoryview
+    b = arena[32:40].view(torch.int16).view(2, 2)
+    own = torch.arange(5, dtype=torch.int64)
+    odd = [torch.arange(12, dtype=torch.int32).reshape(3, 4).t(), torch.tensor(2.5), torch.zeros(0, 3),
+           torch.tensor([1 + 2j], dtype=torch.complex64).conj()]
+    alias = torch.frombuffer(arena.numpy().data[:16], dtype=torch.uint8)  # same bytes, a smaller storage
+    tensors = [a, b, own, *odd, alias, arena[60:]]
+    views = tensors_bytes(tensors)
+    assert [bytes(v) for v in views] == [bytes(tensor_bytes(t)) for t in tensors]
+    arena[8] = 255  # aliased, as tensor_bytes aliases contiguous CPU tensors
+    assert views[0][0] == 255 and views[-2][8] == 255

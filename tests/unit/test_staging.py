@@ -1,0 +1,61 @@
+"""Staging slots: the arena layout, reused views, and what a changed layout does."""
+
+from __future__ import annotations
+
+import torch
+
+from ckptrepo.ingest.staging import PAGE, Slot
+
+
+def state(rows: int = 3) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return {
+        "w": torch.randn(rows, 5, generator=g),
+        "b": torch.arange(7, dtype=torch.int16),
+        "empty": torch.zeros(0, 2),
+        "half": torch.randn(4, generator=g).bfloat16(),
+    }
+
+
+def test_stage_copies_every_tensor_into_the_arena() -> None:
+    slot, src = Slot(), state()
+    out = slot.stage(src)
+    assert list(out) == list(src)
+    arena = slot.arena
+    assert arena is not None and arena.data_ptr() % PAGE == 0
+    for name, t in src.items():
+        assert out[name].dtype == t.dtype and out[name].shape == t.shape
+        assert torch.equal(out[name], t)
+        if t.numel():
+            start = out[name].data_ptr() - arena.data_ptr()
+            assert 0 <= start < arena.numel()
+
+
+def test_the_same_layout_reuses_the_views_in_a_new_dict() -> None:
+    slot = Slot()
+    first = slot.stage(state())
+    again = state()
+    again["w"].add_(1.0)
+    second = slot.stage(again)
+    assert second is not first and list(second) == list(first)
+    assert all(second[n] is first[n] for n in first)
+    assert all(torch.equal(second[n], again[n]) for n in again)  # the copy filled them anew
+    second.pop("w")  # the dict is the caller's: changing it leaves the slot's layout alone
+    assert slot.prepare(state())["w"] is first["w"]
+
+
+def test_a_changed_layout_makes_new_views() -> None:
+    slot = Slot()
+    first = slot.stage(state())
+    for changed in (state(rows=4), {**state(), "b": torch.arange(7, dtype=torch.int32)},
+                    dict(reversed(list(state().items())))):
+        out = slot.stage(changed)
+        assert all(torch.equal(out[n], changed[n]) for n in changed)
+        assert out["w"] is not first["w"]
+    bigger = {"big": torch.randn(1 << 16)}
+    out = slot.stage(bigger)  # outgrows the arena: a new one, new views
+    assert torch.equal(out["big"], bigger["big"])
+    slot.drop()
+    assert slot.arena is None
+    out = slot.stage(state())
+    assert out["w"] is not first["w"] and torch.equal(out["w"], state()["w"])
