@@ -54,7 +54,7 @@ from ckptrepo.errors import (
 )
 from ckptrepo.export import export as export_state
 from ckptrepo.ids import hash_json, short
-from ckptrepo.ingest import priority, request
+from ckptrepo.ingest import priority, request, spare
 from ckptrepo.ingest.basecache import DEFAULT_BUDGET, BaseCache
 from ckptrepo.ingest.bases import delta_plan
 from ckptrepo.ingest.committer import Committer
@@ -411,13 +411,25 @@ class Repo:
         drain came), then returns at once: the repack notices ``stop`` at its next chunk, but
         an idle-priority thread on cores a training job keeps busy may take seconds to get
         there, and a commit must not wait for it (a repack is safe beside commits: it moves
-        only chunk rows still where it read them). ``_settle`` waits for it to end."""
+        only chunk rows still where it read them). ``_settle`` waits for it to end.
+
+        The repack also gives way when the rest of the machine leaves it less spare CPU than
+        the gate asked for (``spare.BusyWatch``: a training loop resumed without committing),
+        then waits on its own thread for the next window with spare CPU, as the gate had."""
         from ckptrepo import repack as packer
+
+        def own() -> list[int]:
+            return spare.threads_named("ckpt-repack", "ckpt-idle", "ckpt-bg")
 
         def run() -> None:
             while not stop():
+                watch = spare.BusyWatch(own)
                 report = packer.repack(self._sessions, self._backend, self._reader, self._idle_pool, self.config,
-                                       stop=stop, max_packs=_IDLE_REPACK_PACKS)
+                                       stop=functools.partial(_give_way, stop, watch), max_packs=_IDLE_REPACK_PACKS)
+                if report.stopped and not stop():  # the machine got busy: wait for spare CPU again
+                    if not _await_spare(stop, self._committer.idle_delay):
+                        return
+                    continue
                 if report.stopped or not report.chunks_encoded + report.chunks_copied:
                     return
 
@@ -872,6 +884,25 @@ class Repo:
         self._settle()
 
         return verify(self, full=full)
+
+
+def _give_way(stop: Callable[[], bool], watch: spare.BusyWatch) -> bool:
+    """Whether a background repack should stop: a commit or drain came, or the machine got busy."""
+    return stop() or watch.busy()
+
+
+def _await_spare(stop: Callable[[], bool], window: float) -> bool:
+    """Wait, window after window, until one had spare CPU (True) or ``stop()`` turned true (False)."""
+    gate = SpareCpuGate()
+    gate.start()
+    while True:
+        end = time.monotonic() + window
+        while time.monotonic() < end:
+            if stop():
+                return False
+            time.sleep(_POLL_S)
+        if gate.passed():
+            return True
 
 
 def _log_repack_failure(done: Future[None]) -> None:

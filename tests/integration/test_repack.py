@@ -22,6 +22,7 @@ from ckptrepo import errors, faults
 from ckptrepo import repack as packer
 from ckptrepo.chunks.codecs import Encoding
 from ckptrepo.db.models import Chunk, Pack
+from ckptrepo.ingest import spare
 
 CHUNK = 64 * 1024
 
@@ -259,6 +260,36 @@ def test_a_run_stopped_before_it_starts_changes_nothing(repo: ckptrepo.Repo) -> 
     report = packer.repack(repo._sessions, repo._backend, repo._reader, repo._pool, repo.config, stop=lambda: True)
     assert report.stopped and report.packs_written == 0
     assert (repo.stats(), sorted(_deferred(repo)), _encodings(repo)) == before
+
+
+def test_the_background_repack_gives_way_to_a_busy_machine_and_resumes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The gate opened (threshold 0), but then the rest of the machine wants the CPU
+    # (spare.BusyWatch, forced here): the repack stops before its first chunk, waits for the
+    # next window with spare CPU, tries again, and finishes once the machine is quiet.
+    monkeypatch.setenv("CKPT_IDLE_REPACK_SPARE", "0")
+    busy, asked = threading.Event(), []
+    busy.set()
+
+    def watched(self: spare.BusyWatch) -> bool:
+        asked.append(busy.is_set())
+        return busy.is_set()
+
+    monkeypatch.setattr(spare.BusyWatch, "busy", watched)
+    with ckptrepo.Repo.init(tmp_path / "w", chunk_size=CHUNK, pack_target=8 * CHUNK, idle_repack=True) as repo:
+        for i in range(3):
+            repo.commit(_state(i), step=i).wait()
+        deferred = sorted(_deferred(repo))
+        deadline = time.monotonic() + 60
+        while asked.count(True) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert asked.count(True) >= 3  # gave way, waited for spare CPU, tried again
+        assert sorted(_deferred(repo)) == deferred and Encoding.RAW in _encodings(repo)
+        busy.clear()
+        deadline = time.monotonic() + 120
+        while _deferred(repo) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _deferred(repo) and repo.verify().ok
 
 
 def test_a_commit_does_not_wait_for_a_background_repack_to_give_way(
