@@ -93,7 +93,6 @@ class SpareCpuGate:
         return self.last_spare >= self.min_spare
 
 
-
 def thread_cpu_ns(native_ids: Iterable[int]) -> int:
     """CPU nanoseconds of these threads of this process so far (threads gone count 0)."""
     total = 0
