@@ -57,7 +57,7 @@ from ckptrepo.ids import hash_json, short
 from ckptrepo.ingest import priority, request, spare
 from ckptrepo.ingest.basecache import DEFAULT_BUDGET, BaseCache
 from ckptrepo.ingest.bases import delta_plan
-from ckptrepo.ingest.committer import Committer
+from ckptrepo.ingest.committer import Committer, wait_for_spare
 from ckptrepo.ingest.handle import CommitHandle
 from ckptrepo.ingest.pipeline import DeltaPlan, IngestOptions, IngestResult, ingest
 from ckptrepo.ingest.request import CommitRequest, check_int, check_json, check_metrics, transfer_spec
@@ -427,7 +427,9 @@ class Repo:
                 report = packer.repack(self._sessions, self._backend, self._reader, self._idle_pool, self.config,
                                        stop=functools.partial(_give_way, stop, watch), max_packs=_IDLE_REPACK_PACKS)
                 if report.stopped and not stop():  # the machine got busy: wait for spare CPU again
-                    if not _await_spare(stop, self._committer.idle_delay):
+                    # A gate of its own: the committer thread's may be in use once stop() turns true.
+                    if not wait_for_spare(SpareCpuGate(), functools.partial(_poll_stop, stop),
+                                          self._committer.idle_delay):
                         return
                     continue
                 if report.stopped or not report.chunks_encoded + report.chunks_copied:
@@ -891,18 +893,14 @@ def _give_way(stop: Callable[[], bool], watch: spare.BusyWatch) -> bool:
     return stop() or watch.busy()
 
 
-def _await_spare(stop: Callable[[], bool], window: float) -> bool:
-    """Wait, window after window, until one had spare CPU (True) or ``stop()`` turned true (False)."""
-    gate = SpareCpuGate()
-    gate.start()
-    while True:
-        end = time.monotonic() + window
-        while time.monotonic() < end:
-            if stop():
-                return False
-            time.sleep(_POLL_S)
-        if gate.passed():
+def _poll_stop(stop: Callable[[], bool], timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for ``stop()`` to turn true, polling; whether it did."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if stop():
             return True
+        time.sleep(_POLL_S)
+    return stop()
 
 
 def _log_repack_failure(done: Future[None]) -> None:

@@ -56,6 +56,17 @@ class IdleGate(Protocol):
     def passed(self) -> bool: ...
 
 
+def wait_for_spare(gate: IdleGate, wait: Callable[[float], bool], window: float) -> bool:
+    """Wait window after window until the gate passes one (True), or until ``wait(window)``,
+    which waits up to ``window`` seconds, reports that a stop came (False)."""
+    gate.start()
+    while True:
+        if wait(window):
+            return False
+        if gate.passed():
+            return True
+
+
 class Committer:
     """Runs commit jobs one at a time on a background thread, first in, first out."""
 
@@ -102,13 +113,9 @@ class Committer:
             with self._lock:
                 if stop.is_set() or self._pending:
                     return
-            if gate is not None:
-                gate.start()
-            while True:
-                if stop.wait(self.idle_delay):  # a commit or a drain came first
-                    return
-                if gate is None or gate.passed():
-                    break
+            due = not stop.wait(self.idle_delay) if gate is None else wait_for_spare(gate, stop.wait, self.idle_delay)
+            if not due:  # a commit or a drain came first
+                return
             try:
                 job(stop.is_set)
             except Exception as exc:

@@ -3,6 +3,7 @@ with enough idle cores, never blocks where it cannot measure."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -104,8 +105,6 @@ def test_busy_watch_never_trips_where_it_cannot_measure_or_at_zero(tmp_path: Pat
 
 
 def test_threads_named_and_their_cpu_time() -> None:
-    import threading
-
     ready, done = threading.Event(), threading.Event()
 
     def spin() -> None:
