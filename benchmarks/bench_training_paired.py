@@ -21,6 +21,10 @@ training steps, in rounds whose order is drawn at random:
     ckptrepo's write-ahead does) and fsyncs it; the block waits for that thread and fsyncs
     the directory: the least any *durable* snapshot-then-persist checkpointer costs the
     loop (no format, no hashing, no index, no deduplication),
+  - hash floor (``--peers hash``): the persist floor, plus BLAKE3 of every 1 MiB chunk of the
+    copy (ckptrepo's chunking and hash call) on a second background thread while the first
+    writes: the least any durable *content-addressed* checkpointer costs the loop (no
+    statistics, no lookups, no index); ckptrepo's rows give their difference from it,
   - none: k steps.
 The blocks of a round run back to back, seconds apart, so the machine's drift (other
 tenants of the host, which move the step time of this VM by up to 2x over minutes) falls on
@@ -48,7 +52,7 @@ repository opened with those ``CKPT_*`` environment variables (an A/B in the sam
 ``commit(..., blocking=True)``: phase 2 inside the call, while the trainer waits.
 
     python benchmarks/bench_training_paired.py [--ks 10 50 200] [--rounds N] [--quick]
-        [--peers dcp copy persist] [--variant NAME:CKPT_WRITE_AHEAD=0] [--blocking] [--seed 0] [--dir PATH]
+        [--peers dcp copy persist hash] [--variant NAME:CKPT_WRITE_AHEAD=0] [--blocking] [--seed 0] [--dir PATH]
 """
 
 from __future__ import annotations
@@ -76,6 +80,9 @@ from _common import ForeignLoad, fsync_dir, fsync_path, goal_note, report, scrat
 from _training import MIB, Trainer, add_model_args
 
 import ckptrepo
+from ckptrepo.chunks.chunker import chunk_spans
+from ckptrepo.config import DEFAULT_CHUNK_SIZE
+from ckptrepo.ids import hash_bytes
 from ckptrepo.storage.appendfile import direct_io_enabled, open_direct, pwrite_all
 
 ROUNDS = {10: 40, 50: 60, 200: 16}  # ~2.5, ~15 and ~15 minutes at ~0.057 s/step with five kinds
@@ -159,16 +166,17 @@ class PersistFloor(CopyFloor):
     def __init__(self, trainer: Trainer, where: Path) -> None:
         self.where = where
         self.path: Path | None = None
-        offsets, size = [], 0
+        self.offsets: list[int] = []
+        size = 0
         for t in self.tensors(trainer):
-            offsets.append(size)
+            self.offsets.append(size)
             size += -(-t.nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
         self.size = size
         self.arena = mmap.mmap(-1, size)
         flat = torch.frombuffer(self.arena, dtype=torch.uint8)
         flat.fill_(0)  # faulted in beforehand, as the copy floor's buffers are
         self.bufs = [flat[o:o + t.nbytes].view(t.dtype).view(t.shape)
-                     for o, t in zip(offsets, self.tensors(trainer), strict=True)]
+                     for o, t in zip(self.offsets, self.tensors(trainer), strict=True)]
 
     def write(self, path: Path) -> None:
         # Direct I/O exactly when ckptrepo's write-ahead would use it (``CKPT_DIRECT_IO``, a
@@ -201,6 +209,35 @@ class PersistFloor(CopyFloor):
     def cleanup(self) -> None:
         if self.path is not None:
             self.path.unlink()
+
+
+class HashFloor(PersistFloor):
+    """The floor of any durable *content-addressed* checkpointer: the persist floor, plus BLAKE3
+    of every chunk of the copy (ckptrepo's chunking and its hash call, ``ids.hash_bytes``) on a
+    second background thread while the first writes; the block waits for both. No statistics,
+    no lookups, no index, no transaction: what naming the bytes by their hash alone costs."""
+
+    def __init__(self, trainer: Trainer, where: Path, chunk_size: int) -> None:
+        super().__init__(trainer, where)
+        view = memoryview(self.arena)
+        self.chunks = [view[o + off:o + off + n]
+                       for o, t in zip(self.offsets, self.tensors(trainer), strict=True)
+                       for off, n in chunk_spans(t.nbytes, t.element_size(), chunk_size)]
+        self.digests: list[str] = []
+
+    def hash_all(self) -> None:
+        self.digests = [hash_bytes(c) for c in self.chunks]
+
+    def __call__(self, trainer: Trainer) -> Finish:  # type: ignore[override]
+        written = super().__call__(trainer)
+        hasher = threading.Thread(target=self.hash_all)
+        hasher.start()
+
+        def finish() -> None:
+            hasher.join()
+            written()
+
+        return finish
 
 
 class DcpAsync:
@@ -353,6 +390,9 @@ def measure_k(k: int, rounds: int, trainer: Trainer, base: Path, variants: list[
     if "persist" in peers:
         floor = PersistFloor(trainer, where)
         kinds.append(Kind("persist floor", peer=floor, cleanup=floor.cleanup))
+    if "hash" in peers:
+        hashed = HashFloor(trainer, where, DEFAULT_CHUNK_SIZE)
+        kinds.append(Kind("hash floor", peer=hashed, cleanup=hashed.cleanup))
     default = Kind("ckptrepo", repo=open_repo(where / "repo", trainer, {}))
     kinds.append(default)
     kinds += [Kind(f"ckptrepo {name}", repo=open_repo(where / f"repo-{name}", trainer, env)) for name, env in variants]
@@ -409,7 +449,7 @@ def measure_k(k: int, rounds: int, trainer: Trainer, base: Path, variants: list[
                             "foreign_write_mib_s": [x.write_mib_s for x in loads]}
     save = kinds[1].blocks
     dcp_blocks = kinds[2].blocks if dcp is not None else None
-    persist = next((kd for kd in kinds if kd.name == "persist floor"), None)
+    floors = [kd for kd in kinds if kd.name in ("persist floor", "hash floor")]
     for kind in kinds[1:]:
         bl = kind.blocks
         idx = list(range(n))
@@ -436,11 +476,12 @@ def measure_k(k: int, rounds: int, trainer: Trainer, base: Path, variants: list[
                 d_lo, d_hi = bootstrap(diff, n, rng)
                 entry.update(minus_default=diff(idx), minus_default_ci95=(d_lo, d_hi))
                 note += f"; minus ckptrepo {diff(idx):+.1f} points [{d_lo:+.1f}, {d_hi:+.1f}]"
-            if persist is not None:  # what ckptrepo adds to the least a durable checkpoint costs
-                diff = functools.partial(difference, bl, persist.blocks, none)
+            for floor_kind in floors:  # what ckptrepo adds to the least a durable (hashed) checkpoint costs
+                diff = functools.partial(difference, bl, floor_kind.blocks, none)
                 p_lo, p_hi = bootstrap(diff, n, rng)
-                entry.update(minus_persist_floor=diff(idx), minus_persist_floor_ci95=(p_lo, p_hi))
-                note += f"; minus the persist floor {diff(idx):+.1f} points [{p_lo:+.1f}, {p_hi:+.1f}]"
+                key = "minus_" + floor_kind.name.replace(" ", "_")
+                entry.update({key: diff(idx), key + "_ci95": (p_lo, p_hi)})
+                note += f"; minus the {floor_kind.name} {diff(idx):+.1f} points [{p_lo:+.1f}, {p_hi:+.1f}]"
             rows.append((f"k={k} {kind.name} overhead % (wall)", over, note))
             rows.append((f"k={k} {kind.name} stall / end wait s", entry["stall_s"],
                          f"end wait {end_wait:.3f} s; phase 2 done within the block in {100 * fits:.0f}% of blocks; "
@@ -504,9 +545,9 @@ def main() -> None:
                     help="add blocks of ckptrepo with these environment settings (repeatable)")
     ap.add_argument("--blocking", action="store_true",
                     help="add blocks of ckptrepo committing with blocking=True (phase 2 in the call)")
-    ap.add_argument("--peers", nargs="*", default=["dcp", "copy"], choices=["dcp", "copy", "persist"],
-                    help="peers besides torch.save: dcp.async_save, the copy floor, the persist floor "
-                         "(default: dcp, copy)")
+    ap.add_argument("--peers", nargs="*", default=["dcp", "copy"], choices=["dcp", "copy", "persist", "hash"],
+                    help="peers besides torch.save: dcp.async_save, the copy floor, the persist floor, "
+                         "the hash floor (default: dcp, copy)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the block order and the bootstrap")
     add_model_args(ap)
     ap.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir under /work)")
