@@ -35,6 +35,7 @@ from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Event
 from pathlib import Path
 
+import blake3
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -48,8 +49,6 @@ BOOTSTRAP = 2000
 
 def _work(kind: str, buf: bytes) -> None:
     if kind == "blake3":
-        import blake3
-
         blake3.blake3(buf).digest()
     else:
         x = 0
