@@ -43,6 +43,14 @@ class Trainer:
         self.batches = [torch.randint(0, args.vocab, (args.batch, args.ctx + 1), generator=gen) for _ in range(32)]
         self.n = 0
 
+    @classmethod
+    def warmed(cls, args: argparse.Namespace, steps: int = 5) -> Trainer:
+        """A trainer after ``steps`` untimed steps: AdamW's state exists, allocator and kernels warm."""
+        trainer = cls(args)
+        for _ in range(steps):
+            trainer.step()
+        return trainer
+
     def step(self) -> None:
         batch = self.batches[self.n % len(self.batches)]
         self.n += 1

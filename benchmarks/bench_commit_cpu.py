@@ -128,9 +128,7 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir under /work)")
     add_model_args(ap)
     args = ap.parse_args()
-    trainer = Trainer(args)
-    for _ in range(3):
-        trainer.step()
+    trainer = Trainer.warmed(args, 3)
     print(f"state {trainer.state_mib():.0f} MiB; torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}")
     totals: dict[str, int] = collections.Counter()
     stalls: list[float] = []

@@ -107,9 +107,7 @@ def main() -> None:
     add_model_args(ap)
     args = ap.parse_args()
     rng = random.Random(args.seed)
-    trainer = Trainer(args)
-    for _ in range(5):
-        trainer.step()
+    trainer = Trainer.warmed(args)
     print(f"torch threads {torch.get_num_threads()}; {args.rounds} rounds of {args.steps} steps, "
           f"helper duty {args.duty:.2f}", flush=True)
     walls: dict[str, list[float]] = {k: [] for k in ("none", *HELPERS)}

@@ -90,9 +90,7 @@ def main() -> None:
     add_model_args(ap)
     args = ap.parse_args()
     rng = random.Random(args.seed)
-    trainer = Trainer(args)
-    for _ in range(3):
-        trainer.step()
+    trainer = Trainer.warmed(args, 3)
     gate = SpareCpuGate()
     quiet: list[tuple[float, float, float]] = []
     busy: list[tuple[float, float, int]] = []

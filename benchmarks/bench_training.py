@@ -268,9 +268,7 @@ def main() -> None:
 
 
 def run(base: Path, args: argparse.Namespace) -> None:
-    trainer = Trainer(args)
-    for _ in range(5):  # warm-up: AdamW state exists, allocator and kernels warm
-        trainer.step()
+    trainer = Trainer.warmed(args)
     state_mib = trainer.state_mib()
     cfgs = configs(args)
     print(f"load average at start {os.getloadavg()[0]:.1f} (other processes share these cores)")

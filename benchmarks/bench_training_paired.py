@@ -556,9 +556,7 @@ def main() -> None:
         args.ks = [50]
     variants = [parse_variant(v) for v in args.variant]
     rng = random.Random(args.seed)
-    trainer = Trainer(args)
-    for _ in range(5):  # AdamW state exists, allocator and kernels warm
-        trainer.step()
+    trainer = Trainer.warmed(args)
     print(f"load average at start {os.getloadavg()[0]:.1f}; model {trainer.params() / 1e6:.1f}M params, state "
           f"{trainer.state_mib():.0f} MiB; torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}", flush=True)
     rows: list[tuple[str, float, str]] = []
