@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import statistics
 import tempfile
@@ -92,6 +93,16 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+BOOTSTRAP = 2000  # resamples behind every 95% interval over rounds
+
+
+def bootstrap(stat: Callable[[list[int]], float], n: int, rng: random.Random) -> tuple[float, float]:
+    """95% interval of ``stat`` (a function of round indices) over ``n`` rounds resampled
+    with replacement."""
+    values = sorted(stat([rng.randrange(n) for _ in range(n)]) for _ in range(BOOTSTRAP))
+    return values[int(0.025 * BOOTSTRAP)], values[int(0.975 * BOOTSTRAP) - 1]
 
 
 def median(values: list[float]) -> float:

@@ -26,6 +26,7 @@ taken; more means each stolen second stalls the trainer's other thread too.
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing as mp
 import random
 import statistics
@@ -39,12 +40,11 @@ import blake3
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import report
+from _common import bootstrap, report
 from _training import Trainer, add_model_args
 
 PERIOD = 0.2
 HELPERS = ("blake3", "scalar")
-BOOTSTRAP = 2000
 
 
 def _work(kind: str, buf: bytes) -> None:
@@ -56,11 +56,12 @@ def _work(kind: str, buf: bytes) -> None:
             x += i * i
 
 
-def helper(kind: str, duty: float, go: Event, stop: Event, cpu_s: Synchronized) -> None:  # type: ignore[type-arg]
+def helper(kind: str, duty: float, ready: Event, go: Event, stop: Event, cpu_s: Synchronized) -> None:  # type: ignore[type-arg]
     """Busy ``duty`` of every ``PERIOD`` seconds from ``go`` until ``stop``; its CPU seconds
     over that span go to ``cpu_s``."""
     buf = bytes(1 << 20)
-    _work(kind, buf)  # imports and first-touch before the block
+    _work(kind, buf)  # first touch before the block
+    ready.set()
     go.wait()
     c0 = time.process_time()
     while not stop.is_set():
@@ -74,13 +75,16 @@ def helper(kind: str, duty: float, go: Event, stop: Event, cpu_s: Synchronized) 
 def block(trainer: Trainer, steps: int, kind: str | None, duty: float) -> tuple[float, float]:
     """Wall seconds of ``steps`` training steps beside a helper of ``kind`` (None: alone),
     and the helper's CPU seconds over them."""
-    ctx = mp.get_context("fork")
-    go, stop, cpu_s = ctx.Event(), ctx.Event(), ctx.Value("d", 0.0)
+    # Spawned, not forked: a forked child shares the trainer's pages copy-on-write, and the
+    # trainer's writes would then pay page faults that no helper's CPU causes.
+    ctx = mp.get_context("spawn")
+    ready, go, stop, cpu_s = ctx.Event(), ctx.Event(), ctx.Event(), ctx.Value("d", 0.0)
     proc = None
     if kind is not None:
-        proc = ctx.Process(target=helper, args=(kind, duty, go, stop, cpu_s))
+        proc = ctx.Process(target=helper, args=(kind, duty, ready, go, stop, cpu_s))
         proc.start()
-        time.sleep(0.3)  # the helper is ready and waiting
+        if not ready.wait(120):
+            raise SystemExit(f"the {kind} helper did not start")
     go.set()
     start = time.perf_counter()
     for _ in range(steps):
@@ -126,10 +130,8 @@ def main() -> None:
     extra: dict[str, object] = {"rounds": n, "steps": args.steps, "duty": args.duty}
     for kind in HELPERS:
         excess = [w - b for w, b in zip(walls[kind], none, strict=True)]
-        idx = list(range(n))
-        boot = sorted(rate(excess, cpus[kind], [rng.randrange(n) for _ in idx]) for _ in range(BOOTSTRAP))
-        lo, hi = boot[int(0.025 * BOOTSTRAP)], boot[int(0.975 * BOOTSTRAP) - 1]
-        r = rate(excess, cpus[kind], idx)
+        lo, hi = bootstrap(functools.partial(rate, excess, cpus[kind]), n, rng)
+        r = rate(excess, cpus[kind], list(range(n)))
         rows.append((f"loop seconds lost per helper CPU-second: {kind}", r,
                      f"95% CI {lo:.2f}..{hi:.2f}; helper CPU {statistics.mean(cpus[kind]):.2f} s per block, "
                      f"block +{statistics.mean(excess):.2f} s"))

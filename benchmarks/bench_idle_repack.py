@@ -34,14 +34,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import report, scratch_dir
+from _common import bootstrap, report, scratch_dir
 from _training import MIB, Trainer, add_model_args
 from bench_commit_cpu import nudge
 
 import ckptrepo
 from ckptrepo.ingest.spare import SpareCpuGate
-
-BOOTSTRAP = 2000
 
 
 def fill(repo: ckptrepo.Repo, trainer: Trainer, commits: int) -> None:
@@ -117,8 +115,7 @@ def main() -> None:
     def over(idx: list[int]) -> float:
         return 100 * (sum(busy[i][0] - quiet[i][0] for i in idx) / sum(quiet[i][0] for i in idx))
 
-    values = sorted(over([rng.randrange(n) for _ in range(n)]) for _ in range(BOOTSTRAP))
-    lo, hi = values[int(0.025 * BOOTSTRAP)], values[int(0.975 * BOOTSTRAP) - 1]
+    lo, hi = bootstrap(over, n, rng)
     mib = [b[2] / MIB for b in busy]
     extra_cpu = statistics.mean(b[1] - q[1] for b, q in zip(busy, quiet, strict=True))
     spares = [q[2] for q in quiet]

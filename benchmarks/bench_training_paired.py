@@ -76,7 +76,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ForeignLoad, fsync_dir, fsync_path, goal_note, report, scratch_dir
+from _common import ForeignLoad, bootstrap, fsync_dir, fsync_path, goal_note, report, scratch_dir
 from _training import MIB, Trainer, add_model_args
 
 import ckptrepo
@@ -86,7 +86,6 @@ from ckptrepo.ids import hash_bytes
 from ckptrepo.storage.appendfile import direct_io_enabled, open_direct, pwrite_all
 
 ROUNDS = {10: 40, 50: 60, 200: 16}  # ~2.5, ~15 and ~15 minutes at ~0.057 s/step with five kinds
-BOOTSTRAP = 2000
 
 
 @dataclass
@@ -345,12 +344,6 @@ def ratio_to(blocks: list[Block], other: list[Block], base: list[Block], idx: li
     """``blocks``' wall overhead over ``other``'s, over the rounds ``idx`` (inf if ``other``'s is <= 0)."""
     theirs = overhead(other, base, idx, wall)
     return overhead(blocks, base, idx, wall) / theirs if theirs > 0 else float("inf")
-
-
-def bootstrap(stat: Callable[[list[int]], float], n: int, rng: random.Random) -> tuple[float, float]:
-    """95% interval of ``stat`` over rounds resampled with replacement."""
-    values = sorted(stat([rng.randrange(n) for _ in range(n)]) for _ in range(BOOTSTRAP))
-    return values[int(0.025 * BOOTSTRAP)], values[int(0.975 * BOOTSTRAP) - 1]
 
 
 def difference(blocks: list[Block], other: list[Block], base: list[Block], idx: list[int]) -> float:
