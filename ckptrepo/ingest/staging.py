@@ -106,10 +106,16 @@ class Slot:
         any_cuda = any(t.is_cuda for t in tensors.values())
         for name, dst in out.items():
             faults.point("stage.copy")
-            src = tensors[name]
-            if dst.numel():
+            src = tensors[name].detach()
+            if not dst.numel():
+                continue
+            if src.is_neg():
+                # A negative view (``z.conj().imag``) cannot be viewed as integers; ``copy_``
+                # applies its sign (its dtypes all have the strided copy kernel).
+                dst.copy_(src, non_blocking=src.is_cuda)
+            else:
                 # Copy as same-size integers: every dtype gets the plain (strided) memcpy kernel.
-                bit_view(dst).copy_(bit_view(src.detach()), non_blocking=src.is_cuda)
+                bit_view(dst).copy_(bit_view(src), non_blocking=src.is_cuda)
         if any_cuda:
             # Non-blocking device-to-host copies: the staged bytes are only valid (and the
             # caller only free to mutate its tensors) once the streams have drained.

@@ -54,6 +54,15 @@ def test_state_may_change_once_commit_returns(repo: ckptrepo.Repo, monkeypatch: 
     assert commit.stall_s > 0 and commit.persist_s >= 0.3 and commit.wait_s >= 0
 
 
+def test_conjugate_and_negative_views_commit_as_their_values(repo: ckptrepo.Repo) -> None:
+    z = torch.randn(40_000, dtype=torch.complex64, generator=torch.Generator().manual_seed(3))
+    state = {"conj": z.conj(), "neg": z.conj().imag, "plain": z.real}
+    for blocking in (False, True):
+        commit = repo.commit(state, blocking=blocking).wait()
+        back = repo.checkout(commit.id)
+        assert all(torch.equal(back[k], v.resolve_conj().resolve_neg()) for k, v in state.items())
+
+
 def test_commits_persist_in_call_order_with_parents(repo: ckptrepo.Repo) -> None:
     handles = [repo.commit({"x": torch.full((1000,), float(i))}, step=i) for i in range(5)]
     commits = [h.wait() for h in handles]
@@ -102,6 +111,36 @@ def test_background_failure_surfaces_on_wait_and_next_commit(repo: ckptrepo.Repo
     assert (repo.stats().commits, repo.resolve("main")) == (before[0] + 1, seen.id)
     after = repo.commit({"w": torch.randn(1000)}).wait()  # reported once, then commits go on
     assert after.parent_ids == [seen.id]
+
+
+def test_a_dtype_refused_in_phase_2_surfaces_and_changes_nothing(repo: ckptrepo.Repo,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """``commit()`` refuses the dtypes it cannot store before it returns; should a stage of
+    phase 2 still refuse one (here the statistics, made to refuse float16), the error is
+    the caller's on ``wait()`` or on the next ``commit()``, and nothing of that commit stays."""
+    good = repo.commit({"w": torch.randn(1000)}).wait()
+    real = pipeline.moments_of_bytes
+
+    def refuse_half(raw: Any, dtype: torch.dtype) -> Any:
+        if dtype == torch.float16:
+            raise errors.UnsupportedState(path="h", reason="no statistics for float16")
+        return real(raw, dtype)
+
+    monkeypatch.setattr(pipeline, "moments_of_bytes", refuse_half)
+    state = {"w": torch.randn(1000), "h": torch.randn(200_000).half()}
+    with pytest.raises(errors.UnsupportedState, match="float16"):
+        repo.commit(state).wait()
+    unseen = repo.commit(state)  # nobody waits for this one
+    while not unseen.done():
+        time.sleep(0.01)
+    with pytest.raises(errors.CommitFailed, match="float16"):
+        repo.commit({"w": torch.randn(10)})
+    assert repo.resolve("main") == good.id and repo.stats().commits == 1
+    assert repo.verify(full=True).ok
+    monkeypatch.setattr(pipeline, "moments_of_bytes", real)
+    after = repo.commit(state).wait()
+    assert after.parent_ids == [good.id]
+    assert torch.equal(repo.checkout(after.id)["h"], state["h"])
 
 
 def test_blocking_commit_and_budget(tmp_path: Path) -> None:

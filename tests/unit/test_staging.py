@@ -59,3 +59,13 @@ def test_a_changed_layout_makes_new_views() -> None:
     assert slot.arena is None
     out = slot.stage(state())
     assert out["w"] is not first["w"] and torch.equal(out["w"], state()["w"])
+
+
+def test_conjugate_and_negative_views_are_staged_as_their_values() -> None:
+    z = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64)
+    src = {"conj": z.conj(), "neg": z.conj().imag, "strided_neg": z.repeat(3).conj().imag[::2]}
+    assert src["neg"].is_neg() and src["conj"].is_conj()
+    out = Slot().stage(src)
+    for name, t in src.items():
+        assert not out[name].is_neg() and not out[name].is_conj()
+        assert torch.equal(out[name], t.resolve_conj().resolve_neg()), name
