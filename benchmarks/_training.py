@@ -9,6 +9,9 @@ from typing import Any
 import torch
 from torch import nn
 
+import ckptrepo
+from ckptrepo import state as st
+
 MIB = 1 << 20
 
 
@@ -82,3 +85,18 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--ctx", type=int, default=32)
     ap.add_argument("--batch", type=int, default=2)
+
+
+def prefill(repo: ckptrepo.Repo, trainer: Trainer, commits: int) -> None:
+    """``commits`` commits on branch ``prefill`` of the state's tensors cut to 256 elements each
+    (the same names and dtypes, one chunk each, every tensor changed each time), then a repack:
+    the catalog then holds about as many rows as after that many commits of the real state
+    (the largest tensors span a few chunks there), while the packs stay small."""
+    tiny = {name: t.detach().reshape(-1)[:256].clone() for name, t in st.flatten(trainer.state).tensors.items()}
+    for i in range(commits):
+        with torch.no_grad():
+            for t in tiny.values():
+                t.add_(1e-3 if t.is_floating_point() else 1)
+        repo.commit(tiny, branch="prefill", step=i).wait()
+    if commits:
+        repo.repack()

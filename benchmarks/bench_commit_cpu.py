@@ -12,12 +12,20 @@ snapshot copy), torch's intra-op threads (the caller's copy on the other cores),
 committer (phase 2: lookups, indexing, the transaction), the workers (BLAKE3 and the chunk
 statistics) and the write-ahead.
 
+With ``--prefill N`` the repository first receives N commits, on a branch of their own, of a
+state with the same tensor names and dtypes but at most 256 elements each: the catalog then
+holds as many rows as after N commits of the real state (one chunk per tensor instead of a
+few for the largest), while the packs stay small. A training run's later commits pay for
+catalog indexes of that size: inserting a commit's rows dirties about one page per row in
+each index over content ids, and SQLite writes every dirtied page to its log and again at
+its checkpoint. The committer's bytes written (``/proc/self/task/*/io``: the pages of the
+catalog and its log; the pack bytes are written by the write-ahead threads) show that.
 The peers, measured in the same run on the same bytes: BLAKE3 of every chunk on one thread
 (the ``blake3`` package, as ckptrepo calls it), the statistics' pass (``moments_of_bytes``)
 and a one-thread copy. Their sum is the least CPU a content-addressed commit with statistics
 spends; the script prints the commit's background CPU as a multiple of it.
 
-    python benchmarks/bench_commit_cpu.py [--commits 20] [--dir PATH]
+    python benchmarks/bench_commit_cpu.py [--commits 20] [--prefill N] [--dir PATH]
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import report, scratch_dir
-from _training import Trainer, add_model_args
+from _training import Trainer, add_model_args, prefill
 
 import ckptrepo
 from ckptrepo import state as st
@@ -66,6 +74,18 @@ def thread_cpu_ns() -> dict[int, int]:
             with open(f"/proc/self/task/{tid}/schedstat") as f:
                 out[int(tid)] = int(f.read().split()[0])
         except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def thread_written() -> dict[int, int]:
+    """Bytes every thread of this process has passed to write calls (``wchar``), by native id."""
+    out: dict[int, int] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/io") as f:
+                out[int(tid)] = next(int(line.split()[1]) for line in f if line.startswith("wchar"))
+        except (OSError, ValueError, StopIteration):
             continue
     return out
 
@@ -125,25 +145,31 @@ def peers(trainer: Trainer, chunk_size: int) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--commits", type=int, default=20, help="commits measured (after one warm-up)")
+    ap.add_argument("--prefill", type=int, default=0, help="commits of a small state with the same names first")
     ap.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir under /work)")
     add_model_args(ap)
     args = ap.parse_args()
     trainer = Trainer.warmed(args, 3)
     print(f"state {trainer.state_mib():.0f} MiB; torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}")
     totals: dict[str, int] = collections.Counter()
+    written: dict[str, int] = collections.Counter()
     stalls: list[float] = []
     with scratch_dir(args.dir) as base, ckptrepo.Repo.init(base / "repo", idle_repack=False) as repo:
         chunk_size = repo.config.chunk_size
+        prefill(repo, trainer, args.prefill)
         repo.commit(trainer.state, step=0).wait()  # allocates the staging arena
         for i in range(args.commits):
             nudge(trainer)
             time.sleep(0.05)  # the nudge's own threads settle
-            before = thread_cpu_ns()
+            before, before_w = thread_cpu_ns(), thread_written()
             commit = repo.commit(trainer.state, step=i + 1).wait()
             time.sleep(0.05)
             for role, ns in by_role(before, thread_cpu_ns()).items():
                 totals[role] += ns
+            for role, nbytes in by_role(before_w, thread_written()).items():
+                written[role] += nbytes
             stalls.append(commit.stall_s)
+        catalog_mib = sum(f.stat().st_size for f in (base / "repo" / ".ckpt").glob("db.sqlite*")) / 2**20
     speeds = peers(trainer, chunk_size)
     n = args.commits
     ms = {role: totals.get(role, 0) / n / 1e6 for role in ROLES}
@@ -158,9 +184,12 @@ def main() -> None:
         ("RATIO background CPU / (BLAKE3 + statistics)", background / floor, "the work no content-addressed commit "
                                                                               "with statistics avoids"),
         ("median stall, ms", sorted(stalls)[len(stalls) // 2] * 1e3, ""),
+        ("committer MiB written per commit (catalog and its log)", written["committer"] / n / 2**20, ""),
+        ("catalog MiB after the run", catalog_mib, f"{args.prefill} prefill commits"),
     ]
     report("CPU of an asynchronous commit of the training state, by thread", rows,
-           {"commits": n, "ms_by_role": ms, "peers_s": speeds})
+           {"commits": n, "prefill": args.prefill, "ms_by_role": ms, "peers_s": speeds,
+            "written_mib_by_role": {role: written.get(role, 0) / n / 2**20 for role in ROLES}})
 
 
 if __name__ == "__main__":

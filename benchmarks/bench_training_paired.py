@@ -46,13 +46,19 @@ when only the mean is); the summary names, per method, the smallest k of the run
 how often each could checkpoint for that budget. A variant's row also gives its difference
 from the default ckptrepo kind, paired by round, with a 95% interval.
 
+``--prefill N`` first gives every repository N commits of a small state with the same tensor
+names (``_training.prefill``), so the commits measured insert their rows into a catalog the size
+of a run N commits long: each commit's rows then dirty more index pages, which a fresh
+repository does not show (``bench_commit_cpu.py --prefill``).
+
 ``--variant NAME:VAR=VALUE[,VAR=VALUE]`` adds a block kind: ckptrepo with another
 repository opened with those ``CKPT_*`` environment variables (an A/B in the same run), e.g.
 ``idle:CKPT_BACKGROUND_PRIORITY=idle``. ``--blocking`` adds a kind whose commits are
 ``commit(..., blocking=True)``: phase 2 inside the call, while the trainer waits.
 
     python benchmarks/bench_training_paired.py [--ks 10 50 200] [--rounds N] [--quick]
-        [--peers dcp copy persist hash] [--variant NAME:CKPT_WRITE_AHEAD=0] [--blocking] [--seed 0] [--dir PATH]
+        [--peers dcp copy persist hash] [--variant NAME:CKPT_WRITE_AHEAD=0] [--blocking] [--prefill N]
+        [--seed 0] [--dir PATH]
 """
 
 from __future__ import annotations
@@ -77,7 +83,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ForeignLoad, bootstrap, fsync_dir, fsync_path, goal_note, report, scratch_dir
-from _training import MIB, Trainer, add_model_args
+from _training import MIB, Trainer, add_model_args, prefill
 
 import ckptrepo
 from ckptrepo.chunks.chunker import chunk_spans
@@ -279,8 +285,9 @@ def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
     return name, env
 
 
-def open_repo(where: Path, trainer: Trainer, env: dict[str, str]) -> ckptrepo.Repo:
-    """A fresh repository (``env`` set while it is opened) with its arena allocated by a warm-up commit."""
+def open_repo(where: Path, trainer: Trainer, env: dict[str, str], prefilled: int = 0) -> ckptrepo.Repo:
+    """A fresh repository (``env`` set while it is opened) with its arena allocated by a warm-up
+    commit, after ``prefilled`` commits of a small state with the state's names (``prefill``)."""
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -291,6 +298,7 @@ def open_repo(where: Path, trainer: Trainer, env: dict[str, str]) -> ckptrepo.Re
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+    prefill(repo, trainer, prefilled)
     repo.commit(trainer.state, message="warm-up").wait()
     return repo
 
@@ -368,7 +376,7 @@ def cpu(b: Block) -> float:
 
 def measure_k(k: int, rounds: int, trainer: Trainer, base: Path, variants: list[tuple[str, dict[str, str]]],
               peers: list[str], rng: random.Random,
-              blocking: bool = False) -> tuple[list[tuple[str, float, str]], dict[str, Any]]:
+              blocking: bool = False, prefilled: int = 0) -> tuple[list[tuple[str, float, str]], dict[str, Any]]:
     where = base / f"k{k}"
     where.mkdir()
     saver = TorchSave(where)
@@ -386,11 +394,13 @@ def measure_k(k: int, rounds: int, trainer: Trainer, base: Path, variants: list[
     if "hash" in peers:
         hashed = HashFloor(trainer, where, DEFAULT_CHUNK_SIZE)
         kinds.append(Kind("hash floor", peer=hashed, cleanup=hashed.cleanup))
-    default = Kind("ckptrepo", repo=open_repo(where / "repo", trainer, {}))
+    default = Kind("ckptrepo", repo=open_repo(where / "repo", trainer, {}, prefilled))
     kinds.append(default)
-    kinds += [Kind(f"ckptrepo {name}", repo=open_repo(where / f"repo-{name}", trainer, env)) for name, env in variants]
+    kinds += [Kind(f"ckptrepo {name}", repo=open_repo(where / f"repo-{name}", trainer, env, prefilled))
+              for name, env in variants]
     if blocking:
-        kinds.append(Kind("ckptrepo blocking", repo=open_repo(where / "repo-blocking", trainer, {}), blocking=True))
+        kinds.append(Kind("ckptrepo blocking", repo=open_repo(where / "repo-blocking", trainer, {}, prefilled),
+                          blocking=True))
     loads: list[ForeignLoad] = []
     started = time.perf_counter()
     try:
@@ -542,6 +552,9 @@ def main() -> None:
                     help="peers besides torch.save: dcp.async_save, the copy floor, the persist floor, "
                          "the hash floor (default: dcp, copy)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the block order and the bootstrap")
+    ap.add_argument("--prefill", type=int, default=0, metavar="N",
+                    help="first give each repository N commits of a small state with the same tensor names "
+                         "(a catalog the size of a longer run's)")
     add_model_args(ap)
     ap.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir under /work)")
     args = ap.parse_args()
@@ -553,11 +566,12 @@ def main() -> None:
     print(f"load average at start {os.getloadavg()[0]:.1f}; model {trainer.params() / 1e6:.1f}M params, state "
           f"{trainer.state_mib():.0f} MiB; torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}", flush=True)
     rows: list[tuple[str, float, str]] = []
-    extra: dict[str, Any] = {"ks": args.ks, "seed": args.seed, "variants": args.variant, "per_k": {}}
+    extra: dict[str, Any] = {"ks": args.ks, "seed": args.seed, "variants": args.variant, "prefill": args.prefill,
+                             "per_k": {}}
     with scratch_dir(args.dir) as base:
         for k in args.ks:
             rounds = args.rounds or (20 if args.quick else ROUNDS.get(k, 10))
-            r, info = measure_k(k, rounds, trainer, base, variants, args.peers, rng, args.blocking)
+            r, info = measure_k(k, rounds, trainer, base, variants, args.peers, rng, args.blocking, args.prefill)
             rows += r
             extra["per_k"][k] = info
     rows += within_bound(extra["per_k"])
