@@ -43,6 +43,13 @@ class UsageError(CkptError):
     exit_code = 2
 
 
+class ForkedProcess(UsageError):
+    """This {what} belongs to process {owner}; process {pid} was forked from it."""
+
+    hint = ("A forked child cannot use its parent's repository (its threads, connections and pending "
+            "commits stay in the parent): open the repository again in the child with Repo.open(path).")
+
+
 class NotARepository(CkptError):
     """No ckpt repository at or above {path}."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import shutil
 import socket
 import time
@@ -42,6 +43,7 @@ from ckptrepo.errors import (
     CommitFailed,
     CommitReadFailed,
     ConcurrentChange,
+    ForkedProcess,
     NotARepository,
     RefConflict,
     RefExists,
@@ -158,6 +160,7 @@ class Repo:
         self._idle_repack = (idle_repack if idle_repack is not None else bool(env_int("IDLE_REPACK", 1))) and (
             config.compression and config.encode == "auto")
         self._closed = False
+        self._owner = os.getpid()  # a forked child may not use this object (see _check_open)
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -261,10 +264,16 @@ class Repo:
 
     def close(self) -> None:
         """Wait for pending commits (their failures stay on their handles) and release
-        resources; further calls fail."""
+        resources; further calls fail. In a process forked from the one that opened the
+        repository, only mark it closed: the pending commits, threads and connections are
+        the parent's, and closing them here would wait forever or break them there."""
         if self._closed:
             return
         self._closed = True
+        if os.getpid() != self._owner:
+            self._committer.close()  # forgets it: the exit of this process does not wait for it
+            self._engine.dispose(close=False)  # the connections stay the parent's, unclosed
+            return
         self._committer.close()  # asks a background repack to stop
         self._wait_for_repack()  # it still uses the pools and backend shut down below
         self._staging.clear()
@@ -874,6 +883,8 @@ class Repo:
     def _check_open(self) -> None:
         if self._closed:
             raise UsageError("this repository is closed", hint="Open it again with Repo.open(path).")
+        if os.getpid() != self._owner:
+            raise ForkedProcess(what="repository", owner=self._owner, pid=os.getpid())
 
     def verify(self, *, full: bool = False) -> t.VerifyReport:
         """Check database and packs against each other, read-only (see ``ckptrepo.verify``).

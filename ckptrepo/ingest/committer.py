@@ -16,16 +16,24 @@ gate saw spare CPU (``ingest.spare``: on cores a training job keeps busy it keep
 window after window, until a commit or a drain comes). Each receives a ``stop`` callable that turns true
 as soon as a commit is submitted or a drain begins; it must return promptly then. A commit
 submitted while an idle job runs starts once that job has returned.
+
+A process forked from the owner inherits a copy of the committer but not its thread: there
+``inherited`` is True, ``drain`` and ``close`` return at once (the pending jobs are the
+parent's) and ``submit`` raises ForkedProcess, so a child's normal exit never waits for
+jobs no thread of it will run.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
+
+from ckptrepo.errors import ForkedProcess
 
 T = TypeVar("T")
 log = logging.getLogger("ckptrepo")
@@ -35,7 +43,7 @@ _live: weakref.WeakSet[Committer] = weakref.WeakSet()
 
 def _flush_all_at_exit() -> None:
     for committer in list(_live):
-        committer.drain()
+        committer.drain()  # returns at once in a forked child (``inherited``)
 
 
 try:
@@ -79,10 +87,19 @@ class Committer:
         self._lock = threading.Lock()
         self._failure: BaseException | None = None
         self._idle: dict[Future[Any], threading.Event] = {}
+        self._owner = os.getpid()
         _live.add(self)
 
+    @property
+    def inherited(self) -> bool:
+        """True in a process forked from the one that made this committer."""
+        return os.getpid() != self._owner
+
     def submit(self, job: Callable[[], T], *, finally_: Callable[[], None] | None = None) -> Future[T]:
-        """Queue ``job``; ``finally_`` runs after it on the background thread, whatever happens."""
+        """Queue ``job``; ``finally_`` runs after it on the background thread, whatever happens.
+        ForkedProcess in a forked child (``inherited``)."""
+        if self.inherited:
+            raise ForkedProcess(what="repository's committer", owner=self._owner, pid=os.getpid())
 
         def run() -> T:
             try:
@@ -157,7 +174,9 @@ class Committer:
 
     def drain(self) -> None:
         """Block until every queued job has finished (successfully or not); an idle job in
-        progress is asked to stop and waited for."""
+        progress is asked to stop and waited for. In a forked child, return at once."""
+        if self.inherited:
+            return
         idle = self._stop_idle()
         with self._lock:
             pending = list(self._pending)
@@ -170,7 +189,10 @@ class Committer:
                 log.warning("a background commit failed: %s", exc)
 
     def close(self) -> None:
-        """Drain, then stop the background thread."""
+        """Drain, then stop the background thread (in a forked child: only forget it)."""
+        if self.inherited:
+            _live.discard(self)
+            return
         self.drain()
         self._executor.shutdown(wait=True)
         _live.discard(self)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING
 
-from ckptrepo.errors import UsageError
+from ckptrepo.errors import ForkedProcess, UsageError
 
 if TYPE_CHECKING:
     from ckptrepo.types import Commit
@@ -20,7 +21,8 @@ class CommitHandle:
     ``wait()`` blocks until the commit is durable and visible and returns it, or
     re-raises the error that stopped it (the repository is then as it was before, unless
     the error is ``CommitReadFailed``: durable, but not read back). An error ``wait()``
-    re-raised is not reported again by the next ``commit()``.
+    re-raised is not reported again by the next ``commit()``. In a process forked while
+    the commit was in flight, ``wait()`` raises ForkedProcess: the commit is the parent's.
     """
 
     def __init__(
@@ -33,6 +35,7 @@ class CommitHandle:
         self._future = future
         self._staged = staged
         self._on_failure_seen = on_failure_seen
+        self._owner = os.getpid()
 
     @property
     def staged(self) -> bool:
@@ -43,7 +46,10 @@ class CommitHandle:
         return self._future.done()
 
     def wait(self, timeout: float | None = None) -> Commit:
-        """The durable commit; re-raises a background failure; UsageError on timeout."""
+        """The durable commit; re-raises a background failure; UsageError on timeout;
+        ForkedProcess in a forked child while the commit is still in flight there."""
+        if not self._future.done() and os.getpid() != self._owner:
+            raise ForkedProcess(what="commit", owner=self._owner, pid=os.getpid())
         try:
             return self._future.result(timeout)
         except FutureTimeout as exc:

@@ -178,6 +178,56 @@ def test_interpreter_exit_flushes_pending_commits(tmp_path: Path) -> None:
         assert torch.equal(repo.load_tensor("main", "w"), torch.full((300_000,), 2.0))
 
 
+def test_a_forked_child_refuses_the_parents_repository_and_exits_without_waiting(tmp_path: Path) -> None:
+    # Phase 2 is held until the child has exited: the child inherits a commit in flight whose
+    # thread it does not have. Its normal exit (exit hooks included) must not wait for it, and
+    # the repository, its handle and close() must tell it to open its own instead.
+    script = textwrap.dedent(
+        f"""
+        import os, sys, threading, time, torch, ckptrepo
+        from ckptrepo import errors
+        from ckptrepo.ingest import pipeline
+        gate = threading.Event()
+        real = pipeline.hash_bytes
+        def held(data):
+            gate.wait()
+            return real(data)
+        pipeline.hash_bytes = held
+        repo = ckptrepo.Repo.init({str(tmp_path)!r})
+        handle = repo.commit({{"w": torch.arange(1000.0)}}, step=1)
+        pid = os.fork()
+        if pid == 0:
+            for call in (lambda: repo.commit({{"w": torch.zeros(3)}}), repo.log, handle.wait):
+                try:
+                    call()
+                except errors.ForkedProcess as exc:
+                    assert "Repo.open" in exc.hint, exc.hint
+                else:
+                    os._exit(3)
+            repo.close()
+            sys.exit(0)  # a normal exit: the exit hooks run
+        deadline = time.monotonic() + 60
+        while not (ended := os.waitpid(pid, os.WNOHANG))[0]:
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                sys.exit("the child did not exit")
+            time.sleep(0.05)
+        assert os.waitstatus_to_exitcode(ended[1]) == 0, ended
+        gate.set()
+        assert handle.wait().step == 1
+        with ckptrepo.Repo.open({str(tmp_path)!r}) as again:
+            again.commit({{"w": torch.ones(3)}}, step=2).wait()
+        repo.close()
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=180)
+    with ckptrepo.Repo.open(tmp_path) as repo:
+        assert [c.step for c in repo.log("main")] == [2, 1]
+        assert torch.equal(repo.load_tensor("main~1", "w"), torch.arange(1000.0))
+        assert repo.verify(full=True).ok
+
+
 def test_phase2_and_the_write_ahead_start_once_the_copy_has_ended(
     repo: ckptrepo.Repo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
