@@ -17,8 +17,9 @@ state with the same tensor names and dtypes but at most 256 elements each: the c
 holds as many rows as after N commits of the real state (one chunk per tensor instead of a
 few for the largest), while the packs stay small. A training run's later commits pay for
 catalog indexes of that size: inserting a commit's rows dirties about one page per row in
-each index over content ids, and SQLite writes every dirtied page to its log and again at
-its checkpoint. The committer's bytes written (``/proc/self/task/*/io``: the pages of the
+each index that takes them at random places (those over chunk and tensor ids, and the entry
+runs by tensor name), and SQLite writes every dirtied page to its log and again at its
+checkpoint. The committer's bytes written (``/proc/self/task/*/io``: the pages of the
 catalog and its log; the pack bytes are written by the write-ahead threads) show that.
 The peers, measured in the same run on the same bytes: BLAKE3 of every chunk on one thread
 (the ``blake3`` package, as ckptrepo calls it), the statistics' pass (``moments_of_bytes``)
@@ -66,28 +67,28 @@ def role_of(name: str | None) -> str:
     return "other"
 
 
-def thread_cpu_ns() -> dict[int, int]:
-    """CPU nanoseconds of every thread of this process, by native id."""
+def per_thread(name: str, parse: Callable[[str], int]) -> dict[int, int]:
+    """``parse`` of ``/proc/self/task/<tid>/<name>`` for every thread of this process, by
+    native id (threads that ended meanwhile, or whose file does not parse, are left out)."""
     out: dict[int, int] = {}
     for tid in os.listdir("/proc/self/task"):
         try:
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                out[int(tid)] = int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):
+            with open(f"/proc/self/task/{tid}/{name}") as f:
+                out[int(tid)] = parse(f.read())
+        except (OSError, ValueError, IndexError, StopIteration):
             continue
     return out
+
+
+def thread_cpu_ns() -> dict[int, int]:
+    """CPU nanoseconds of every thread of this process, by native id."""
+    return per_thread("schedstat", lambda text: int(text.split()[0]))
 
 
 def thread_written() -> dict[int, int]:
     """Bytes every thread of this process has passed to write calls (``wchar``), by native id."""
-    out: dict[int, int] = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/io") as f:
-                out[int(tid)] = next(int(line.split()[1]) for line in f if line.startswith("wchar"))
-        except (OSError, ValueError, StopIteration):
-            continue
-    return out
+    return per_thread("io", lambda text: next(int(line.split()[1]) for line in text.splitlines()
+                                              if line.startswith("wchar")))
 
 
 def by_role(before: dict[int, int], after: dict[int, int]) -> dict[str, int]:

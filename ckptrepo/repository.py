@@ -160,7 +160,6 @@ class Repo:
         self._idle_repack = (idle_repack if idle_repack is not None else bool(env_int("IDLE_REPACK", 1))) and (
             config.compression and config.encode == "auto")
         self._closed = False
-        self._owner = os.getpid()  # a forked child may not use this object (see _check_open)
 
     # -- opening ---------------------------------------------------------------------------
 
@@ -270,7 +269,7 @@ class Repo:
         if self._closed:
             return
         self._closed = True
-        if os.getpid() != self._owner:
+        if self._committer.inherited:  # a forked child: see _check_open
             self._committer.close()  # forgets it: the exit of this process does not wait for it
             self._engine.dispose(close=False)  # the connections stay the parent's, unclosed
             return
@@ -883,8 +882,8 @@ class Repo:
     def _check_open(self) -> None:
         if self._closed:
             raise UsageError("this repository is closed", hint="Open it again with Repo.open(path).")
-        if os.getpid() != self._owner:
-            raise ForkedProcess(what="repository", owner=self._owner, pid=os.getpid())
+        if self._committer.inherited:  # this process was forked from the one that opened it
+            raise ForkedProcess(what="repository", owner=self._committer.owner, pid=os.getpid())
 
     def verify(self, *, full: bool = False) -> t.VerifyReport:
         """Check database and packs against each other, read-only (see ``ckptrepo.verify``).

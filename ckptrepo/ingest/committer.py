@@ -87,19 +87,19 @@ class Committer:
         self._lock = threading.Lock()
         self._failure: BaseException | None = None
         self._idle: dict[Future[Any], threading.Event] = {}
-        self._owner = os.getpid()
+        self.owner = os.getpid()  # the process whose thread runs the jobs
         _live.add(self)
 
     @property
     def inherited(self) -> bool:
         """True in a process forked from the one that made this committer."""
-        return os.getpid() != self._owner
+        return os.getpid() != self.owner
 
     def submit(self, job: Callable[[], T], *, finally_: Callable[[], None] | None = None) -> Future[T]:
         """Queue ``job``; ``finally_`` runs after it on the background thread, whatever happens.
         ForkedProcess in a forked child (``inherited``)."""
         if self.inherited:
-            raise ForkedProcess(what="repository's committer", owner=self._owner, pid=os.getpid())
+            raise ForkedProcess(what="repository's committer", owner=self.owner, pid=os.getpid())
 
         def run() -> T:
             try:
