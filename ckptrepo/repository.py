@@ -368,9 +368,22 @@ class Repo:
             self._staging.release(slot)
             raise
         release = functools.partial(self._staging.release, slot)
+        defer = self._defers(blocking=False)
+        ahead = None if blocking else self._plan_write_ahead(slot, staged, raw=defer or not self.config.compression)
+        # Phase 2 and the write-ahead start once the copy has ended. Started during it (as they
+        # once were), their database reads, layout and wake-ups took the interpreter lock from
+        # the copying thread: under training the copy took twice as long (BENCHMARKS.md).
+        # Except into a fresh arena: that copy is bound by the kernel faulting its pages in
+        # (~0.3 s per GiB, against ~0.07 s for the same copy later), and the files it has
+        # filled are written meanwhile.
+        early = None
+        if ahead is not None and slot.fresh:
+            early = functools.partial(ahead.copied, executor=self._ahead_pool)
         try:
-            slot.copy(flat.tensors, staged)
+            slot.copy(flat.tensors, staged, progress=early)
         except BaseException:
+            if ahead is not None:
+                ahead.close()  # its writers read the slot: done before it is released
             release()
             raise
         staged_at = time.perf_counter()
@@ -378,19 +391,21 @@ class Repo:
         if blocking:  # CUDA tensors: staged first, then committed on this thread
             request = CommitRequest(tensors=staged, stall_s=stall, wait_s=waited, staged_at=staged_at, **metadata)
             return self._commit_now(request, release, defer=self._defers(blocking=True))
-        # Phase 2 and the write-ahead start once the copy has ended. Started during it (as they
-        # once were), their database reads, layout and wake-ups took the interpreter lock from
-        # the copying thread: under training the copy took twice as long (BENCHMARKS.md).
-        defer = self._defers(blocking=False)
-        ahead = self._plan_write_ahead(slot, staged, raw=defer or not self.config.compression)
+        if ahead is not None:  # _persist closes it in any case
+            # Before phase 2 is queued: phase 2 must find the writes started when it seals.
+            ahead.start(self._ahead_pool)
         request = CommitRequest(tensors=staged, stall_s=stall, wait_s=waited, staged_at=staged_at, ahead=ahead,
                                 **metadata)
-        future = self._committer.submit(lambda: self._persist(request, self._background_pool, defer=defer),
-                                        finally_=release)
+        try:
+            future = self._committer.submit(lambda: self._persist(request, self._background_pool, defer=defer),
+                                            finally_=release)
+        except BaseException:
+            if ahead is not None:
+                ahead.close()
+            release()
+            raise
         if defer and self._idle_repack:
             self._committer.submit_idle(self._repack_when_idle)
-        if ahead is not None:  # _persist closes it in any case
-            ahead.start(self._ahead_pool)
         return CommitHandle(future, staged=True, on_failure_seen=self._committer.acknowledge)
 
     def _plan_write_ahead(self, slot: Slot, staged: dict[str, torch.Tensor], *, raw: bool) -> WriteAhead | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +49,7 @@ class Slot:
 
     def __init__(self) -> None:
         self._arena: _Arena | None = None
+        self._fresh = True
         self.nbytes = 0
         # The last layout and its views: a training loop stages the same names, dtypes and
         # shapes every time, and making ~200 views again cost ~4 ms of each commit's stall.
@@ -100,15 +102,31 @@ class Slot:
         self._layout = (key, self._arena, offset, dict(out))
         return out
 
-    def copy(self, tensors: dict[str, torch.Tensor], out: dict[str, torch.Tensor]) -> None:
+    @property
+    def fresh(self) -> bool:
+        """True until a ``copy`` into the current arena has ended: its pages are not mapped
+        yet, so that copy runs at the speed of the kernel's page faults, not of memory."""
+        return self._fresh
+
+    def copy(self, tensors: dict[str, torch.Tensor], out: dict[str, torch.Tensor],
+             progress: Callable[[int], object] | None = None) -> None:
         """Fill the views of ``prepare`` from ``tensors``; when this returns every staged byte
-        is in place (CUDA copies included: they are synchronised at the end)."""
+        is in place (CUDA copies included: they are synchronised at the end).
+
+        ``progress(offset)``, if given and no tensor is on CUDA, is called before each tensor's
+        copy into the arena with that tensor's arena offset: every arena byte below it is in
+        place by then (the views lie in the arena in ``out``'s order)."""
         any_cuda = any(t.is_cuda for t in tensors.values())
+        base = self._arena.data.data_ptr() if self._arena is not None else 0
+        if any_cuda:
+            progress = None
         for name, dst in out.items():
             faults.point("stage.copy")
             src = tensors[name].detach()
             if not dst.numel():
                 continue
+            if progress is not None:
+                progress(dst.data_ptr() - base)
             if src.is_neg():
                 # A negative view (``z.conj().imag``) cannot be viewed as integers; ``copy_``
                 # applies its sign (its dtypes all have the strided copy kernel).
@@ -120,6 +138,7 @@ class Slot:
             # Non-blocking device-to-host copies: the staged bytes are only valid (and the
             # caller only free to mutate its tensors) once the streams have drained.
             torch.cuda.synchronize()
+        self._fresh = False
 
     def _ensure(self, nbytes: int, *, pin: bool) -> torch.Tensor:
         arena = self._arena
@@ -129,6 +148,7 @@ class Slot:
             raw = torch.empty(size + PAGE, dtype=torch.uint8, pin_memory=pin and torch.cuda.is_available())
             skip = -raw.data_ptr() % PAGE
             arena = self._arena = _Arena(raw[skip : skip + size], pin)
+            self._fresh = True
         return arena.data
 
     def drop(self) -> None:

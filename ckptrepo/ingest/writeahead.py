@@ -109,6 +109,7 @@ class WriteAhead:
                                                    target)))
         self._lock = threading.Lock()
         self._futures: list[Future[None]] = []
+        self._queued = 0  # files handed to the executor so far (in order)
         self._started = False
         self._closed = False
 
@@ -138,14 +139,31 @@ class WriteAhead:
         return sum(w is not None for w in self._where)
 
     def start(self, executor: Executor) -> None:
-        """Queue one job per file on ``executor`` (normal-priority threads: as many files are
-        written at once as it has threads); nothing once closed. The arena must hold every
-        tensor's bytes by then (phase 1 has ended)."""
+        """Queue one job per file not queued yet on ``executor`` (normal-priority threads: as
+        many files are written at once as it has threads); nothing once closed. The arena
+        must hold every tensor's bytes by then (phase 1 has ended)."""
         with self._lock:
             if self._closed or self._started:
                 return
             self._started = True
-            self._futures = [executor.submit(self._write, f) for f in self._files]
+            self._queue(executor, len(self._files))
+
+    def copied(self, below: int, executor: Executor) -> None:
+        """Phase 1 has copied every byte of the arena below offset ``below``: queue the files
+        that lie wholly there (``start`` queues the rest). For copies slow enough that the
+        writes gain more than their wake-ups cost the copying thread (``staging.Slot.fresh``)."""
+        with self._lock:
+            if self._closed or self._started:
+                return
+            n = self._queued
+            while n < len(self._files) and self._files[n].extents[-1][1] <= below:
+                n += 1
+            self._queue(executor, n)
+
+    def _queue(self, executor: Executor, upto: int) -> None:
+        for f in self._files[self._queued : upto]:
+            self._futures.append(executor.submit(self._write, f))
+        self._queued = max(self._queued, upto)
 
     def _write(self, f: _File) -> None:
         view = self._arena.numpy().data

@@ -232,7 +232,8 @@ def test_phase2_and_the_write_ahead_start_once_the_copy_has_ended(
     repo: ckptrepo.Repo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Started during the copy, they took the interpreter lock from the copying thread (the
-    # copy took twice as long under training): each must see every tensor copied already.
+    # copy took twice as long under training): each must see every tensor copied already
+    # (into an arena used before; a fresh one is the next test's).
     in_place = [0]  # this commit's tensors whose copy had begun
     real_point = faults.point
 
@@ -272,6 +273,58 @@ def test_phase2_and_the_write_ahead_start_once_the_copy_has_ended(
     assert commit.stall_s >= 0.02 * len(state)  # ... and ended: commit() returned after it
     for name, value in expected.items():
         assert torch.equal(repo.load_tensor(commit.id, name), value)
+
+
+def test_into_a_fresh_arena_files_are_written_as_soon_as_their_bytes_are_copied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first copy into an arena runs at the speed of page faults: the write-ahead starts
+    # during it, each file once every byte it holds is in place, never before.
+    copying = [0]  # tensors whose copy has begun
+    real_point = faults.point
+
+    def point(name: str) -> None:
+        if name == "stage.copy":
+            copying[0] += 1
+            time.sleep(0.03)  # a slow copy: time enough for the early writes to run
+        real_point(name)
+
+    names = [f"t{i}" for i in range(6)]
+    state = {n: torch.randn(64 * 1024) for n in names}  # 256 KiB each
+    expected = {n: v.clone() for n, v in state.items()}
+    early: list[int] = []
+    real_write = WriteAhead._write
+
+    def write(self: WriteAhead, f: Any) -> None:
+        arena = self._arena  # every byte of the file's extents already holds the snapshot's
+        begun = copying[0]
+        assert f.extents[-1][1] <= arena.numel()
+        for n, view in staged.items():
+            lo = view.data_ptr() - arena.data_ptr()
+            if any(lo < b and a < lo + view.numel() * 4 for a, b in f.extents):
+                assert torch.equal(view, expected[n]), (n, f.extents)
+        early.append(begun)
+        real_write(self, f)
+
+    staged: dict[str, torch.Tensor] = {}
+    real_copy = ckptrepo.repository.Slot.copy
+
+    def copy(self: Any, tensors: Any, out: Any, progress: Any = None) -> None:
+        staged.update(out)
+        real_copy(self, tensors, out, progress)
+
+    monkeypatch.setattr(faults, "point", point)
+    monkeypatch.setattr(WriteAhead, "_write", write)
+    monkeypatch.setattr(ckptrepo.repository.Slot, "copy", copy)
+    with ckptrepo.Repo.init(tmp_path, chunk_size=64 * 1024, pack_target=256 * 1024) as repo:
+        handle = repo.commit(state, step=0)
+        for v in state.values():
+            v.zero_()  # staged: the caller's tensors are its own again
+        commit = handle.wait()
+        assert len(early) >= 5 and min(early) < len(names)  # some files were written during the copy
+        for n in names:
+            assert torch.equal(repo.load_tensor(commit.id, n), expected[n])
+        assert repo.verify(full=True).ok
 
 
 def test_a_failed_snapshot_copy_stores_nothing(repo: ckptrepo.Repo) -> None:

@@ -69,3 +69,27 @@ def test_conjugate_and_negative_views_are_staged_as_their_values() -> None:
     for name, t in src.items():
         assert not out[name].is_neg() and not out[name].is_conj()
         assert torch.equal(out[name], t.resolve_conj().resolve_neg()), name
+
+
+def test_progress_reports_each_tensors_offset_once_everything_below_is_in_place() -> None:
+    slot, src = Slot(), state(rows=2000)
+    out = slot.prepare(src)
+    arena = slot.arena
+    assert arena is not None and slot.fresh  # nothing copied into this arena yet
+    seen: list[int] = []
+
+    def progress(offset: int) -> None:
+        # Every tensor laid out below ``offset`` already holds its source's values.
+        for name, view in out.items():
+            if view.numel() and view.data_ptr() - arena.data_ptr() < offset:
+                assert torch.equal(view, src[name])
+        seen.append(offset)
+
+    slot.copy(src, out, progress=progress)
+    expected = [v.data_ptr() - arena.data_ptr() for v in out.values() if v.numel()]
+    assert seen == expected == sorted(expected)  # the empty tensor lies outside the arena
+    assert not slot.fresh
+    slot.stage(state(rows=2000))
+    assert not slot.fresh  # the same arena, its pages mapped
+    slot.stage(state(rows=100_000))
+    assert slot.arena is not arena and not slot.fresh  # grown: fresh until its copy ended

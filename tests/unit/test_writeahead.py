@@ -142,3 +142,50 @@ def test_staging_arena_is_page_aligned_whole_pages() -> None:
     arena = slot.arena
     assert arena is not None and arena.data_ptr() % PAGE == 0 and arena.numel() % PAGE == 0
     assert HEADER.size < PAGE
+
+
+def test_copied_queues_only_files_wholly_below_the_offset(backend: LocalBackend) -> None:
+    slot = Slot()
+    src = {"a": torch.randn(50_000), "b": torch.randn(50_000), "c": torch.randn(50_000)}
+    views = slot.prepare(src)
+    arena = slot.arena
+    assert arena is not None
+    ahead = WriteAhead(backend, arena, list(views.values()), [True] * 3, target=64 * 1024, chunk_size=CHUNK)
+    files: list[object] = []
+
+    class Recording(ThreadPoolExecutor):
+        def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+            files.extend(args)
+            return super().submit(fn, *args, **kwargs)
+
+    offsets = {n: v.data_ptr() - arena.data_ptr() for n, v in views.items()}
+    with Recording(1) as pool:
+        ahead.copied(0, pool)
+        assert files == []
+        slot.copy({"a": src["a"]}, {"a": views["a"]})
+        ahead.copied(offsets["b"], pool)  # "a" is in place: its files that end before "b"
+        first = list(files)
+        assert first and all(f.extents[-1][1] <= offsets["b"] for f in first)  # type: ignore[attr-defined]
+        ahead.copied(offsets["b"], pool)
+        assert files == first  # never queued twice
+        slot.copy({n: src[n] for n in "bc"}, {n: views[n] for n in "bc"})
+        ahead.start(pool)  # the rest
+        ahead.copied(arena.numel(), pool)  # after the start: nothing more
+        assert len(files) == len({id(f) for f in files}) > len(first)
+        taken = index_all(ahead, views)
+        packs = ahead.seal()
+    ahead.close()
+    assert read_all(backend, packs) == taken and len(taken) == 3 * 13
+
+
+def test_closing_after_an_early_start_waits_and_removes_the_files(backend: LocalBackend) -> None:
+    slot = Slot()
+    views = slot.stage({"a": torch.randn(50_000), "b": torch.randn(50_000)})
+    arena = slot.arena
+    assert arena is not None
+    ahead = WriteAhead(backend, arena, list(views.values()), [True] * 2, target=64 * 1024, chunk_size=CHUNK)
+    with ThreadPoolExecutor(1) as pool:
+        ahead.copied(arena.numel(), pool)  # a copy that then failed: start never comes
+        ahead.close()
+        ahead.start(pool)  # closed: nothing
+    assert not list(backend.staging_dir().glob("pack-*.tmp"))
