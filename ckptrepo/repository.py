@@ -369,17 +369,19 @@ class Repo:
             raise
         release = functools.partial(self._staging.release, slot)
         defer = self._defers(blocking=False)
-        ahead = None if blocking else self._plan_write_ahead(slot, staged, raw=defer or not self.config.compression)
-        # Phase 2 and the write-ahead start once the copy has ended. Started during it (as they
-        # once were), their database reads, layout and wake-ups took the interpreter lock from
-        # the copying thread: under training the copy took twice as long (BENCHMARKS.md).
-        # Except into a fresh arena: that copy is bound by the kernel faulting its pages in
-        # (~0.3 s per GiB, against ~0.07 s for the same copy later), and the files it has
-        # filled are written meanwhile.
-        early = None
-        if ahead is not None and slot.fresh:
-            early = functools.partial(ahead.copied, executor=self._ahead_pool)
+        ahead: WriteAhead | None = None
         try:
+            if not blocking:
+                ahead = self._plan_write_ahead(slot, staged, raw=defer or not self.config.compression)
+            # Phase 2 and the write-ahead start once the copy has ended. Started during it (as
+            # they once were), their database reads, layout and wake-ups took the interpreter
+            # lock from the copying thread: under training the copy took twice as long
+            # (BENCHMARKS.md). Except into a fresh arena: that copy is bound by the kernel
+            # faulting its pages in (~0.3 s per GiB, against ~0.07 s for the same copy later),
+            # and the files it has filled are written meanwhile.
+            early = None
+            if ahead is not None and slot.fresh:
+                early = functools.partial(ahead.copied, executor=self._ahead_pool)
             slot.copy(flat.tensors, staged, progress=early)
         except BaseException:
             if ahead is not None:

@@ -327,6 +327,28 @@ def test_into_a_fresh_arena_files_are_written_as_soon_as_their_bytes_are_copied(
         assert repo.verify(full=True).ok
 
 
+def test_phase2_finds_the_write_ahead_started_however_late_the_caller_runs(
+    repo: ckptrepo.Repo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A caller thread descheduled right after the copy (two busy cores) must not let phase 2
+    # seal the write-ahead before its writes were started: that failed the commit.
+    real_start = WriteAhead.start
+
+    def late_start(self: WriteAhead, executor: Any) -> None:
+        time.sleep(0.3)  # longer than phase 2 of this small state takes
+        real_start(self, executor)
+
+    monkeypatch.setattr(WriteAhead, "start", late_start)
+    state = {f"t{i}": torch.randn(20_000) for i in range(4)}
+    repo.commit(state, step=0).wait()
+    for v in state.values():
+        v.add_(1)  # changed: written ahead
+    commit = repo.commit(state, step=1).wait()
+    assert commit.new_bytes == sum(v.numel() * 4 for v in state.values())
+    for name, value in state.items():
+        assert torch.equal(repo.load_tensor(commit.id, name), value)
+
+
 def test_a_failed_snapshot_copy_stores_nothing(repo: ckptrepo.Repo) -> None:
     first = repo.commit({"w": torch.randn(100_000)}, step=0).wait()
     before = repo.stats()
