@@ -32,7 +32,9 @@ Time to durable: ckptrepo ``commit()`` entry to ``wait()`` return into a fresh, 
 repository (no dedup against earlier rounds; includes allocating the staging arena) vs
 ``dcp.save`` into a fresh directory. DCP's FileSystemWriter fsyncs its data and ``.metadata``
 files (``sync_files=True``) but not the directory; the timing adds an fsync of the new
-directory. ``dcp.async_save``'s call-to-completion time is shown for reference. Also
+directory. ``dcp.async_save``'s call-to-completion time is shown for reference. The first
+commit of a fresh repository after ``reserve()`` (which maps its staging memory first, as a
+script would before training) is timed too, with ``reserve()`` itself. Also
 shown, not judged: time to durable of a training loop's later commits, into a repository
 that holds the previous one, after every tensor changed (no chunk deduplicates; the arena is
 mapped already, so the copy runs at memory speed and the write-ahead starts after it).
@@ -349,6 +351,22 @@ class Bench:
             self.add("durable_steady", time.perf_counter() - start)
             self.add("durable_steady_cpu", time.process_time() - cpu)
 
+    def ckpt_reserved_first(self) -> None:
+        """A fresh repository's first commit after ``reserve()`` mapped its staging memory."""
+        where = self.fresh("reserved-repo")
+        repo = ckptrepo.Repo.init(where, idle_repack=False)
+        try:
+            start = time.perf_counter()
+            repo.reserve(self.state)
+            self.add("reserve", time.perf_counter() - start)
+            start = time.perf_counter()
+            handle = repo.commit(self.state, step=0)
+            self.add("reserved_first_stall", time.perf_counter() - start)
+            handle.wait()
+        finally:
+            repo.close()
+        shutil.rmtree(where)
+
     def ckpt_durable_inline(self) -> None:
         """``encode="inline"``: encoded while committing (the earlier default)."""
         where = self.fresh("fresh-repo-inline")
@@ -392,7 +410,7 @@ def run(base: Path, args: argparse.Namespace) -> None:
         peers: list[Callable[[], None]] = [
             bench.copy_floor, bench.ckpt_stall, bench.torch_save, lambda: bench.async_save(reused=False),
             lambda: bench.async_save(reused=True), bench.dcp_save, bench.ckpt_durable, bench.ckpt_durable_inline,
-            bench.ckpt_durable_steady,
+            bench.ckpt_durable_steady, bench.ckpt_reserved_first,
         ]
         for r in range(args.rounds):
             bench.round = r + 1
@@ -429,6 +447,8 @@ def run(base: Path, args: argparse.Namespace) -> None:
          f"s  (internal stall_s {m['internal_stall']:.3f}; new_bytes {new_mib:.0f} MiB; "
          f"persist {m['persist']:.3f} s)"),
         ("ckptrepo commit() stall, first", m["first_stall"], "s  (allocates the staging arena)"),
+        ("ckptrepo commit() stall, first after reserve()", m["reserved_first_stall"],
+         f"s  (a fresh repository; reserve() itself {m['reserve']:.3f} s, before training)"),
         ("(a) copy into preallocated bufs", copy, f"s  {mib / copy:8.0f} MiB/s  (buffers of their own)"),
         ("(a) copy into the staging arena", m["copy_same"], f"s  {mib / m['copy_same']:8.0f} MiB/s  "
          "(the memory commit() copies into, next to each commit)"),
@@ -454,6 +474,8 @@ def run(base: Path, args: argparse.Namespace) -> None:
         ("RATIO stall / copy floor, other buffers", stall / copy, goal_note(stall / copy, 1.3)
          + "; medians of measurements seconds apart"),
         ("RATIO stall / torch.save+fsync", stall / save, goal_note(stall / save, 0.1)),
+        ("RATIO first stall after reserve() / copy floor", m["reserved_first_stall"] / m["copy_same"],
+         "the first commit into memory mapped beforehand (not a goal)"),
         ("RATIO stall / dcp.async_save block (fresh)", stall / m["async_block_fresh"], ""),
         ("RATIO stall / dcp.async_save block (reused)", stall / m["async_block_reused"], ""),
         ("RATIO durable / dcp.save", durable / dcp_save, goal_note(durable / dcp_save, 1.0)),

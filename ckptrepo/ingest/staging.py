@@ -140,6 +140,13 @@ class Slot:
             torch.cuda.synchronize()
         self._fresh = False
 
+    def fault_in(self) -> None:
+        """Write every page of the arena once (zeros): its pages are mapped from then on, and
+        the slot is no longer ``fresh``."""
+        if self._arena is not None:
+            self._arena.data.zero_()
+            self._fresh = False
+
     def _ensure(self, nbytes: int, *, pin: bool) -> torch.Tensor:
         arena = self._arena
         if arena is None or arena.data.numel() < nbytes or (pin and not arena.pinned):
@@ -176,11 +183,7 @@ class StagingPool:
 
     def acquire(self, nbytes: int) -> tuple[Slot, float]:
         """A free slot for a state of ``nbytes`` and the seconds spent waiting for it."""
-        if self.budget is not None and nbytes > self.budget:
-            raise UsageError(
-                f"the state needs {nbytes} bytes of staging, more than the budget of {self.budget}",
-                hint="Raise staging_budget (CKPT_STAGING_BUDGET) or commit smaller states.",
-            )
+        self._check_budget(nbytes)
         start = time.perf_counter()
         with self._cond:
             while not self._free or (
@@ -191,6 +194,13 @@ class StagingPool:
             slot.nbytes = nbytes
             self._in_use_bytes += nbytes
         return slot, time.perf_counter() - start
+
+    def _check_budget(self, nbytes: int) -> None:
+        if self.budget is not None and nbytes > self.budget:
+            raise UsageError(
+                f"the state needs {nbytes} bytes of staging, more than the budget of {self.budget}",
+                hint="Raise staging_budget (CKPT_STAGING_BUDGET) or commit smaller states.",
+            )
 
     def release(self, slot: Slot) -> None:
         """Return ``slot`` (its views become invalid) and wake one waiting committer."""
@@ -205,6 +215,26 @@ class StagingPool:
         for t in tensors.values():
             total = _aligned(total + t.numel() * t.element_size())
         return total
+
+    def reserve(self, tensors: dict[str, torch.Tensor]) -> int:
+        """Lay ``tensors`` out in every idle slot's arena (allocating or growing it) and write
+        each arena's pages once, so that a later commit of a state of this layout copies into
+        mapped memory instead of waiting for the kernel to fault its pages in. Slots in
+        flight are left as they are. Returns the bytes of each slot's layout."""
+        nbytes = self.staged_bytes(tensors)
+        self._check_budget(nbytes)
+        with self._cond:
+            idle = list(self._free)
+            self._free.clear()  # taken while they are filled: a commit waits for them
+        try:
+            for slot in idle:
+                slot.prepare(tensors)
+                slot.fault_in()
+        finally:
+            with self._cond:
+                self._free.extend(idle)
+                self._cond.notify_all()
+        return nbytes
 
     def clear(self) -> None:
         """Free the arenas of idle slots."""

@@ -349,6 +349,37 @@ def test_phase2_finds_the_write_ahead_started_however_late_the_caller_runs(
         assert torch.equal(repo.load_tensor(commit.id, name), value)
 
 
+def test_reserve_maps_the_staging_memory_before_the_first_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    early: list[int] = []
+    real_copied = WriteAhead.copied
+
+    def copied(self: WriteAhead, below: int, executor: Any) -> None:
+        early.append(below)
+        real_copied(self, below, executor)
+
+    monkeypatch.setattr(WriteAhead, "copied", copied)
+    state = {"model": {"w": torch.randn(300, 200), "b": torch.randn(200)}, "step": torch.tensor(3)}
+    with ckptrepo.Repo.init(tmp_path, chunk_size=64 * 1024) as repo:
+        nbytes = repo.reserve(state)
+        assert nbytes >= (300 * 200 + 200) * 4
+        slot = repo._staging._free[0]
+        arena = slot.arena
+        assert arena is not None and not slot.fresh
+        assert repo.stats().commits == 0  # nothing stored
+        commit = repo.commit(state, step=1).wait()
+        assert slot.arena is arena  # the first commit copied into the reserved memory ...
+        assert early == []  # ... as into a mapped arena: the write-ahead after the copy
+        assert torch.equal(repo.load_tensor(commit.id, "model/w"), state["model"]["w"])
+        with pytest.raises(errors.UnsupportedState):
+            repo.reserve({"f": lambda: 0})
+    with ckptrepo.Repo.init(tmp_path / "small", staging_budget=4096) as repo, pytest.raises(
+        errors.UsageError, match="budget"
+    ):
+        repo.reserve(state)
+
+
 def test_a_failed_snapshot_copy_stores_nothing(repo: ckptrepo.Repo) -> None:
     first = repo.commit({"w": torch.randn(100_000)}, step=0).wait()
     before = repo.stats()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from ckptrepo.ingest.staging import PAGE, Slot
+from ckptrepo.errors import UsageError
+from ckptrepo.ingest.staging import PAGE, Slot, StagingPool
 
 
 def state(rows: int = 3) -> dict[str, torch.Tensor]:
@@ -93,3 +95,27 @@ def test_progress_reports_each_tensors_offset_once_everything_below_is_in_place(
     assert not slot.fresh  # the same arena, its pages mapped
     slot.stage(state(rows=100_000))
     assert slot.arena is not arena and not slot.fresh  # grown: fresh until its copy ended
+
+
+def test_reserve_maps_every_idle_slot_for_the_layout() -> None:
+    pool, src = StagingPool(max_inflight=2), state(rows=5000)
+    nbytes = pool.reserve(src)
+    assert nbytes == pool.staged_bytes(src)
+    slots = list(pool._free)
+    arenas = [s.arena for s in slots]
+    assert all(a is not None and a.numel() >= nbytes for a in arenas)
+    assert not any(s.fresh for s in slots)  # written once: the first copy needs no page faults
+    slot, _ = pool.acquire(nbytes)
+    out = slot.stage(src)  # the same arena, no new allocation
+    assert slot.arena is arenas[slots.index(slot)] and all(torch.equal(out[n], src[n]) for n in src)
+    pool.release(slot)
+
+
+def test_reserve_leaves_slots_in_flight_alone_and_refuses_an_oversized_state() -> None:
+    pool = StagingPool(max_inflight=2, budget=1 << 20)
+    busy, _ = pool.acquire(100)
+    pool.reserve(state())
+    assert busy.arena is None and len(pool._free) == 1 and pool._free[0].arena is not None
+    with pytest.raises(UsageError, match="budget"):
+        pool.reserve({"big": torch.zeros(1 << 19)})  # 2 MiB
+    pool.release(busy)
