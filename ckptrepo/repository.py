@@ -297,8 +297,10 @@ class Repo:
 
         The first copy into new memory runs at the speed of the kernel's page faults: ~0.3 s
         per GiB here, and seconds per GiB on a virtual machine whose host maps the pages on
-        first touch, all of it inside the first commit's stall. Called before training starts,
-        that cost is paid there. Reads no tensor data and stores nothing; the memory stays
+        first touch, all of it inside the first commit's stall. Called before the loop's first
+        commit, once the state has its final layout (after the first optimizer step: AdamW's
+        moments exist from then on), that cost is paid there. Reads no tensor data and
+        stores nothing; the memory stays
         allocated (as after a commit) until ``close()``. Validates ``state`` as ``commit()``
         does (UnsupportedState; UsageError when it needs more than ``staging_budget``).
         Returns the staging bytes the state takes per slot.
