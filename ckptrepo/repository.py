@@ -295,15 +295,15 @@ class Repo:
         ``state`` (the same names, dtypes and shapes): allocate every idle staging slot's arena
         and write its pages once, now rather than inside the first ``commit()``.
 
-        The first copy into new memory runs at the speed of the kernel's page faults: ~0.3 s
-        per GiB here, and seconds per GiB on a virtual machine whose host maps the pages on
-        first touch, all of it inside the first commit's stall. Called before the loop's first
-        commit, once the state has its final layout (after the first optimizer step: AdamW's
-        moments exist from then on), that cost is paid there. Reads no tensor data and
-        stores nothing; the memory stays
-        allocated (as after a commit) until ``close()``. Validates ``state`` as ``commit()``
-        does (UnsupportedState; UsageError when it needs more than ``staging_budget``).
-        Returns the staging bytes the state takes per slot.
+        The first copy into new memory runs at the speed of the kernel's page faults (~0.3 s
+        per GiB on the benchmark machine, seconds per GiB on a virtual machine whose host
+        maps pages on first touch), all of it inside the first commit's stall. Called before
+        the loop's first commit, once the state has its final layout (after the first
+        optimizer step: AdamW's moments exist from then on), that cost is paid there.
+        Reads no tensor data and stores nothing; the memory stays allocated (as after a
+        commit) until ``close()``. Validates ``state`` as ``commit()`` does
+        (UnsupportedState; UsageError when it needs more than ``staging_budget``). Returns
+        the staging bytes the state takes per slot.
         """
         self._check_open()
         flat = st.flatten(state, allow_pickle=allow_pickle)
