@@ -286,7 +286,7 @@ def test_into_a_fresh_arena_files_are_written_as_soon_as_their_bytes_are_copied(
     def point(name: str) -> None:
         if name == "stage.copy":
             copying[0] += 1
-            time.sleep(0.03)  # a slow copy: time enough for the early writes to run
+            time.sleep(0.05)  # a slow copy: time enough for the early writes to run
         real_point(name)
 
     names = [f"t{i}" for i in range(6)]
