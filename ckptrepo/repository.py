@@ -389,6 +389,12 @@ class Repo:
         release = functools.partial(self._staging.release, slot)
         defer = self._defers(blocking=False)
         ahead: WriteAhead | None = None
+
+        def abandon() -> None:
+            if ahead is not None:
+                ahead.close()  # its writers read the slot: done before it is released
+            release()
+
         try:
             if not blocking:
                 ahead = self._plan_write_ahead(slot, staged, raw=defer or not self.config.compression)
@@ -403,9 +409,7 @@ class Repo:
                 early = functools.partial(ahead.copied, executor=self._ahead_pool)
             slot.copy(flat.tensors, staged, progress=early)
         except BaseException:
-            if ahead is not None:
-                ahead.close()  # its writers read the slot: done before it is released
-            release()
+            abandon()
             raise
         staged_at = time.perf_counter()
         stall = staged_at - entered
@@ -421,9 +425,7 @@ class Repo:
             future = self._committer.submit(lambda: self._persist(request, self._background_pool, defer=defer),
                                             finally_=release)
         except BaseException:
-            if ahead is not None:
-                ahead.close()
-            release()
+            abandon()
             raise
         if defer and self._idle_repack:
             self._committer.submit_idle(self._repack_when_idle)

@@ -395,6 +395,35 @@ def test_a_failed_snapshot_copy_stores_nothing(repo: ckptrepo.Repo) -> None:
     assert torch.equal(repo.load_tensor(second.id, "t4"), state["t4"])
 
 
+def test_a_copy_failing_after_early_writes_leaves_the_repository_and_store_as_they_were(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Into a fresh arena some files are written while the copy runs; a copy that then fails
+    # must wait for those writes and delete their files before the slot goes to the next commit.
+    written: list[int] = []
+    real_write = WriteAhead._write
+
+    def write(self: WriteAhead, f: Any) -> None:
+        real_write(self, f)
+        written.append(1)
+
+    monkeypatch.setattr(WriteAhead, "_write", write)
+    with ckptrepo.Repo.init(tmp_path, chunk_size=64 * 1024, pack_target=256 * 1024) as repo:
+        first = repo.commit({"w": torch.randn(1000)}, step=0).wait()
+        before = repo.stats()
+        state = {f"t{i}": torch.randn(64 * 1024) for i in range(6)}  # a larger arena: fresh
+        with faults.inject("stage.copy", nth=5), pytest.raises(faults.InjectedFault):
+            repo.commit(state, step=1)
+        assert written  # the files of the tensors copied before the failure were written
+        assert not list(repo._backend.staging_dir().glob("pack-*.tmp"))
+        assert repo.resolve("main") == first.id
+        assert repo.stats() == before
+        report = repo.verify()
+        assert report.ok and not report.temporary_files
+        second = repo.commit(state, step=2).wait()
+        assert torch.equal(repo.load_tensor(second.id, "t5"), state["t5"])
+
+
 def test_a_failed_ingest_leaves_no_job_reading_the_snapshot(
     repo: ckptrepo.Repo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
