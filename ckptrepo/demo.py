@@ -1,7 +1,8 @@
 """A one-minute tour of ckptrepo on the CPU: train, commit, branch, restore, inspect.
 
 A small classifier head trains on a frozen random-feature encoder (synthetic data made
-here, nothing downloaded). Every ``every`` steps the loop commits
+here, nothing downloaded). After its first step the loop maps the staging memory
+(``repo.reserve``); every ``every`` steps it commits
 ``{"model": model, "optim": opt, "sched": sched}`` with its step and metrics; then a
 branch ``lr-high`` starts from the middle commit of ``main``, restores that state into
 fresh objects with ``checkout(into=...)``, checks it is bit-identical to what was
@@ -105,6 +106,10 @@ def _train(
     losses: list[float] = []
     for step in steps:
         losses.append(run.train_step(step))
+        if step == steps[0]:
+            # The state has its final layout once the optimizer has stepped (AdamW's moments
+            # exist from then on): map the staging memory now, not inside the first commit.
+            repo.reserve(run.state())
         if step % every == 0:
             metrics = {"loss": sum(losses) / len(losses), "val_acc": run.evaluate()}
             losses.clear()
