@@ -416,12 +416,12 @@ class Repo:
         if blocking:  # CUDA tensors: staged first, then committed on this thread
             request = CommitRequest(tensors=staged, stall_s=stall, wait_s=waited, staged_at=staged_at, **metadata)
             return self._commit_now(request, release, defer=self._defers(blocking=True))
-        if ahead is not None:  # _persist closes it in any case
-            # Before phase 2 is queued: phase 2 must find the writes started when it seals.
-            ahead.start(self._ahead_pool)
         request = CommitRequest(tensors=staged, stall_s=stall, wait_s=waited, staged_at=staged_at, ahead=ahead,
                                 **metadata)
         try:
+            if ahead is not None:  # once phase 2 is queued, _persist closes it in any case
+                # Before phase 2 is queued: phase 2 must find the writes started when it seals.
+                ahead.start(self._ahead_pool)
             future = self._committer.submit(lambda: self._persist(request, self._background_pool, defer=defer),
                                             finally_=release)
         except BaseException:

@@ -24,8 +24,9 @@ page cache.
 Thread contract: ``start`` runs on the committing thread once phase 1 has copied every
 tensor, before phase 2 is queued (``copied`` during the copy, for a fresh arena whose copy
 is bound by page faults: the files it has filled are written meanwhile); ``add`` and
-``seal`` on phase 2's thread; ``close`` (phase 2's thread, always, also after a failure) waits for the writers
-and deletes every file not put in the store. The staging slot must not be reused before
+``seal`` on phase 2's thread; ``close`` (phase 2's thread, always, also after a failure;
+the committing thread when the commit fails before phase 2 is queued) waits for the
+writers and deletes every file not put in the store. The staging slot must not be reused before
 ``close`` has returned. Until ``seal`` puts a file, it is a temporary ``pack-*.tmp`` in the
 store's staging directory, which ``verify`` lists and ``gc`` removes after a crash.
 """

@@ -424,6 +424,34 @@ def test_a_copy_failing_after_early_writes_leaves_the_repository_and_store_as_th
         assert torch.equal(repo.load_tensor(second.id, "t5"), state["t5"])
 
 
+def test_a_write_ahead_failing_to_start_leaves_the_repository_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Starting the writes is the last step before phase 2 is queued: when it fails, the
+    # commit must close the write-ahead and give its staging slot back (max_inflight=1: the
+    # next commit would wait for that slot forever otherwise).
+    real_start = WriteAhead.start
+
+    def start(self: WriteAhead, executor: Any) -> None:
+        real_start(self, executor)
+        raise faults.InjectedFault("write-ahead start")
+
+    with ckptrepo.Repo.init(tmp_path, chunk_size=64 * 1024, pack_target=256 * 1024, max_inflight=1) as repo:
+        first = repo.commit({"w": torch.randn(1000)}, step=0).wait()
+        before = repo.stats()
+        state = {f"t{i}": torch.randn(64 * 1024) for i in range(6)}
+        with monkeypatch.context() as patch:
+            patch.setattr(WriteAhead, "start", start)
+            with pytest.raises(faults.InjectedFault):
+                repo.commit(state, step=1)
+        assert not list(repo._backend.staging_dir().glob("pack-*.tmp"))
+        assert repo.resolve("main") == first.id
+        assert repo.stats() == before
+        assert repo.verify().ok
+        second = repo.commit(state, step=2).wait(timeout=60)
+        assert torch.equal(repo.load_tensor(second.id, "t5"), state["t5"])
+
+
 def test_a_failed_ingest_leaves_no_job_reading_the_snapshot(
     repo: ckptrepo.Repo, monkeypatch: pytest.MonkeyPatch
 ) -> None:
