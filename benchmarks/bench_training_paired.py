@@ -33,6 +33,17 @@ over the mean none block, in %, with a 95% bootstrap interval over the rounds (p
 resampling); the ratios to torch.save's and dcp.async_save's overheads are bootstrapped the
 same way. "CPU %" is the same for process CPU seconds.
 
+The block estimate is unbiased but noisy: this VM's speed moves by ~10% between consecutive
+15-s blocks with no checkpoint at all (and by ~8% between 4-s ones), which is why it needs
+hundreds of rounds. For k >= 40 the script also prints a **local estimate** (``local_loss``):
+each block's checkpoint call, end wait and closing collection, plus how much longer its first
+10 steps took than the mean of its next 40, minus the same for the round's none block. It
+takes each block's speed out: on a no-checkpoint run of 4,000 steps here the noise per round
+fell from 8% (k=50) and 10% (k=200) of a block to 3.2% and 0.7%. It rests on one premise, that
+a checkpoint does not slow the steps past the first 10 (a commit is durable ~0.08 s, about one
+step, after its call; the rows give the share of blocks where it was durable within the head),
+and it is checked with a 20-step head, which a checkpoint that lingered would read higher.
+
 Each k uses a fresh repository (default settings unless ``--variant``), whose staging arena
 is allocated by an untimed warm-up commit. The background repack between commits is on, as
 by default: the bytes it encoded during each kind of block are reported (work it does in a
@@ -106,6 +117,8 @@ class Block:
     persist: float = 0.0
     slot_wait: float = 0.0
     repacked: int = 0  # bytes the idle repack encoded during the block
+    steps: list[float] = field(default_factory=list)  # each training step's wall seconds, in order
+    collect: float = 0.0  # the block's closing gc.collect()
 
 
 Finish = Callable[[], None]
@@ -314,9 +327,14 @@ def run_block(kind: Kind, trainer: Trainer, k: int) -> tuple[Block, int]:
     elif kind.peer is not None:
         finish = kind.peer(trainer)
     called = time.perf_counter()
+    steps = []
+    t0 = called
     for _ in range(k):
         trainer.step()
-    last = time.perf_counter()
+        t1 = time.perf_counter()
+        steps.append(t1 - t0)
+        t0 = t1
+    last = t0
     commit = handle.wait() if handle is not None else None
     if finish is not None:
         finish()
@@ -327,7 +345,8 @@ def run_block(kind: Kind, trainer: Trainer, k: int) -> tuple[Block, int]:
     # slower without this).
     gc.collect()
     end = time.perf_counter()
-    block = Block(wall=end - start, cpu=time.process_time() - cpu0, stall=called - start, end_wait=waited - last)
+    block = Block(wall=end - start, cpu=time.process_time() - cpu0, stall=called - start, end_wait=waited - last,
+                  steps=steps, collect=end - waited)
     if kind.cleanup is not None:
         kind.cleanup()
     if commit is None:
@@ -346,6 +365,40 @@ def overhead(blocks: list[Block], base: list[Block], idx: list[int], metric: Cal
     """Mean (block - base block) over the mean base block, %, over the rounds ``idx``."""
     diff = sum(metric(blocks[i]) - metric(base[i]) for i in idx)
     return 100.0 * diff / sum(metric(base[i]) for i in idx)
+
+
+HEAD = 10  # steps after the checkpoint that the local estimate charges to it
+CHECK_HEAD = 20  # ... and the longer head it is checked against
+BASELINE = 40  # steps after the head whose mean is the block's own undisturbed step time
+
+
+def local_loss(b: Block, head: int = HEAD) -> float:
+    """What the block's checkpoint cost the loop, measured against the block's own step time:
+    the call, the wait and the collection at the end, plus how much the first ``head`` steps
+    after the call took beyond the mean of the ``BASELINE`` steps that follow them (seconds).
+
+    It assumes that the checkpoint has no effect on the steps past ``head`` (the rows say
+    whether each kind's work was done by then: "done in head"), and in exchange leaves out
+    how fast the machine ran in this block compared with the blocks around it, which is most
+    of the block estimate's noise (consecutive 15-s blocks of this VM differ by ~10% with no
+    checkpoint at all, the first 10 steps of a block differ from its next 40 by ~0.7%)."""
+    tail = b.steps[head:head + BASELINE]
+    if not tail:
+        raise ValueError(f"a block of {len(b.steps)} steps has no baseline after a head of {head}")
+    level = sum(tail) / len(tail)
+    return b.stall + b.end_wait + b.collect + sum(s - level for s in b.steps[:head])
+
+
+def local_overhead(blocks: list[Block], base: list[Block], idx: list[int], head: int = HEAD) -> float:
+    """Mean over the rounds ``idx`` of (the block's ``local_loss`` - the base block's), over the
+    mean base block, %: the block estimate (``overhead``) with each block's speed taken out."""
+    diff = sum(local_loss(blocks[i], head) - local_loss(base[i], head) for i in idx)
+    return 100.0 * diff / sum(base[i].wall for i in idx)
+
+
+def local_difference(blocks: list[Block], other: list[Block], base: list[Block], idx: list[int]) -> float:
+    """``blocks``' local overhead minus ``other``'s, in points, over the rounds ``idx``."""
+    return local_overhead(blocks, base, idx) - local_overhead(other, base, idx)
 
 
 def ratio_to(blocks: list[Block], other: list[Block], base: list[Block], idx: list[int]) -> float:
@@ -514,11 +567,43 @@ def measure_k(k: int, rounds: int, trainer: Trainer, base: Path, variants: list[
                 note = f"{verdict(over, hi)}; {note}"
             rows.append((f"k={k} {kind.name} overhead % (wall)", over, note))
             rows.append((f"k={k} {kind.name} stall s", entry["stall_s"], ""))
+        if k >= CHECK_HEAD + 20:
+            rows += local_rows(k, kind, kinds, entry, idx, rng)
         info[kind.name] = entry
     shares = [x.share for x in loads]
     print(f"  k={k}: other processes took {100 * statistics.median(shares):.0f}% of the CPU "
           f"(max {100 * max(shares):.0f}%) over the rounds", flush=True)
     return rows, info
+
+
+def local_rows(k: int, kind: Kind, kinds: list[Kind], entry: dict[str, Any], idx: list[int],
+               rng: random.Random) -> list[tuple[str, float, str]]:
+    """The local estimate's rows for ``kind`` (``local_loss``), its check with a longer head,
+    and for a repository its differences from torch.save and the floors, with 95% intervals;
+    also recorded in ``entry``."""
+    none, bl, n = kinds[0].blocks, kind.blocks, len(idx)
+    over = local_overhead(bl, none, idx)
+    lo, hi = bootstrap(functools.partial(local_overhead, bl, none), n, rng)
+    check = local_overhead(bl, none, idx, CHECK_HEAD)
+    c_lo, c_hi = bootstrap(functools.partial(local_overhead, bl, none, head=CHECK_HEAD), n, rng)
+    entry.update(local_pct=over, local_ci95=(lo, hi), local_head20_pct=check, local_head20_ci95=(c_lo, c_hi))
+    note = (f"95% CI {lo:.2f}..{hi:.2f}; with a {CHECK_HEAD}-step head {check:.2f} [{c_lo:.2f}, {c_hi:.2f}]")
+    if kind.repo is not None:
+        # Whether phase 2 was durable before the head's last step ended (the estimate's premise).
+        inside = sum(b.persist <= sum(b.steps[:HEAD]) for b in bl) / n
+        entry["durable_in_head"] = inside
+        note = f"{verdict(over, hi)}; {note}; phase 2 durable within the head in {100 * inside:.0f}% of blocks"
+        for other in kinds[1:]:
+            if other.repo is not None or other.name == "copy floor":
+                continue
+            diff = functools.partial(local_difference, bl, other.blocks, none)
+            d_lo, d_hi = bootstrap(diff, n, rng)
+            key = "local_minus_" + other.name.replace(" ", "_").replace(".", "_")
+            entry.update({key: diff(idx), key + "_ci95": (d_lo, d_hi)})
+            note += f"; minus {other.name} {diff(idx):+.2f} points [{d_lo:+.2f}, {d_hi:+.2f}]"
+    elif kind.peer is not None and not isinstance(kind.peer, CopyFloor):
+        note = f"{verdict(over, hi)}; {note}"
+    return [(f"k={k} {kind.name} local overhead % (first {HEAD} steps vs the next {BASELINE})", over, note)]
 
 
 def within_bound(per_k: dict[int, dict[str, Any]]) -> list[tuple[str, float, str]]:
