@@ -40,9 +40,10 @@ each block's checkpoint call, end wait and closing collection, plus how much lon
 10 steps took than the mean of its next 40, minus the same for the round's none block. It
 takes each block's speed out: on a no-checkpoint run of 4,000 steps here the noise per round
 fell from 8% (k=50) and 10% (k=200) of a block to 3.2% and 0.7%. It rests on one premise, that
-a checkpoint does not slow the steps past the first 10 (a commit is durable ~0.08 s, about one
-step, after its call; the rows give the share of blocks where it was durable within the head),
-and it is checked with a 20-step head, which a checkpoint that lingered would read higher.
+a checkpoint does not slow the steps past the first 10 (a commit is durable ~0.1 s, one or two
+steps, after its call; the rows give the share of blocks where it was durable within the head,
+and the idle repack's bytes encoded during blocks, which would land past it), and it is checked
+with a 20-step head, which a checkpoint that lingered would read higher.
 
 Each k uses a fresh repository (default settings unless ``--variant``), whose staging arena
 is allocated by an untimed warm-up commit. The background repack between commits is on, as
@@ -377,8 +378,9 @@ def local_loss(b: Block, head: int = HEAD) -> float:
     the call, the wait and the collection at the end, plus how much the first ``head`` steps
     after the call took beyond the mean of the ``BASELINE`` steps that follow them (seconds).
 
-    It assumes that the checkpoint has no effect on the steps past ``head`` (the rows say
-    whether each kind's work was done by then: "done in head"), and in exchange leaves out
+    It assumes that the checkpoint has no effect on the steps past ``head`` (a repository's
+    row says in how many blocks phase 2 was durable by then; an idle repack during a block
+    would fall past it, and is reported apart: "idle repack during blocks"), and in exchange leaves out
     how fast the machine ran in this block compared with the blocks around it, which is most
     of the block estimate's noise (consecutive 15-s blocks of this VM differ by ~10% with no
     checkpoint at all, the first 10 steps of a block differ from its next 40 by ~0.7%)."""
