@@ -34,7 +34,7 @@ resampling); the ratios to torch.save's and dcp.async_save's overheads are boots
 same way. "CPU %" is the same for process CPU seconds.
 
 The block estimate is unbiased but noisy: this VM's speed moves by ~10% between consecutive
-15-s blocks with no checkpoint at all (and by ~8% between 4-s ones), which is why it needs
+16-s blocks with no checkpoint at all (and by ~8% between 4-s ones), which is why it needs
 hundreds of rounds. For k >= 40 the script also prints a **local estimate** (``local_loss``):
 each block's checkpoint call, end wait and closing collection, plus how much longer its first
 10 steps took than the mean of its next 40, minus the same for the round's none block. It
@@ -382,8 +382,8 @@ def local_loss(b: Block, head: int = HEAD) -> float:
     row says in how many blocks phase 2 was durable by then; an idle repack during a block
     would fall past it, and is reported apart: "idle repack during blocks"), and in exchange leaves out
     how fast the machine ran in this block compared with the blocks around it, which is most
-    of the block estimate's noise (consecutive 15-s blocks of this VM differ by ~10% with no
-    checkpoint at all, the first 10 steps of a block differ from its next 40 by ~0.7%)."""
+    of the block estimate's noise (with no checkpoint at all, consecutive 16-s blocks of this
+    VM differed by ~10% of a block, their local losses by ~0.7%: ``bench_step_noise.py``)."""
     tail = b.steps[head:head + BASELINE]
     if not tail:
         raise ValueError(f"a block of {len(b.steps)} steps has no baseline after a head of {head}")
