@@ -153,6 +153,8 @@ class Repo:
         # Raw chunks of asynchronous commits are written ahead of phase 2 at normal priority
         # (ingest.writeahead); the thread is started by commit(), on the caller's priority.
         self._write_ahead = bool(env_int("WRITE_AHEAD", 1))
+        # The staging copy takes the chunks' statistics in its pass over memory (Slot.copy_summarized).
+        self._copy_stats = bool(env_int("COPY_STATS", 1))
         self._ahead_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckpt-ahead")
         self._unchanged: frozenset[str] = frozenset()  # tensor names the last commit found unchanged
         # The layout of the commit recorded last, which the next one is likely to have as first parent.
@@ -407,7 +409,13 @@ class Repo:
             early = None
             if ahead is not None and slot.fresh:
                 early = functools.partial(ahead.copied, executor=self._ahead_pool)
-            slot.copy(flat.tensors, staged, progress=early)
+            summaries = None
+            if early is None and not blocking and self._copy_stats:
+                # The copy also takes the statistics' pass (in the same pass over memory), so
+                # phase 2 only hashes (Slot.copy_summarized).
+                summaries = slot.copy_summarized(flat.tensors, staged, self.config.chunk_size, self._pool)
+            else:
+                slot.copy(flat.tensors, staged, progress=early)
         except BaseException:
             abandon()
             raise
@@ -417,7 +425,7 @@ class Repo:
             request = CommitRequest(tensors=staged, stall_s=stall, wait_s=waited, staged_at=staged_at, **metadata)
             return self._commit_now(request, release, defer=self._defers(blocking=True))
         request = CommitRequest(tensors=staged, stall_s=stall, wait_s=waited, staged_at=staged_at, ahead=ahead,
-                                **metadata)
+                                summaries=summaries, **metadata)
         try:
             if ahead is not None:  # once phase 2 is queued, _persist closes it in any case
                 # Before phase 2 is queued: phase 2 must find the writes started when it seals.
@@ -575,7 +583,7 @@ class Repo:
         if len(self._plane_hints) > _MAX_HINTS:
             self._plane_hints.clear()
         result = ingest(req.tensors, sink, known, pool, opts, likely, plan, self._plane_hints,
-                        ahead=req.ahead)
+                        ahead=req.ahead, summaries=req.summaries)
         result.deferred = defer
         new = result.new_chunk_ids
         self._unchanged = frozenset(r.name for r in result.tensors if r.chunk_ids and new.isdisjoint(r.chunk_ids))

@@ -693,6 +693,60 @@ static int moments_path(void) {
 }
 #endif
 
+/* The pass moments runs here over n elements from p, around shift: out = (S, Q, L, H). */
+static void moments_range(const uint8_t *p, Py_ssize_t n, int kind, double shift, double *out) {
+#ifdef HAVE_AVX2_MOMENTS
+    int path = moments_path();
+    if (path == MOMENTS_AVX512) {
+        moments_avx512(p, n, kind, shift, out);
+        return;
+    }
+    if (path == MOMENTS_AVX2) {
+        moments_avx2(p, n, kind, shift, out);
+        return;
+    }
+#endif
+    if (kind == 0) moments_f32(p, n, shift, out);
+    else if (kind == 1) moments_f64(p, n, shift, out);
+    else moments_bf16(p, n, shift, out);
+}
+
+/* The shift of a pass over elements starting at p: the first element if finite, else 0. */
+static double moments_shift(const uint8_t *p, Py_ssize_t n, int kind) {
+    if (n <= 0) return 0.0;
+    double first = load_elem(p, 0, kind);
+    return isfinite(first) ? first : 0.0;
+}
+
+/* When a pass's sums are not finite (non-finite elements, or an overflow of the sum of
+   squares): count NaN and ±Inf and accumulate the finite elements only, one at a time. */
+static void moments_nonfinite(const uint8_t *p, Py_ssize_t n, int kind, double shift, double *out,
+                              Py_ssize_t *finite, Py_ssize_t *nan, Py_ssize_t *inf) {
+    double S = 0, Q = 0, L = INFINITY, H = -INFINITY;
+    *finite = *nan = *inf = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double x = load_elem(p, i, kind);
+        if (isnan(x)) {
+            (*nan)++;
+            continue;
+        }
+        if (isinf(x)) {
+            (*inf)++;
+            continue;
+        }
+        double a = x - shift;
+        S += a;
+        Q += a * a;
+        L = x < L ? x : L;
+        H = x > H ? x : H;
+        (*finite)++;
+    }
+    out[0] = S;
+    out[1] = Q;
+    out[2] = L;
+    out[3] = H;
+}
+
 static PyObject *planes_moments(PyObject *self, PyObject *args) {
     PyObject *obj;
     int kind;
@@ -706,49 +760,158 @@ static PyObject *planes_moments(PyObject *self, PyObject *args) {
     double shift = 0, out[4] = {0, 0, INFINITY, -INFINITY};
     Py_ssize_t finite = n, nan = 0, inf = 0;
     Py_BEGIN_ALLOW_THREADS
-    if (n > 0) {
-        double first = load_elem(p, 0, kind);
-        shift = isfinite(first) ? first : 0.0;
-#ifdef HAVE_AVX2_MOMENTS
-        int path = moments_path();
-        if (path == MOMENTS_AVX512) moments_avx512(p, n, kind, shift, out);
-        else if (path == MOMENTS_AVX2) moments_avx2(p, n, kind, shift, out);
-        else
-#endif
-        if (kind == 0) moments_f32(p, n, shift, out);
-        else if (kind == 1) moments_f64(p, n, shift, out);
-        else moments_bf16(p, n, shift, out);
-    }
-    if (!isfinite(out[0]) || !isfinite(out[1])) {
-        /* Non-finite elements (or an overflow of the sum of squares): count them and
-           accumulate the finite ones only. */
-        double S = 0, Q = 0, L = INFINITY, H = -INFINITY;
-        finite = 0;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            double x = load_elem(p, i, kind);
-            if (isnan(x)) {
-                nan++;
-                continue;
-            }
-            if (isinf(x)) {
-                inf++;
-                continue;
-            }
-            double a = x - shift;
-            S += a;
-            Q += a * a;
-            L = x < L ? x : L;
-            H = x > H ? x : H;
-            finite++;
-        }
-        out[0] = S;
-        out[1] = Q;
-        out[2] = L;
-        out[3] = H;
-    }
+    shift = moments_shift(p, n, kind);
+    if (n > 0) moments_range(p, n, kind, shift, out);
+    if (!isfinite(out[0]) || !isfinite(out[1])) moments_nonfinite(p, n, kind, shift, out, &finite, &nan, &inf);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&buf);
     return Py_BuildValue("(nddddddnn)", finite, shift, out[0], out[1], out[2], out[3], 0.0, nan, inf);
+}
+
+/* copy_moments(src, dst, kind): copy src into dst (same length) and return moments(src, kind)'s
+   tuple, in one pass over memory. Block by block (COPY_BLOCK bytes, a whole number of
+   elements of every kind): the block's moments from src, which brings it into L1, then its
+   copy from there, with non-temporal stores where dst is 16-byte aligned (the destination's
+   lines are not read first, and do not evict the cache). The sums are those of moments()
+   up to rounding: they are added block by block, around the same shift. */
+#define COPY_BLOCK 16384
+
+static void copy_block(uint8_t *dst, const uint8_t *src, Py_ssize_t len) {
+#ifdef __SSE2__
+    if (((uintptr_t)dst & 15) == 0) {
+        Py_ssize_t i = 0;
+        for (; i + 64 <= len; i += 64) {
+            __m128i a = _mm_loadu_si128((const __m128i *)(src + i));
+            __m128i b = _mm_loadu_si128((const __m128i *)(src + i + 16));
+            __m128i c = _mm_loadu_si128((const __m128i *)(src + i + 32));
+            __m128i d = _mm_loadu_si128((const __m128i *)(src + i + 48));
+            _mm_stream_si128((__m128i *)(dst + i), a);
+            _mm_stream_si128((__m128i *)(dst + i + 16), b);
+            _mm_stream_si128((__m128i *)(dst + i + 32), c);
+            _mm_stream_si128((__m128i *)(dst + i + 48), d);
+        }
+        if (i < len) memcpy(dst + i, src + i, (size_t)(len - i));
+        return;
+    }
+#endif
+    memcpy(dst, src, (size_t)len);
+}
+
+/* The pass of copy_moments over one buffer pair (n elements of kind; len bytes in all); out as
+   moments' figures. Runs without the GIL. */
+static void copy_moments_pass(const uint8_t *p, uint8_t *q, Py_ssize_t len, int kind, double *shift_out,
+                              double *out, Py_ssize_t *finite, Py_ssize_t *nan, Py_ssize_t *inf) {
+    int size = kind == 0 ? 4 : kind == 1 ? 8 : 2;
+    Py_ssize_t n = len / size, whole = n * size;
+    double shift = moments_shift(p, n, kind);
+    out[0] = out[1] = 0;
+    out[2] = INFINITY;
+    out[3] = -INFINITY;
+    *finite = n;
+    *nan = *inf = 0;
+    for (Py_ssize_t off = 0; off < whole; off += COPY_BLOCK) {
+        Py_ssize_t blen = whole - off < COPY_BLOCK ? whole - off : COPY_BLOCK;
+        double part[4] = {0, 0, INFINITY, -INFINITY};
+        moments_range(p + off, blen / size, kind, shift, part);
+        out[0] += part[0];
+        out[1] += part[1];
+        out[2] = part[2] < out[2] ? part[2] : out[2];
+        out[3] = part[3] > out[3] ? part[3] : out[3];
+        copy_block(q + off, p + off, blen);
+    }
+    if (whole < len) memcpy(q + whole, p + whole, (size_t)(len - whole));
+    if (!isfinite(out[0]) || !isfinite(out[1])) moments_nonfinite(q, n, kind, shift, out, finite, nan, inf);
+    *shift_out = shift;
+}
+
+/* copy_moments_many(pairs): copy_moments of each (src, dst, kind) of a list, in order, in one
+   call: the GIL is released once for them all (a thread that copies a commit's chunks in one
+   call does not hand the GIL back and forth with the other copying thread at every chunk). */
+static PyObject *planes_copy_moments_many(PyObject *self, PyObject *args) {
+    PyObject *list_obj;
+    if (!PyArg_ParseTuple(args, "O:copy_moments_many", &list_obj)) return NULL;
+    PyObject *seq = PySequence_Fast(list_obj, "copy_moments_many takes a sequence of (src, dst, kind)");
+    if (seq == NULL) return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq), got = 0;
+    Py_buffer *bufs = PyMem_Calloc(count > 0 ? 2 * count : 1, sizeof(Py_buffer));
+    int *kinds = PyMem_Calloc(count > 0 ? count : 1, sizeof(int));
+    double *figures = PyMem_Calloc(count > 0 ? 5 * count : 1, sizeof(double));
+    Py_ssize_t *counts = PyMem_Calloc(count > 0 ? 3 * count : 1, sizeof(Py_ssize_t));
+    PyObject *result = NULL;
+    if (bufs == NULL || kinds == NULL || figures == NULL || counts == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; got < count; got++) {
+        PyObject *src_obj, *dst_obj;
+        int kind;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, got), "OOi:copy_moments_many item", &src_obj, &dst_obj,
+                              &kind))
+            goto done;
+        if (kind < 0 || kind > 2) {
+            PyErr_Format(PyExc_ValueError, "item %zd: kind %d is not 0 (f32), 1 (f64) or 2 (bf16)", got, kind);
+            goto done;
+        }
+        if (get_buffers(src_obj, dst_obj, &bufs[2 * got], &bufs[2 * got + 1]) < 0) goto done;
+        kinds[got] = kind;
+        if (bufs[2 * got].len != bufs[2 * got + 1].len) {
+            PyErr_Format(PyExc_ValueError, "item %zd: dst is %zd bytes, src %zd", got, bufs[2 * got + 1].len,
+                         bufs[2 * got].len);
+            got++;
+            goto done;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < count; i++) {
+        copy_moments_pass(bufs[2 * i].buf, bufs[2 * i + 1].buf, bufs[2 * i].len, kinds[i], &figures[5 * i],
+                          &figures[5 * i + 1], &counts[3 * i], &counts[3 * i + 1], &counts[3 * i + 2]);
+    }
+#ifdef __SSE2__
+    _mm_sfence(); /* the streamed stores are globally visible before this returns */
+#endif
+    Py_END_ALLOW_THREADS
+    result = PyList_New(count);
+    if (result == NULL) goto done;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        double *f = &figures[5 * i];
+        Py_ssize_t *c = &counts[3 * i];
+        PyObject *item = Py_BuildValue("(nddddddnn)", c[0], f[0], f[1], f[2], f[3], f[4], 0.0, c[1], c[2]);
+        if (item == NULL) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyList_SET_ITEM(result, i, item);
+    }
+done:
+    if (bufs != NULL) {
+        for (Py_ssize_t i = 0; i < got; i++) {
+            PyBuffer_Release(&bufs[2 * i]);
+            PyBuffer_Release(&bufs[2 * i + 1]);
+        }
+    }
+    PyMem_Free(bufs);
+    PyMem_Free(kinds);
+    PyMem_Free(figures);
+    PyMem_Free(counts);
+    Py_DECREF(seq);
+    return result;
+}
+
+static PyObject *planes_copy_moments(PyObject *self, PyObject *args) {
+    PyObject *src_obj, *dst_obj;
+    int kind;
+    if (!PyArg_ParseTuple(args, "OOi:copy_moments", &src_obj, &dst_obj, &kind)) return NULL;
+    PyObject *item = Py_BuildValue("[(OOi)]", src_obj, dst_obj, kind);
+    if (item == NULL) return NULL;
+    PyObject *call = Py_BuildValue("(N)", item); /* takes item's reference */
+    if (call == NULL) return NULL;
+    PyObject *many = planes_copy_moments_many(self, call);
+    Py_DECREF(call);
+    if (many == NULL) return NULL;
+    PyObject *one = PyList_GET_ITEM(many, 0);
+    Py_INCREF(one);
+    Py_DECREF(many);
+    return one;
 }
 
 static PyObject *planes_moments_kernel(PyObject *self, PyObject *noargs) {
@@ -819,6 +982,11 @@ static PyMethodDef methods[] = {
      "moments(buffer, kind) -> (finite, shift, sum(x-shift), sum((x-shift)**2), min, max, 0.0, nan, inf) "
      "over the finite elements; "
      "kind 0 float32, 1 float64, 2 bfloat16."},
+    {"copy_moments", planes_copy_moments, METH_VARARGS,
+     "copy_moments(src, dst, kind) -> moments(src, kind)'s tuple, up to rounding; copies src into dst "
+     "(equal lengths) in the same pass."},
+    {"copy_moments_many", planes_copy_moments_many, METH_VARARGS,
+     "copy_moments_many([(src, dst, kind), ...]) -> [copy_moments(src, dst, kind), ...], the GIL released once."},
     {"moments_kernel", planes_moments_kernel, METH_NOARGS,
      "moments_kernel() -> 'avx512', 'avx2' or 'portable': the pass moments runs in this process."},
     {"split", planes_split, METH_VARARGS,

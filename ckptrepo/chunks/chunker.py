@@ -33,3 +33,11 @@ def chunk_spans(nbytes: int, itemsize: int, chunk_size: int) -> list[tuple[int, 
     if nbytes == 0:
         return [(0, 0)]
     return [(offset, min(step, nbytes - offset)) for offset in range(0, nbytes, step)]
+
+
+def spans_of(nbytes: int, itemsize: int, chunk_size: int) -> list[tuple[int, int]]:
+    """``chunk_spans`` of a tensor's bytes without the checks (the caller has a tensor): most
+    tensors are one chunk, which this gives without the call (a commit cuts every tensor)."""
+    if 0 < nbytes <= chunk_size - chunk_size % itemsize:
+        return [(0, nbytes)]
+    return chunk_spans(nbytes, itemsize, chunk_size)

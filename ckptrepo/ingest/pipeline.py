@@ -6,7 +6,8 @@ the store already has). The caller (``repository``) inserts the rows in one
 transaction *after* ``ingest`` returns, which is what makes packs durable before any
 row names them (write ordering, DESIGN.md).
 
-Threads: stage 1 (one job per chunk: BLAKE3 and the statistics' moments) runs up to
+Threads: stage 1 (one job per chunk: BLAKE3, and the statistics' moments unless the staging
+copy took them: ``summaries``) runs up to
 ``lookahead`` chunks ahead on the given executor and holds only ids, since the bytes stay
 in the caller's snapshot; the calling thread asks the store about the new ids in batches of
 half that (one query per 32 chunks: a query per chunk cost more than hashing it), and
@@ -35,7 +36,7 @@ import torch
 
 from ckptrepo import faults
 from ckptrepo import state as st
-from ckptrepo.chunks.chunker import chunk_spans
+from ckptrepo.chunks.chunker import spans_of
 from ckptrepo.chunks.codecs import Encoding, PlaneHint, encode_with_base
 from ckptrepo.chunks.store import ChunkLocation, ChunkReader, PackSink, SealedPack
 from ckptrepo.errors import CkptError, UsageError
@@ -124,6 +125,7 @@ def ingest(
     delta: DeltaPlan | Future[DeltaPlan] | None = None,
     hints: dict[str, PlaneHint] | None = None,
     ahead: WriteAhead | None = None,
+    summaries: list[Moments | None] | None = None,
 ) -> IngestResult:
     """Store every tensor's chunks that the store lacks; return their records and packs.
 
@@ -136,9 +138,11 @@ def ingest(
     ``hints`` (by tensor name) carries what encoding learnt about
     each tensor into later ingests of the same name — which byte planes pay, its standalone
     ratio, whether deltas win — so a commit of a state seen before samples less; entries
-    are added for new names. With ``ahead`` (raw chunks only: ``compression`` off), a new
-    chunk of a tensor it writes ahead is indexed there instead of written again, and its
-    packs are sealed with the sink's. On any error nothing has been
+    are added for new names. ``summaries``: each chunk's moments in order (tensor by tensor,
+    chunk by chunk; None where not taken), as the staging copy took them
+    (``Slot.copy_summarized``); stage 1 only hashes those chunks. With ``ahead`` (raw chunks
+    only: ``compression`` off), a new chunk of a tensor it writes ahead is indexed there
+    instead of written again, and its packs are sealed with the sink's. On any error nothing has been
     inserted anywhere; packs already put in the backend stay unreferenced (``gc``
     reclaims them) and the sink is aborted.
     """
@@ -146,7 +150,7 @@ def ingest(
         raise UsageError("a write-ahead holds raw chunks: it needs compression off")
     job = _Ingest(sink, known, pool, opts, likely_known, delta, hints, ahead)
     try:
-        return job.run(tensors)
+        return job.run(tensors, summaries)
     except BaseException:
         job.drain()  # no job of this ingest may read the snapshot once it is released
         sink.abort()
@@ -161,7 +165,8 @@ _AHEAD_LOOKUP = 256  # chunks per store lookup when a write-ahead already writes
 
 
 _NO_MOMENTS = Moments()  # a placeholder, replaced by each chunk's own (frozen: shared safely)
-_Job = tuple[int, int, int, memoryview, torch.dtype]  # (tensor index, chunk seq, offset in it, bytes, dtype)
+# (tensor index, chunk seq, offset in it, bytes, dtype, its moments if the staging copy took them)
+_Job = tuple[int, int, int, memoryview, torch.dtype, Moments | None]
 
 
 @dataclass
@@ -250,7 +255,7 @@ class _Ingest:
             ok = base is not None and base.dtype == dtype and base.chunk_size == self.opts.chunk_size
             self.bases.append(base if ok else None)
 
-    def run(self, tensors: dict[str, torch.Tensor]) -> IngestResult:
+    def run(self, tensors: dict[str, torch.Tensor], summaries: list[Moments | None] | None = None) -> IngestResult:
         names = list(tensors)
         self.names, self.dtypes = names, [t.dtype for t in tensors.values()]
         known = self.known_hints
@@ -267,12 +272,14 @@ class _Ingest:
         for i, name in enumerate(names):
             t = tensors[name]
             view = views[i]
-            n, size = len(view), t.element_size()
-            # Most tensors are one chunk: what chunk_spans gives them, without the call.
-            spans = [(0, n)] if 0 < n <= chunk - chunk % size else chunk_spans(n, size, chunk)
+            spans = spans_of(len(view), t.element_size(), chunk)
             ids.append([""] * len(spans))
             parts.append([_NO_MOMENTS] * len(spans))
-            jobs.extend((i, seq, off, view[off : off + ln], t.dtype) for seq, (off, ln) in enumerate(spans))
+            jobs.extend((i, seq, off, view[off : off + ln], t.dtype, None) for seq, (off, ln) in enumerate(spans))
+        if summaries is not None:
+            if len(summaries) != len(jobs):
+                raise ValueError(f"{len(summaries)} chunk summaries given for {len(jobs)} chunks")
+            jobs = [(*job[:5], m) for job, m in zip(jobs, summaries, strict=True)]
         result = IngestResult(tensors=[], packs=[], new_chunk_ids=self.queued)
         hashing = self.hashing
         batch: list[_Hashed] = []
@@ -350,12 +357,13 @@ class _Ingest:
         """Stage 1 for consecutive chunks, in order: one job for several chunks (small tensors
         especially) costs the interpreter lock less than a future per chunk."""
         out = []
-        for tensor, seq, offset, raw, dtype in group:
+        for tensor, seq, offset, raw, dtype, summary in group:
             faults.point("ingest.chunk")
             cid = hash_bytes(raw)
             if self.cache is not None and cid in self.likely:
                 self.cache.put(cid, raw)  # unchanged: the next commit's base (or its root's place)
-            out.append(_Hashed(tensor, seq, offset, raw, dtype, cid, moments_of_bytes(raw, dtype)))
+            moments = summary if summary is not None else moments_of_bytes(raw, dtype)
+            out.append(_Hashed(tensor, seq, offset, raw, dtype, cid, moments))
         return out
 
     def _resolve(self, batch: list[_Hashed], result: IngestResult) -> None:

@@ -16,6 +16,7 @@ import torch
 from ckptrepo.errors import UsageError
 
 if TYPE_CHECKING:
+    from ckptrepo.ingest.stats import Moments
     from ckptrepo.ingest.writeahead import WriteAhead
 
 
@@ -39,6 +40,8 @@ class CommitRequest:
     wait_s: float
     staged_at: float
     ahead: WriteAhead | None = None  # raw chunks written ahead of phase 2 (ingest.writeahead)
+    # Each chunk's moments, taken by the staging copy (``Slot.copy_summarized``), or None.
+    summaries: list[Moments | None] | None = None
 
 
 def transfer_spec(transfer_from: Any) -> tuple[str, dict[str, str] | None] | None:

@@ -4,7 +4,9 @@ A ``StagingPool`` owns ``max_inflight`` slots. Each slot keeps one byte arena th
 reused from commit to commit (grown when a state outgrows it), so a training loop's
 copies land in memory that is already mapped: the copy costs about a ``memcpy``, not
 page faults. The arena is pinned when CUDA tensors are staged, and CUDA copies are
-issued non-blocking and synchronised once at the end.
+issued non-blocking and synchronised once at the end. Into a mapped arena, an asynchronous
+commit's copy also takes the statistics of its float chunks in the same pass over memory
+(``Slot.copy_summarized``): they cost the stall nothing measurable and phase 2 one pass less.
 
 Thread contract: ``acquire`` and ``Slot.stage`` run on the caller's thread; ``release``
 is called by whoever finishes the commit (the background committer), exactly once.
@@ -15,18 +17,28 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 
 from ckptrepo import faults
+from ckptrepo.chunks.chunker import spans_of
 from ckptrepo.errors import UsageError
+from ckptrepo.ingest.stats import Moments, copy_moments_many, summarized
 from ckptrepo.state import bit_view
 
 _ALIGN = 64
 # The arena starts on a page and spans whole pages, so its bytes can be written to a file
 # with direct I/O straight from it (``ingest.writeahead``).
 PAGE = 4096
+
+
+def _bytes_of(t: torch.Tensor) -> np.ndarray[Any, Any]:
+    """A contiguous CPU tensor's bytes as a flat uint8 array (no copy)."""
+    return t.reshape(-1).view(torch.uint8).numpy()
 
 
 def _aligned(n: int) -> int:
@@ -139,6 +151,61 @@ class Slot:
             # caller only free to mutate its tensors) once the streams have drained.
             torch.cuda.synchronize()
         self._fresh = False
+
+    def copy_summarized(self, tensors: dict[str, torch.Tensor], out: dict[str, torch.Tensor], chunk_size: int,
+                        helper: Executor) -> list[Moments | None] | None:
+        """``copy`` that also takes each chunk's statistics, in the same pass over memory
+        (``stats.copy_moments_many``). The chunks are cut as ingest cuts them
+        (``chunker.spans_of`` with ``chunk_size``) and shared out by bytes between this thread
+        and one of ``helper``'s, each copying its share in one call. Returns their moments in
+        ingest's order (tensor by tensor in ``out``'s order, chunk by chunk), None for the
+        chunks of the tensors it does not summarise (dtypes other than float32, float64 and
+        bfloat16; non-contiguous, negative or conjugate views; empty ones), which ``copy``'s
+        kernel copies on this thread (all of them without the C extension). With a tensor on
+        CUDA it is ``copy`` and returns None."""
+        if any(t.is_cuda for t in tensors.values()):
+            self.copy(tensors, out)
+            return None
+        summaries: list[Moments | None] = []
+        jobs: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], torch.dtype]] = []
+        places: list[int] = []
+        for name, dst in out.items():
+            faults.point("stage.copy")
+            src = tensors[name].detach()
+            size = dst.element_size()
+            spans = spans_of(dst.numel() * size, size, chunk_size)
+            if not dst.numel() or not (src.is_contiguous() and summarized(src.dtype)) or src.is_neg() or src.is_conj():
+                if dst.numel():
+                    if src.is_neg():
+                        dst.copy_(src)  # see ``copy``
+                    else:
+                        bit_view(dst).copy_(bit_view(src))
+                summaries.extend([None] * len(spans))
+                continue
+            s, d = _bytes_of(src), _bytes_of(dst)
+            for off, length in spans:
+                jobs.append((s[off : off + length], d[off : off + length], src.dtype))
+                places.append(len(summaries))
+                summaries.append(None)
+        # Two shares of about equal bytes: every other chunk of the list sorted by size.
+        order = sorted(range(len(jobs)), key=lambda i: -len(jobs[i][0]))
+        mine, theirs = order[0::2], order[1::2]
+        other = helper.submit(copy_moments_many, [jobs[i] for i in theirs]) if theirs else None
+        try:
+            for i, m in zip(mine, copy_moments_many([jobs[i] for i in mine]), strict=True):
+                summaries[places[i]] = m
+        finally:
+            # A helper still queued (behind another commit's phase 2, with max_inflight > 1)
+            # is not waited for: this thread copies that share too.
+            if other is not None and other.cancel():
+                other = None
+                done = copy_moments_many([jobs[i] for i in theirs])
+            else:
+                done = other.result() if other is not None else []
+        for i, m in zip(theirs, done, strict=True):
+            summaries[places[i]] = m
+        self._fresh = False
+        return summaries
 
     def fault_in(self) -> None:
         """Write every page of the arena once (zeros): its pages are mapped from then on, and

@@ -15,6 +15,10 @@ memory rather than cache: float32 14-17 GB/s with AVX-512, about as fast as that
 memory (down to ~10 GB/s on buffers whose memory reads slower), against 6.5-8 GB/s with
 AVX2 and ~1.2 GB/s for numpy; bfloat16 ~15 GB/s (AVX2: ~2-3); float64 ~14-15 GB/s (AVX2:
 ~11-13). From cache, AVX-512 reaches ~35 GB/s for float32.
+
+The staging copy of an asynchronous commit takes these moments in its own pass over memory
+(``copy_moments_many``, used by ``ingest.staging.Slot.copy_summarized``), so phase 2 only hashes
+those chunks.
 """
 
 from __future__ import annotations
@@ -99,13 +103,34 @@ def _native_moments(x: torch.Tensor, kind: int) -> Moments:
 
 
 def _native_summary(buffer: Any, kind: int) -> Moments:
-    finite, shift, s1, s2, lo, hi, _, nan, inf = _native.moments(buffer, kind)
+    return _summary(_native.moments(buffer, kind))
+
+
+def _summary(result: tuple[int, float, float, float, float, float, float, int, int]) -> Moments:
+    """``Moments`` from the extension's tuple (its shifted sums)."""
+    finite, shift, s1, s2, lo, hi, _, nan, inf = result
     if finite == 0:
         return Moments(nan=nan, inf=inf)
     mean = shift + s1 / finite
     m2 = max(0.0, s2 - s1 * s1 / finite)
     sumsq = s2 + 2.0 * shift * s1 + finite * shift * shift
     return Moments(n=finite, mean=mean, m2=m2, sumsq=sumsq, lo=lo, hi=hi, nan=nan, inf=inf)
+
+
+def summarized(dtype: torch.dtype) -> bool:
+    """Whether ``copy_moments_many`` takes ``dtype`` (float32, float64, bfloat16, with the extension built)."""
+    return _native is not None and dtype in _NATIVE_KINDS
+
+
+def copy_moments_many(pairs: list[tuple[Any, Any, torch.dtype]]) -> list[Moments]:
+    """For each ``(src, dst, dtype)`` in order: copy the bytes of ``src`` into ``dst`` (buffers of
+    equal length) and return the moments of those elements, equal to ``moments_of_bytes``'s up
+    to rounding, in one pass over memory (the C pass, block by block: a block's moments bring it
+    into cache, its copy leaves from there with non-temporal stores). Only for the dtypes of
+    ``summarized``. One call releases the GIL once for all pairs: a thread copying its share of
+    a commit's chunks does not hand the GIL back and forth with the other copying thread at
+    every chunk (on a VM each hand-off may wake a halted virtual CPU)."""
+    return [_summary(r) for r in _native.copy_moments_many([(s, d, _NATIVE_KINDS[t]) for s, d, t in pairs])]
 
 
 def moments_of_bytes(raw: memoryview, dtype: torch.dtype) -> Moments:

@@ -522,3 +522,51 @@ def test_raw_chunks_written_ahead_restore_whatever_the_prediction(
             restored = repo.checkout(cid)
             assert all(torch.equal(restored[k], v) for k, v in expected.items()), cid
         assert repo.verify(full=True).ok
+
+
+def test_statistics_taken_by_the_copy_are_those_phase_2_takes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Into a mapped arena the snapshot copy takes the float tensors' chunk statistics in its pass
+    over memory (``Slot.copy_summarized``) and phase 2 only hashes them; with ``CKPT_COPY_STATS=0``
+    phase 2 takes them all. Both store the same tensors (same ids) with the same statistics, up
+    to rounding; the other dtypes and views go through phase 2 either way."""
+    g = torch.Generator().manual_seed(9)
+    w = torch.randn(300_000, generator=g) * 2 - 1
+    w[5], w[250_000] = float("nan"), float("inf")
+    state = {"w": w, "f64": torch.randn(5000, generator=g, dtype=torch.float64),
+             "bf16": torch.randn(70_000, generator=g).bfloat16(), "ids": torch.arange(4000),
+             "strided": torch.randn(100, 30, generator=g).t(), "step": torch.tensor(7.0)}
+    summaries: list[Any] = []
+    real_ingest = pipeline.ingest
+
+    def ingest(*args: Any, **kwargs: Any) -> Any:
+        summaries.append(kwargs.get("summaries"))
+        return real_ingest(*args, **kwargs)
+
+    monkeypatch.setattr("ckptrepo.repository.ingest", ingest)
+    found = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("CKPT_COPY_STATS", flag)
+        with ckptrepo.Repo.init(tmp_path / flag, chunk_size=64 * 1024) as repo:
+            repo.commit(state, step=0).wait()  # into a fresh arena: copied by torch's kernel
+            summaries.clear()
+            commit = repo.commit(state, step=1).wait()
+            found[flag] = {i.name: i for i in repo.tensors(commit.id)}
+            for name, value in state.items():
+                got = repo.load_tensor(commit.id, name)
+                assert got.shape == value.shape and got.reshape(-1).view(torch.uint8).tolist() == \
+                    value.contiguous().reshape(-1).view(torch.uint8).tolist(), name
+        taken = summaries[0]
+        if flag == "1":
+            # w: 19 chunks of 64 KiB, f64 1, bf16 3, step 1; ids and strided: none
+            assert taken is not None and sum(m is not None for m in taken) == 24 and len(taken) == 26
+        else:
+            assert taken is None
+    for name, a in found["1"].items():
+        b = found["0"][name]
+        assert a.tensor_id == b.tensor_id, name
+        for key in ("numel", "nan_count", "inf_count", "min", "max"):
+            assert getattr(a.stats, key) == getattr(b.stats, key), (name, key)
+        for key in ("mean", "std", "l2_norm"):
+            assert getattr(a.stats, key) == pytest.approx(getattr(b.stats, key), rel=1e-9, abs=1e-12), (name, key)

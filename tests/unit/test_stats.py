@@ -95,8 +95,16 @@ import json, sys
 import numpy as np
 from ckptrepo.chunks import _planes
 cases = np.load(sys.argv[1])
-out = [_planes.moments(cases[f"a{i}"].tobytes(), int(cases[f"k{i}"])) for i in range(int(cases["count"]))]
-print(json.dumps({"kernel": _planes.moments_kernel(), "results": out}))
+out, copies, copied = [], [], []
+for i in range(int(cases["count"])):
+    src, kind = cases[f"a{i}"].tobytes(), int(cases[f"k{i}"])
+    out.append(_planes.moments(src, kind))
+    room = bytearray(len(src) + 64)
+    at = (-np.frombuffer(room, np.uint8).ctypes.data % 16) + i % 2  # 16-byte aligned, or not
+    dst = memoryview(room)[at : at + len(src)]
+    copies.append(_planes.copy_moments(src, dst, kind))
+    copied.append(dst.tobytes() == src and not any(room[:at]) and not any(room[at + len(src):]))
+print(json.dumps({"kernel": _planes.moments_kernel(), "results": out, "copies": copies, "copied": copied}))
 """
 
 # Environments for each pass: the best the CPU has, AVX2 + FMA at most, the portable pass.
@@ -213,7 +221,8 @@ def test_every_pass_matches_a_float64_reference(tmp_path: Path) -> None:
     else the portable pass; ``CKPT_NO_AVX512`` and ``CKPT_NO_AVX2`` (which turns both off),
     read once per process, select the others. Each pass, in its own process, agrees with
     exactly rounded float64 sums of the same elements, and the passes agree with one another:
-    counts, shift, min and max exactly, sums to rounding."""
+    counts, shift, min and max exactly, sums to rounding. So does each pass's ``copy_moments``
+    (block by block, into aligned and unaligned destinations), which copies every byte."""
     cases = _kernel_cases()
     path = tmp_path / "cases.npz"
     payload: dict[str, Any] = {"count": len(cases)}
@@ -236,6 +245,10 @@ def test_every_pass_matches_a_float64_reference(tmp_path: Path) -> None:
         assert kernels[1] == ("avx2" if has_avx2 else "portable")
     for run in runs.values():
         for (kind, arr), got in zip(cases, run["results"], strict=True):
+            _check_against_reference(kind, arr, got)
+        # The staging copy's pass (copy_moments): the same figures, every byte copied and no other.
+        assert all(run["copied"])
+        for (kind, arr), got in zip(cases, run["copies"], strict=True):
             _check_against_reference(kind, arr, got)
     first, *others = runs.values()
     for other in others:
