@@ -12,7 +12,9 @@ deduplicates, as in training, and reads every thread's CPU time from
 the caller (``MainThread``: flatten and the snapshot copy), torch's intra-op threads (a copy
 by torch's kernel on the other cores; after the call, their spinning), the committer (phase
 2: lookups, indexing, the transaction), the workers (in the call: the copy's second thread;
-after it: BLAKE3, and the chunk statistics the copy did not take) and the write-ahead.
+after it: BLAKE3, and the chunk statistics the copy did not take) and the write-ahead. The CPU
+the rest of the machine took over the same span (``/proc/stat``, in clock ticks) is printed too:
+kernel threads writing back and completing the commit's I/O do not show in the process's CPU.
 
 With ``--prefill N`` the repository first receives N commits, on a branch of their own, of a
 state with the same tensor names and dtypes but at most 256 elements each: the catalog then
@@ -52,6 +54,7 @@ from _training import Trainer, add_model_args, prefill
 import ckptrepo
 from ckptrepo import state as st
 from ckptrepo.chunks.chunker import chunk_spans
+from ckptrepo.ingest.spare import read_cpu_times
 from ckptrepo.ingest.stats import moments_of_bytes
 
 ROLES = ("caller", "torch intra-op", "committer", "workers", "write-ahead", "other")
@@ -156,6 +159,8 @@ def main() -> None:
     print(f"state {trainer.state_mib():.0f} MiB; torch threads {torch.get_num_threads()}, cpus {os.cpu_count()}")
     totals: dict[str, int] = collections.Counter()
     in_call: dict[str, int] = collections.Counter()
+    outside_ms = 0.0  # CPU the rest of the machine took meanwhile (kernel threads: writeback...)
+    ticks = os.sysconf("SC_CLK_TCK")
     written: dict[str, int] = collections.Counter()
     stalls: list[float] = []
     with scratch_dir(args.dir) as base, ckptrepo.Repo.init(base / "repo", idle_repack=False) as repo:
@@ -165,11 +170,16 @@ def main() -> None:
         for i in range(args.commits):
             nudge(trainer)
             time.sleep(0.05)  # the nudge's own threads settle
+            machine0, process0 = read_cpu_times(), time.process_time()
             before, before_w = thread_cpu_ns(), thread_written()
             handle = repo.commit(trainer.state, step=i + 1)
             returned = thread_cpu_ns()
             commit = handle.wait()
             time.sleep(0.05)
+            machine1, process1 = read_cpu_times(), time.process_time()
+            if machine0 is not None and machine1 is not None:
+                busy = ((machine1[1] - machine0[1]) - (machine1[0] - machine0[0])) / ticks
+                outside_ms += max(0.0, busy - (process1 - process0)) * 1e3
             for role, ns in by_role(before, returned).items():
                 in_call[role] += ns
             for role, ns in by_role(returned, thread_cpu_ns()).items():
@@ -194,6 +204,8 @@ def main() -> None:
         ("RATIO background CPU / (BLAKE3 + statistics)", background / floor, "the work no content-addressed commit "
                                                                               "with statistics avoids"),
         ("median stall, ms", sorted(stalls)[len(stalls) // 2] * 1e3, ""),
+        ("CPU ms per commit outside this process (the machine's, from /proc/stat)", outside_ms / n,
+         "kernel threads (writeback, I/O completion) and other processes, to 50 ms after wait(); 10 ms ticks"),
         ("committer MiB written per commit (catalog and its log)", written["committer"] / n / 2**20, ""),
         ("catalog MiB after the run", catalog_mib, f"{args.prefill} prefill commits"),
     ]
