@@ -331,7 +331,8 @@ class Repo:
 
         Phase 1, on the caller's thread: validate the whole state (UnsupportedState names
         the offending key path; nothing is written) and copy every tensor into a reused
-        staging slot, waiting for a free slot when ``max_inflight`` commits are in flight.
+        staging slot, waiting for a free slot when ``max_inflight`` commits are in flight (into
+        a slot used before, the copy of float tensors also takes their chunks' statistics).
         When this returns the caller may mutate the state again (a failed copy is raised
         here; nothing is stored). Phase 2, in the background once the copy has ended, in
         call order: resolve parents
