@@ -611,6 +611,12 @@ def local_rows(k: int, kind: Kind, kinds: list[Kind], entry: dict[str, Any], idx
     return [(f"k={k} {kind.name} local overhead % (first {HEAD} steps vs the next {BASELINE})", over, note)]
 
 
+def _judged(e: dict[str, Any]) -> tuple[float, float]:
+    """A kind's overhead at one k and the upper end of its 95% interval: the local estimate's
+    where the k has one, else the block estimate's."""
+    return (e["local_pct"], e["local_ci95"][1]) if "local_pct" in e else (e["overhead_pct"], e["ci95"][1])
+
+
 def within_bound(per_k: dict[int, dict[str, Any]]) -> list[tuple[str, float, str]]:
     """Per method: the smallest k of the run whose overhead is within CheckFreq's 3.5% (by the
     whole 95% interval, else by the mean): how often it could checkpoint for that budget. Judged
@@ -621,12 +627,8 @@ def within_bound(per_k: dict[int, dict[str, Any]]) -> list[tuple[str, float, str
         if name == "copy floor":
             continue
         found = [(k, info[name]) for k, info in sorted(per_k.items()) if name in info]
-
-        def figures(e: dict[str, Any]) -> tuple[float, float]:
-            return (e["local_pct"], e["local_ci95"][1]) if "local_pct" in e else (e["overhead_pct"], e["ci95"][1])
-
-        strict = next((k for k, e in found if figures(e)[1] <= 3.5), None)
-        loose = next((k for k, e in found if figures(e)[0] <= 3.5), None)
+        strict = next((k for k, e in found if _judged(e)[1] <= 3.5), None)
+        loose = next((k for k, e in found if _judged(e)[0] <= 3.5), None)
         rows.append((f"smallest k within 3.5%: {name}", float(strict or loose or "nan"),
                      f"whole 95% interval: {strict or 'none of ' + str([k for k, _ in found])}; "
                      f"by the mean: {loose or 'none'}"))

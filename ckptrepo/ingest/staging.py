@@ -197,11 +197,8 @@ class Slot:
         finally:
             # A helper still queued (behind another commit's phase 2, with max_inflight > 1)
             # is not waited for: this thread copies that share too.
-            if other is not None and other.cancel():
-                other = None
-                done = copy_moments_many([jobs[i] for i in theirs])
-            else:
-                done = other.result() if other is not None else []
+            queued = other is not None and other.cancel()
+            done = copy_moments_many([jobs[i] for i in theirs]) if queued else other.result() if other else []
         for i, m in zip(theirs, done, strict=True):
             summaries[places[i]] = m
         self._fresh = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import subprocess
 import sys
@@ -380,19 +381,25 @@ def test_reserve_maps_the_staging_memory_before_the_first_commit(
         repo.reserve(state)
 
 
+def _unchanged_then_commits(repo: ckptrepo.Repo, first: Any, before: dict[str, int],
+                            state: dict[str, torch.Tensor]) -> None:
+    """After a commit that failed in its copy: the branch, the stats and the store are as before,
+    and (the failure reported once, by the raise) the next commit goes through and takes the slot."""
+    assert repo.resolve("main") == first.id
+    assert repo.stats() == before
+    assert repo.verify().ok
+    second = repo.commit(state, step=2).wait()
+    assert second.parent_ids == [first.id]
+    assert torch.equal(repo.load_tensor(second.id, "t4"), state["t4"])
+
+
 def test_a_failed_snapshot_copy_stores_nothing(repo: ckptrepo.Repo) -> None:
     first = repo.commit({"w": torch.randn(100_000)}, step=0).wait()
     before = repo.stats()
     state = {f"t{i}": torch.randn(60_000) for i in range(5)}
     with faults.inject("stage.copy", nth=3), pytest.raises(faults.InjectedFault):
         repo.commit(state, step=1)
-    assert repo.resolve("main") == first.id
-    assert repo.stats() == before
-    assert repo.verify().ok
-    # Reported once, by the raise: the next commit goes through and takes the slot again.
-    second = repo.commit(state, step=2).wait()
-    assert second.parent_ids == [first.id]
-    assert torch.equal(repo.load_tensor(second.id, "t4"), state["t4"])
+    _unchanged_then_commits(repo, first, before, state)
 
 
 def test_a_copy_failing_after_early_writes_leaves_the_repository_and_store_as_they_were(
@@ -570,3 +577,37 @@ def test_statistics_taken_by_the_copy_are_those_phase_2_takes(
             assert getattr(a.stats, key) == getattr(b.stats, key), (name, key)
         for key in ("mean", "std", "l2_norm"):
             assert getattr(a.stats, key) == pytest.approx(getattr(b.stats, key), rel=1e-9, abs=1e-12), (name, key)
+
+
+@pytest.mark.parametrize("where", ["a tensor's copy", "the helper's share"])
+def test_a_failed_summarized_copy_stores_nothing(repo: ckptrepo.Repo, monkeypatch: pytest.MonkeyPatch,
+                                                 where: str) -> None:
+    """Into a mapped arena the copy takes the statistics (``Slot.copy_summarized``): a failure
+    there, on this thread or the worker's share, is raised by ``commit()``, stores nothing,
+    and the next commit goes through."""
+    from ckptrepo.ingest import staging
+
+    state = {f"t{i}": torch.randn(60_000) for i in range(5)}
+    first = repo.commit(state, step=0).wait()  # maps the arena: the next copies are summarized
+    before = repo.stats()
+    if where == "a tensor's copy":
+        failing = faults.inject("stage.copy", nth=3)
+        expected: type[BaseException] = faults.InjectedFault
+    else:
+        real = staging.copy_moments_many
+        caller, helping = threading.get_ident(), threading.Event()
+
+        def broken(pairs: Any) -> Any:
+            if threading.get_ident() != caller:
+                helping.set()
+                raise OSError("the helper's share failed")
+            helping.wait(5)  # else the caller, done first, takes the helper's share itself
+            return real(pairs)
+
+        monkeypatch.setattr(staging, "copy_moments_many", broken)
+        failing = contextlib.nullcontext()
+        expected = OSError
+    with failing, pytest.raises(expected):
+        repo.commit({k: v + 1 for k, v in state.items()}, step=1)
+    monkeypatch.undo()
+    _unchanged_then_commits(repo, first, before, state)
