@@ -67,7 +67,7 @@ class Lineage:
 
     commits: list[dict[str, Any]] = field(default_factory=list)
     edges: list[dict[str, Any]] = field(default_factory=list)
-    runs: list[dict[str, Any]] = field(default_factory=list)  # entry_runs rows
+    runs: list[dict[str, Any]] = field(default_factory=list)  # entry_runs rows, by tensor id (``lines.runs_of``)
     metrics: list[dict[str, Any]] = field(default_factory=list)
     refs: dict[str, str] = field(default_factory=dict)
     tensors: dict[str, dict[str, str]] = field(default_factory=dict)  # commit id -> {name: tensor id}
@@ -164,22 +164,27 @@ def _batches(rows: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
 
 
 def load(engine: Engine, lin: Lineage) -> None:
-    """Insert the lineage in foreign-key order, one transaction per table."""
+    """Insert the lineage in foreign-key order, one transaction per table. Each tensor and its
+    one chunk get the same key, increasing in id order (the rows refer to them by key)."""
     pack = _hex("pack")
     tensors = sorted(set(lin.new_tensors))
+    keys = {t: k for k, t in enumerate(tensors, 1)}
     tables: list[tuple[Any, Callable[[], list[dict[str, Any]]]]] = [
         (Pack, lambda: [{"id": pack, "size": 0, "n_chunks": len(tensors), "created_at": T0}]),
-        (Chunk, lambda: [{"id": t, "pack_id": pack, "offset": 0, "length": 4096, "raw_length": 4096,
-                          "encoding": 0, "base_id": None, "depth": 0} for t in tensors]),
-        (Tensor, lambda: [{"id": t, "dtype": "float32", "shape": [32, 32], "nbytes": 4096, "chunk_size": 4096,
-                           "n_chunks": 1, "numel": 1024, "mean": (h := int(t[:8], 16) / 2**32) - 0.5,
-                           "std": 1 + h, "min": -3 - h, "max": 3 + h, "l2_norm": 32 * (1 + h), "abs_max": 3 + h,
-                           "nan_count": 0, "inf_count": 0} for t in tensors]),
-        (TensorChunk, lambda: [{"tensor_id": t, "seq": 0, "chunk_id": t} for t in tensors]),
+        (Chunk, lambda: [{"key": keys[t], "id": t, "pack_id": pack, "offset": 0, "length": 4096, "raw_length": 4096,
+                          "encoding": 0, "base_key": None, "depth": 0} for t in tensors]),
+        (Tensor, lambda: [{"key": keys[t], "id": t, "dtype": "float32", "shape": [32, 32], "nbytes": 4096,
+                           "chunk_size": 4096, "n_chunks": 1, "numel": 1024,
+                           "mean": (h := int(t[:8], 16) / 2**32) - 0.5, "std": 1 + h, "min": -3 - h, "max": 3 + h,
+                           "l2_norm": 32 * (1 + h), "abs_max": 3 + h, "nan_count": 0, "inf_count": 0}
+                          for t in tensors]),
+        (TensorChunk, lambda: [{"tensor_key": keys[t], "seq": 0, "chunk_key": keys[t]} for t in tensors]),
         (Commit, lambda: lin.commits),
-        (Entry, lambda: [{"commit_id": c, "name": n, "tensor_id": t}
+        (Entry, lambda: [{"commit_id": c, "name": n, "tensor_key": keys[t]}
                          for c, names in lin.tensors.items() for n, t in names.items()]),
-        (EntryRun, lambda: lin.runs),
+        (EntryRun, lambda: [{"name": r["name"], "line_id": r["line_id"], "fp_depth": r["fp_depth"],
+                             "tensor_key": None if r["tensor_id"] is None else keys[r["tensor_id"]],
+                             "changed_chunks": r["changed_chunks"]} for r in lin.runs]),
         (Edge, lambda: lin.edges),
         (Metric, lambda: lin.metrics),
         (Ref, lambda: [{"kind": "branch", "name": n, "commit_id": c, "updated_at": T0} for n, c in lin.refs.items()]),
@@ -188,6 +193,10 @@ def load(engine: Engine, lin: Lineage) -> None:
         with write_connection(engine) as conn:
             for batch in _batches(rows()):
                 conn.execute(insert(model), batch)
+    if engine.dialect.name == "postgresql":  # the keys sequences hand out later come after these
+        with write_connection(engine) as conn:
+            for seq in ("chunks_key_seq", "tensors_key_seq"):
+                conn.exec_driver_sql(f"SELECT setval('{seq}', {len(tensors) + 1}, false)")
     analyse(engine)
 
 

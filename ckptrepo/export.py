@@ -19,7 +19,8 @@ import torch
 
 from ckptrepo import state as st
 from ckptrepo.chunks.store import ChunkReader
-from ckptrepo.db.models import Chunk, Tensor
+from ckptrepo.db.catalog import ChunkRecord
+from ckptrepo.db.models import Tensor
 from ckptrepo.errors import UsageError
 from ckptrepo.formats import SAFETENSORS_SUFFIXES, TORCH_SUFFIXES, write_state
 from ckptrepo.formats.safetensors_io import flat_header, write_flat
@@ -52,7 +53,7 @@ def flat_entries(skeleton: Any) -> dict[str, str] | None:
 def export(
     path: Path,
     skeleton: Any,
-    items: dict[str, tuple[Tensor, list[Chunk]]],
+    items: dict[str, tuple[Tensor, list[ChunkRecord]]],
     reader: ChunkReader,
     pool: Executor,
     *,

@@ -100,20 +100,21 @@ class _Plan:
     def __init__(self, s: Session, cutoff: float) -> None:
         live = live_commits()
         self.commits: list[str] = list(s.scalars(select(Commit.id).where(Commit.id.not_in(select(live.c.id)))))
-        live_tensors = select(Entry.tensor_id).where(Entry.commit_id.in_(select(live.c.id)))
-        self.tensors: list[str] = list(s.scalars(select(Tensor.id).where(Tensor.id.not_in(live_tensors))))
-        seed = select(TensorChunk.chunk_id.label("id")).where(TensorChunk.tensor_id.in_(live_tensors))
+        # Tensors and chunks by key: the rows that refer to them hold keys (schema 0010).
+        live_tensors = select(Entry.tensor_key).where(Entry.commit_id.in_(select(live.c.id)))
+        self.tensors: list[int] = list(s.scalars(select(Tensor.key).where(Tensor.key.not_in(live_tensors))))
+        seed = select(TensorChunk.chunk_key.label("key")).where(TensorChunk.tensor_key.in_(live_tensors))
         needed = seed.cte("live_chunks", recursive=True)
         needed = needed.union(
-            select(Chunk.base_id.label("id")).where(Chunk.id == needed.c.id, Chunk.base_id.is_not(None))
+            select(Chunk.base_key.label("key")).where(Chunk.key == needed.c.key, Chunk.base_key.is_not(None))
         )
-        dead = select(Chunk.id, Chunk.pack_id, Chunk.length, Chunk.depth).where(
-            Chunk.id.not_in(select(needed.c.id))
+        dead = select(Chunk.key, Chunk.pack_id, Chunk.length, Chunk.depth).where(
+            Chunk.key.not_in(select(needed.c.key))
         )
-        rows = [(str(r[0]), str(r[1]), int(r[2]), int(r[3])) for r in s.execute(dead)]
+        rows = [(int(r[0]), str(r[1]), int(r[2]), int(r[3])) for r in s.execute(dead)]
         # Deltas before their bases: each batch deletes no chunk that a later batch's rows still name.
         rows.sort(key=lambda r: -r[3])
-        self.chunks: list[str] = [r[0] for r in rows]
+        self.chunks: list[int] = [r[0] for r in rows]
         dead_in_pack = Counter(r[1] for r in rows)
         dead_bytes_in_pack: Counter[str] = Counter()
         for r in rows:
@@ -144,11 +145,11 @@ class _Plan:
             s.execute(delete(Edge).where(Edge.child_id.in_(ids)))
         for ids in _batches(self.commits):
             s.execute(delete(Commit).where(Commit.id.in_(ids)))
-        for ids in _batches(self.tensors):
-            s.execute(delete(TensorChunk).where(TensorChunk.tensor_id.in_(ids)))
-            s.execute(delete(Tensor).where(Tensor.id.in_(ids)))
-        for ids in _batches(self.chunks):
-            s.execute(delete(Chunk).where(Chunk.id.in_(ids)))
+        for keys in _batches(self.tensors):
+            s.execute(delete(TensorChunk).where(TensorChunk.tensor_key.in_(keys)))
+            s.execute(delete(Tensor).where(Tensor.key.in_(keys)))
+        for keys in _batches(self.chunks):
+            s.execute(delete(Chunk).where(Chunk.key.in_(keys)))
         for ids in _batches(self.packs):
             s.execute(delete(Pack).where(Pack.id.in_(ids)))
 

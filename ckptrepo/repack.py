@@ -45,7 +45,7 @@ from datetime import datetime, timezone
 from typing import Any, cast
 
 from sqlalchemy import Table, bindparam, exists, func, select, update
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from ckptrepo import faults
 from ckptrepo import state as st
@@ -55,13 +55,14 @@ from ckptrepo.config import RepoConfig
 from ckptrepo.db import catalog
 from ckptrepo.db.engine import insert_ignore, write_transaction
 from ckptrepo.db.models import Chunk, Commit, Entry, Pack, Tensor, TensorChunk
-from ckptrepo.errors import UsageError
+from ckptrepo.errors import ConcurrentChange, UsageError
 from ckptrepo.restore import location
 from ckptrepo.storage import Backend
 
 _IN_BATCH = 500
 _CHUNKS = cast(Table, Chunk.__table__)
 _PACKS = cast(Table, Pack.__table__)
+_BASE = aliased(Chunk, name="base")  # a delta's base row, for its id
 
 
 @dataclass(frozen=True)
@@ -216,14 +217,18 @@ def _plan(s: Session, config: RepoConfig, compact_below: float,
             .group_by(Pack.id, Pack.size)
         )
         sparse = sorted(str(pid) for pid, size, used, n in s.execute(live) if n and used < compact_below * size)
-    rows: list[tuple[Chunk, bool]] = []
+    # In ``ChunkLocation``'s field order (a delta's base by its id), then ``alone_length``.
+    fields = (Chunk.id, Chunk.pack_id, Chunk.offset, Chunk.length, Chunk.raw_length, Chunk.encoding, Chunk.depth,
+              _BASE.id, Chunk.alone_length)
+    items: list[_Item] = []
     for packs, is_deferred in ((deferred, True), (sparse, False)):
         for batch in _batches(packs):
-            rows.extend((c, is_deferred) for c in s.scalars(select(Chunk).where(Chunk.pack_id.in_(batch))))
-    items = [
-        _Item(location(c), c.alone_length, encode=d and config.compression and c.encoding == Encoding.RAW)
-        for c, d in rows
-    ]
+            q = select(*fields).outerjoin(_BASE, _BASE.key == Chunk.base_key).where(Chunk.pack_id.in_(batch))
+            items.extend(
+                _Item(ChunkLocation(*row[:8]), row[8],
+                      encode=is_deferred and config.compression and row[5] == Encoding.RAW)
+                for row in s.execute(q)
+            )
     _owners(s, config, [i for i in items if i.encode])
     # Oldest owner first (a chunk's base is processed before it), then pack order for copies.
     items.sort(key=lambda i: (i.order, i.loc.pack_id, i.loc.offset))
@@ -238,12 +243,14 @@ def _owners(s: Session, config: RepoConfig, items: list[_Item]) -> None:
     ids = sorted(by_id)
     for batch in _batches(ids):
         q = (
-            select(TensorChunk.chunk_id, TensorChunk.seq, Tensor.id, Tensor.dtype, Tensor.chunk_size,
+            select(Chunk.id, TensorChunk.seq, Tensor.id, Tensor.dtype, Tensor.chunk_size,
                    Entry.commit_id, Entry.name, Commit.generation, Commit.first_parent_id)
-            .join(Tensor, Tensor.id == TensorChunk.tensor_id)
-            .join(Entry, Entry.tensor_id == Tensor.id)
+            .select_from(Chunk)
+            .join(TensorChunk, TensorChunk.chunk_key == Chunk.key)
+            .join(Tensor, Tensor.key == TensorChunk.tensor_key)
+            .join(Entry, Entry.tensor_key == Tensor.key)
             .join(Commit, Commit.id == Entry.commit_id)
-            .where(TensorChunk.chunk_id.in_(batch))
+            .where(Chunk.id.in_(batch))
         )
         for cid, seq, tid, dtype, csize, commit, name, gen, parent in s.execute(q):
             key = (int(gen), str(commit), str(name), int(seq), str(tid), str(dtype), parent)
@@ -270,8 +277,10 @@ def _owners(s: Session, config: RepoConfig, items: list[_Item]) -> None:
 def _with_dependents(s: Session, ids: Sequence[str]) -> set[str]:
     """Those of ``ids`` that some chunk row names as its delta base."""
     found: set[str] = set()
+    dependent = aliased(Chunk, name="dependent")
     for batch in _batches(sorted(ids)):
-        found.update(str(x) for x in s.scalars(select(Chunk.base_id).where(Chunk.base_id.in_(batch)).distinct()))
+        named = select(dependent.key).where(dependent.base_key == Chunk.key).exists()
+        found.update(str(x) for x in s.scalars(select(Chunk.id).where(Chunk.id.in_(batch), named)))
     return found
 
 
@@ -414,7 +423,7 @@ def _record(run: _Run, sink: PackSink) -> None:
         return
     where: dict[str, ChunkLocation] = {loc.chunk_id: loc for p in packs for loc in p.locations}
     now = datetime.now(timezone.utc)
-    params = []
+    params: list[dict[str, Any]] = []
     for m in batch:
         loc = where[m.loc.chunk_id]
         params.append({
@@ -425,13 +434,16 @@ def _record(run: _Run, sink: PackSink) -> None:
     olds = sorted({m.old_pack for m in batch})
     with write_transaction(run.sessions) as s:
         _insert_packs(s, packs, now)
+        keys = _keys_of(s, sorted({p["b_base"] for p in params if p["b_base"] is not None}))
+        for p in params:
+            p["b_base"] = None if p["b_base"] is None else keys[p["b_base"]]
         # Bases before their deltas: a row may name as base a chunk this batch also moves.
         params.sort(key=lambda p: (p["b_depth"], p["b_id"]))
         s.connection().execute(
             update(_CHUNKS)
             .where(_CHUNKS.c.id == bindparam("b_id"), _CHUNKS.c.pack_id == bindparam("b_old"))
             .values(pack_id=bindparam("b_pack"), offset=bindparam("b_offset"), length=bindparam("b_length"),
-                    encoding=bindparam("b_encoding"), depth=bindparam("b_depth"), base_id=bindparam("b_base"),
+                    encoding=bindparam("b_encoding"), depth=bindparam("b_depth"), base_key=bindparam("b_base"),
                     alone_length=bindparam("b_alone")),
             params,
         )
@@ -450,6 +462,16 @@ def _record(run: _Run, sink: PackSink) -> None:
     with run.lock:
         for loc in where.values():
             run.moved[loc.chunk_id] = loc
+
+
+def _keys_of(s: Session, ids: Sequence[str]) -> dict[str, int]:
+    """The ``key`` of each chunk of ``ids`` (the delta bases a batch names). ConcurrentChange
+    when one is no longer in the chunk index (a gc removed it meanwhile): the batch fails."""
+    keys = catalog.keys_of(s, "chunks", ids)
+    missing = [cid for cid in ids if cid not in keys]
+    if missing:
+        raise ConcurrentChange(what="repack", other="gc", detail=f"delta base {missing[0][:10]} was removed")
+    return keys
 
 
 def _insert_packs(s: Session, packs: list[SealedPack], now: datetime) -> None:

@@ -602,13 +602,12 @@ class Repo:
         # its edges and moves the branch; nothing of this commit is visible before it commits.
         try:
             with write_transaction(self._sessions) as s:
-                conflict, kept = self._record(s, result, row, edges, entries, req, head, now, parent)
+                conflict, kept, layout = self._record(s, result, row, edges, entries, req, head, now, parent)
         except DbIntegrityError as exc:
             # A foreign key names a row that is gone: a gc in another process removed chunks or
             # tensors this commit deduplicated against after it looked them up.
             raise ConcurrentChange(what="commit", other="gc", detail=str(exc.orig).splitlines()[0]) from exc
-        self._last_recorded = catalog.CommitLayout(row["id"], entries,
-                                                   {r.tensor_id: r.chunk_ids for r in result.tensors})
+        self._last_recorded = layout
         try:
             faults.point("db.after_commit")
             with self._sessions() as s:
@@ -624,15 +623,17 @@ class Repo:
 
     def _record(self, s: Session, result: IngestResult, row: dict[str, Any], edges: list[catalog.EdgeRow],
                 entries: dict[str, str], req: CommitRequest, head: str | None,
-                now: datetime, parent: catalog.CommitLayout | None) -> tuple[str | None, str]:
+                now: datetime, parent: catalog.CommitLayout | None
+                ) -> tuple[str | None, str, catalog.CommitLayout]:
         """Insert one commit's rows and move its branch, inside the caller's transaction
         (``parent``: the first parent's layout, read before ingest).
 
-        Returns ``(conflict, kept)``: the branch head found instead of ``head`` (None when the
-        branch moved as expected) and the ``conflicts/`` branch that then keeps the commit.
+        Returns ``(conflict, kept, layout)``: the branch head found instead of ``head`` (None
+        when the branch moved as expected), the ``conflicts/`` branch that then keeps the commit,
+        and the commit's layout (``catalog.record_commit``).
         """
         kept = ""
-        catalog.record_commit(
+        layout = catalog.record_commit(
             s,
             packs=[catalog.PackRow(p.pack_id, p.size, len(p.locations), result.deferred) for p in result.packs],
             chunks=[
@@ -658,7 +659,7 @@ class Repo:
             kept = f"conflicts/{req.branch}/{short(row['id'])}"
             catalog.move_branch(s, kept, row["id"], None, now)
         faults.point("db.before_commit")
-        return conflict, kept
+        return conflict, kept, layout
 
     def _locate_chunks(self, ids: Collection[str]) -> dict[str, ChunkLocation]:
         """Chunk locations by id (the reader's lookup for delta bases)."""
@@ -669,8 +670,8 @@ class Repo:
         """{name here: name in ``source``} for this commit's tensors byte-identical to one of the source's."""
         with self._sessions() as s:
             by_id: dict[str, str] = {}
-            for entry, _ in catalog.tensor_layout(s, source):
-                by_id.setdefault(entry.tensor_id, entry.name)
+            for entry, tensor in catalog.tensor_layout(s, source):
+                by_id.setdefault(tensor.id, entry.name)
         return {name: by_id[tid] for name, tid in entries.items() if tid in by_id}
 
     def _commit_row(

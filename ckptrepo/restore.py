@@ -14,11 +14,12 @@ import torch
 
 from ckptrepo import state as st
 from ckptrepo.chunks.store import ChunkLocation, ChunkReader
-from ckptrepo.db.models import Chunk, Tensor
+from ckptrepo.db.catalog import ChunkRecord
+from ckptrepo.db.models import Tensor
 from ckptrepo.errors import IntegrityError
 
 
-def location(chunk: Chunk) -> ChunkLocation:
+def location(chunk: ChunkRecord) -> ChunkLocation:
     """The chunk layer's view of a chunk-index row."""
     return ChunkLocation(
         chunk_id=chunk.id, pack_id=chunk.pack_id, offset=chunk.offset, length=chunk.length,
@@ -43,7 +44,7 @@ def _read_run(reader: ChunkReader, run: list[tuple[str, ChunkLocation, memoryvie
 def read_tensors(
     reader: ChunkReader,
     pool: Executor,
-    items: Sequence[tuple[str, Tensor, list[Chunk]]],
+    items: Sequence[tuple[str, Tensor, list[ChunkRecord]]],
     *,
     commit_id: str,
 ) -> dict[str, torch.Tensor]:
@@ -59,7 +60,7 @@ def read_tensors(
 def iter_tensors(
     reader: ChunkReader,
     pool: Executor,
-    items: Sequence[tuple[str, Tensor, list[Chunk]]],
+    items: Sequence[tuple[str, Tensor, list[ChunkRecord]]],
     *,
     commit_id: str,
     jobs_per_worker: int = 4,

@@ -5,12 +5,14 @@ What is checked:
 - every ``packs`` row: its object is in the store with the recorded size, its index reads
   back (header, trailer, index hash), holds as many chunks as the row says, and the pack
   hashes to its own id;
-- every ``chunks`` row: its pack has a row, and that pack's own index holds the chunk id
-  at the same offset with the same length, raw length, encoding, depth and base, inside
-  the payload area;
+- every ``chunks`` row: its pack has a row, its ``base_key`` (if any) names a chunk row, and
+  that pack's own index holds the chunk id at the same offset with the same length, raw
+  length, encoding, depth and base (the id of the chunk ``base_key`` names), inside the
+  payload area;
 - every ref names an existing commit; every commit's parents exist, its entry count is
-  the one recorded, its entries name existing tensors, and each of those tensors has
-  ``tensor_chunks`` seq 0..n-1 naming existing chunks whose raw lengths add up to its bytes;
+  the one recorded, its entries' tensor keys name existing tensors, and each of those
+  tensors has ``tensor_chunks`` seq 0..n-1 whose chunk keys name existing chunks whose raw
+  lengths add up to its bytes;
 - the store: an object no ``packs`` row names is an *unreferenced pack*, a file left in a
   store's local staging folder a *temporary file* (warnings: leftovers of interrupted
   writes that ``gc`` reclaims; a commit running concurrently shows up there too);
@@ -36,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import blake3
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from ckptrepo.chunks.pack import ENTRY, HEADER, TRAILER, PackEntry, read_index
 from ckptrepo.chunks.store import ChunkLocation, ChunkReader, location, pack_key
@@ -83,19 +85,22 @@ def _snapshot(s: Session) -> None:
         s.connection(execution_options={"isolation_level": "REPEATABLE READ", "postgresql_readonly": True})
 
 
-def _batches(ids: Sequence[str]) -> Iterator[Sequence[str]]:
+def _batches(ids: Sequence[Any]) -> Iterator[Sequence[Any]]:
     for start in range(0, len(ids), _IN_BATCH):
         yield ids[start : start + _IN_BATCH]
 
 
 @dataclass
 class _Pending:
-    """A problem whose affected commits are looked up once all problems are known."""
+    """A problem whose affected commits are looked up once all problems are known.
+
+    ``chunk_keys``: the ``chunks.key`` of the chunks it concerns.
+    """
 
     kind: str
     subject: str
     detail: str
-    chunk_ids: set[str]
+    chunk_keys: set[int]
     pack_id: str | None = None
     chunk_id: str | None = None
 
@@ -144,8 +149,8 @@ class _Run:
         ):
             self.commit_reasons[cid].append(f"has {counted} tensor entries, its row records {recorded}")
         for cid, name in s.execute(
-            select(Entry.commit_id, Entry.name).outerjoin(Tensor, Tensor.id == Entry.tensor_id)
-            .where(Tensor.id.is_(None))
+            select(Entry.commit_id, Entry.name).outerjoin(Tensor, Tensor.key == Entry.tensor_key)
+            .where(Tensor.key.is_(None))
         ):
             self.commit_reasons[cid].append(f"tensor {name!r} has no tensor row")
             self.commit_tensors[cid].add(name)
@@ -153,51 +158,59 @@ class _Run:
     def check_tensors(self, s: Session) -> None:
         """Each tensor's chunk list is seq 0..n-1 of existing chunks adding up to its bytes."""
         n_links = func.count(TensorChunk.seq)
-        n_found = func.count(Chunk.id)
+        n_found = func.count(Chunk.key)
         raw = func.coalesce(func.sum(Chunk.raw_length), 0)
         q = (
-            select(Tensor.id, Tensor.n_chunks, Tensor.nbytes, n_links, n_found, raw,
+            select(Tensor.key, Tensor.id, Tensor.n_chunks, Tensor.nbytes, n_links, n_found, raw,
                    func.min(TensorChunk.seq), func.max(TensorChunk.seq))
-            .outerjoin(TensorChunk, TensorChunk.tensor_id == Tensor.id)
-            .outerjoin(Chunk, Chunk.id == TensorChunk.chunk_id)
-            .group_by(Tensor.id, Tensor.n_chunks, Tensor.nbytes)
+            .outerjoin(TensorChunk, TensorChunk.tensor_key == Tensor.key)
+            .outerjoin(Chunk, Chunk.key == TensorChunk.chunk_key)
+            # By the primary key alone (the other columns depend on it): SQLite then reads
+            # tensors and each one's tensor_chunks range in key order.
+            .group_by(Tensor.key)
         )
-        bad: dict[str, str] = {}
-        for tid, n_chunks, nbytes, links, found, raw_sum, lo, hi in s.execute(q):
+        bad: dict[int, tuple[str, str]] = {}  # tensor key -> (tensor id, what is wrong)
+        for tkey, tid, n_chunks, nbytes, links, found, raw_sum, lo, hi in s.execute(q):
             self.counts["tensors"] += 1
             if links != n_chunks or (links and (lo != 0 or hi != links - 1)):
-                bad[tid] = f"has {links} chunk links (seq {lo}..{hi}), its row records {n_chunks}"
+                bad[tkey] = tid, f"has {links} chunk links (seq {lo}..{hi}), its row records {n_chunks}"
             elif found != links:
-                bad[tid] = f"{links - found} of its {links} chunks have no chunk row"
+                bad[tkey] = tid, f"{links - found} of its {links} chunks have no chunk row"
             elif int(raw_sum) != nbytes:
-                bad[tid] = f"its chunks add up to {raw_sum} bytes, its row records {nbytes}"
-        for batch in _batches(sorted(bad)):
-            for cid, name, tid in s.execute(
-                select(Entry.commit_id, Entry.name, Entry.tensor_id).where(Entry.tensor_id.in_(batch))
-            ):
-                self.commit_reasons[cid].append(f"tensor {name!r} {bad[tid]}")
+                bad[tkey] = tid, f"its chunks add up to {raw_sum} bytes, its row records {nbytes}"
+        # A commit's reasons in the order of its tensors' ids (as before schema 0010), not of their keys.
+        for batch in _batches(sorted(bad, key=lambda k: bad[k][0])):
+            users = s.execute(
+                select(Entry.commit_id, Entry.name, Entry.tensor_key).where(Entry.tensor_key.in_(batch))
+            ).all()
+            for cid, name, tkey in sorted(users, key=lambda u: (bad[u[2]][0], u[0], u[1])):
+                self.commit_reasons[cid].append(f"tensor {name!r} {bad[tkey][1]}")
                 self.commit_tensors[cid].add(name)
 
     # -- packs and chunks -------------------------------------------------------------------
 
     def check_packs(self, s: Session) -> None:
-        for cid, pid in s.execute(
-            select(Chunk.id, Chunk.pack_id).outerjoin(Pack, Pack.id == Chunk.pack_id).where(Pack.id.is_(None))
+        for ckey, cid, pid in s.execute(
+            select(Chunk.key, Chunk.id, Chunk.pack_id).outerjoin(Pack, Pack.id == Chunk.pack_id)
+            .where(Pack.id.is_(None))
         ):
             self.pending.append(_Pending("bad_chunk", cid, f"chunk {short(cid)} names pack {short(pid)}, which has "
-                                         "no pack row", {cid}, pid, cid))
+                                         "no pack row", {ckey}, pid, cid))
         packs = s.execute(select(Pack.id, Pack.size, Pack.n_chunks).order_by(Pack.id)).all()
+        base = aliased(Chunk)
         # Threads start on first use: a structural verify never starts any.
         with ThreadPoolExecutor(max_workers=default_workers(), thread_name_prefix="ckpt-verify") as pool:
             for pid, size, n_chunks in packs:
                 self.pack_ids.add(pid)
                 self.counts["packs"] += 1
                 self.counts["pack_bytes"] += size
-                rows = list(s.scalars(select(Chunk).where(Chunk.pack_id == pid)))
+                # Each chunk row with its delta base's id (the pack index names bases by id).
+                rows = [(row, base_id) for row, base_id in s.execute(
+                    select(Chunk, base.id).outerjoin(base, base.key == Chunk.base_key).where(Chunk.pack_id == pid))]
                 try:
                     index, payload_end = self._read_pack(pid, size, n_chunks)
                 except _BadPack as bad:
-                    self.pending.append(_Pending(bad.kind, pid, bad.detail, {r.id for r in rows}, pid))
+                    self.pending.append(_Pending(bad.kind, pid, bad.detail, {r.key for r, _ in rows}, pid))
                     continue
                 good = self._check_chunks(pid, rows, index, payload_end)
                 if self.full:
@@ -231,18 +244,21 @@ class _Run:
             index[e.chunk_id].append(e)
         return index, payload_end
 
-    def _check_chunks(self, pid: str, rows: list[Chunk], index: dict[str, list[PackEntry]],
-                      payload_end: int) -> list[ChunkLocation]:
-        """Compare each chunk row with the pack's index; return the locations that agree."""
-        good: list[ChunkLocation] = []
-        for row in rows:
+    def _check_chunks(self, pid: str, rows: Sequence[tuple[Chunk, str | None]], index: dict[str, list[PackEntry]],
+                      payload_end: int) -> list[tuple[int, ChunkLocation]]:
+        """Compare each chunk row (with its delta base's id) with the pack's index; return the
+        keys and locations of those that agree."""
+        good: list[tuple[int, ChunkLocation]] = []
+        for row, base_id in rows:
             self.counts["chunks"] += 1
             loc = ChunkLocation(row.id, pid, row.offset, row.length, row.raw_length, row.encoding, row.depth,
-                                row.base_id)
+                                base_id)
             candidates = index.get(row.id, [])
-            if any(location(pid, e) == loc for e in candidates):
+            if row.base_key is not None and base_id is None:
+                why = f"its delta base (chunk key {row.base_key}) has no chunk row"
+            elif any(location(pid, e) == loc for e in candidates):
                 if HEADER.size <= row.offset and row.offset + row.length <= payload_end:
-                    good.append(loc)
+                    good.append((row.key, loc))
                     continue
                 why = f"{row.offset}+{row.length} lies outside the payload area"
             elif not candidates:
@@ -250,16 +266,16 @@ class _Run:
             else:
                 why = "; ".join(_differences(loc, location(pid, candidates[0])))
             self.pending.append(_Pending("bad_chunk", row.id, f"chunk {short(row.id)} in pack {short(pid)}: {why}",
-                                         {row.id}, pid, row.id))
+                                         {row.key}, pid, row.id))
         return good
 
-    def _read_chunks(self, pool: ThreadPoolExecutor, locs: list[ChunkLocation]) -> None:
-        for loc, failure in zip(locs, pool.map(self._read_one, locs), strict=True):
+    def _read_chunks(self, pool: ThreadPoolExecutor, chunks: list[tuple[int, ChunkLocation]]) -> None:
+        locs = [loc for _, loc in chunks]
+        for (key, loc), failure in zip(chunks, pool.map(self._read_one, locs), strict=True):
             self.counts["chunks_read"] += 1
             self.counts["bytes_read"] += loc.length
             if failure is not None:
-                self.pending.append(_Pending("corrupt_chunk", loc.chunk_id, failure, {loc.chunk_id},
-                                             loc.pack_id, loc.chunk_id))
+                self.pending.append(_Pending("corrupt_chunk", loc.chunk_id, failure, {key}, loc.pack_id, loc.chunk_id))
 
     def _read_one(self, loc: ChunkLocation) -> str | None:
         try:
@@ -276,7 +292,7 @@ class _Run:
     def resolve_users(self, s: Session) -> None:
         """Turn pending problems into problems naming the commits and tensors they break."""
         for p in self.pending:
-            commits, names = _users(s, _with_dependents(s, p.chunk_ids))
+            commits, names = _users(s, _with_dependents(s, p.chunk_keys))
             self.found[p.kind].append(Problem(p.kind, p.subject, p.detail, pack_id=p.pack_id, chunk_id=p.chunk_id,
                                               commits=tuple(sorted(commits)), tensors=tuple(sorted(names))))
         self.pending.clear()
@@ -341,28 +357,28 @@ def _differences(row: ChunkLocation, entry: ChunkLocation) -> list[str]:
             for f in fields_ if getattr(row, f) != getattr(entry, f)]
 
 
-def _with_dependents(s: Session, chunk_ids: set[str]) -> set[str]:
-    """``chunk_ids`` and every chunk stored as a delta against one of them, transitively."""
-    closure = set(chunk_ids)
-    frontier = sorted(chunk_ids)
+def _with_dependents(s: Session, chunk_keys: set[int]) -> set[int]:
+    """``chunk_keys`` and the key of every chunk stored as a delta against one of them, transitively."""
+    closure = set(chunk_keys)
+    frontier = sorted(chunk_keys)
     while frontier:
-        found: set[str] = set()
+        found: set[int] = set()
         for batch in _batches(frontier):
-            found.update(s.scalars(select(Chunk.id).where(Chunk.base_id.in_(batch))))
+            found.update(s.scalars(select(Chunk.key).where(Chunk.base_key.in_(batch))))
         frontier = sorted(found - closure)
         closure.update(frontier)
     return closure
 
 
-def _users(s: Session, chunk_ids: set[str]) -> tuple[set[str], set[str]]:
-    """The commits, and the names of their tensors, that use any of ``chunk_ids``."""
+def _users(s: Session, chunk_keys: set[int]) -> tuple[set[str], set[str]]:
+    """The commits, and the names of their tensors, that use any of the chunks ``chunk_keys``."""
     commits: set[str] = set()
     names: set[str] = set()
-    for batch in _batches(sorted(chunk_ids)):
+    for batch in _batches(sorted(chunk_keys)):
         q = (
             select(Entry.commit_id, Entry.name)
-            .join(TensorChunk, TensorChunk.tensor_id == Entry.tensor_id)
-            .where(TensorChunk.chunk_id.in_(batch))
+            .join(TensorChunk, TensorChunk.tensor_key == Entry.tensor_key)
+            .where(TensorChunk.chunk_key.in_(batch))
             .distinct()
         )
         for cid, name in s.execute(q):

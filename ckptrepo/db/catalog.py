@@ -19,12 +19,13 @@ from sqlalchemy.orm import Session
 from ckptrepo.db import lines
 from ckptrepo.db.engine import fetch_tuples, insert_tuples, present_values
 from ckptrepo.db.models import Chunk, Commit, Edge, Entry, EntryRun, Metric, Pack, Ref, Tensor, TensorChunk
+from ckptrepo.errors import ConcurrentChange
 
 _IN_BATCH = 500
 
 
 class ChunkRow(NamedTuple):
-    """A ``chunks`` row, its fields in the order of ``CHUNK_COLUMNS`` (inserted as it is)."""
+    """A new ``chunks`` row by ids (``record_commit`` gives it a key, and its base's key)."""
 
     chunk_id: str
     pack_id: str
@@ -46,11 +47,12 @@ class PackRow(NamedTuple):
     deferred: bool = False
 
 
-CHUNK_COLUMNS = ("id", "pack_id", "offset", "length", "raw_length", "encoding", "depth", "base_id", "alone_length")
+CHUNK_COLUMNS = ("key", "id", "pack_id", "offset", "length", "raw_length", "encoding", "depth", "base_key",
+                 "alone_length")
 # ``TensorRow.stats`` holds exactly these (``ingest.stats.combine``).
 STAT_COLUMNS = ("numel", "mean", "std", "min", "max", "l2_norm", "abs_max", "nan_count", "inf_count")
-_TENSOR_COLUMNS = ("id", "dtype", "shape", "nbytes", "chunk_size", "n_chunks", *STAT_COLUMNS)
-_RUN_COLUMNS = ("name", "line_id", "fp_depth", "tensor_id", "changed_chunks")
+_TENSOR_COLUMNS = ("key", "id", "dtype", "shape", "nbytes", "chunk_size", "n_chunks", *STAT_COLUMNS)
+_RUN_COLUMNS = ("name", "line_id", "fp_depth", "tensor_key", "changed_chunks")
 _EDGE_COLUMNS = ("child_id", "parent_id", "kind", "position", "mapping", "fork_line_id", "fork_depth")
 
 
@@ -73,20 +75,58 @@ class EdgeRow:
     mapping: dict[str, str] | None = None
 
 
+class ChunkRecord(NamedTuple):
+    """A ``chunks`` row as readers need it: ``base_id`` is the delta base's id (from its key)."""
+
+    id: str
+    pack_id: str
+    offset: int
+    length: int
+    raw_length: int
+    encoding: int
+    depth: int
+    base_id: str | None
+    alone_length: int | None
+    key: int
+
+
 # Built once, run with the ids bound (an expanding IN): building a statement whose IN list
 # holds fifty ids cost more than running it. Plain rows, not ORM objects.
 _IDS: BindParameter[Any] = bindparam("ids", expanding=True)
-_CHUNKS = cast(Table, Chunk.__table__).c
-_TENSOR_CHUNKS = cast(Table, TensorChunk.__table__).c
+_CHUNKS_T = cast(Table, Chunk.__table__)
+_BASES_T = _CHUNKS_T.alias("base")
+_TENSORS_T = cast(Table, Tensor.__table__)
+_TENSOR_CHUNKS_T = cast(Table, TensorChunk.__table__)
+_CHUNKS, _BASES, _TENSORS, _TENSOR_CHUNKS = _CHUNKS_T.c, _BASES_T.c, _TENSORS_T.c, _TENSOR_CHUNKS_T.c
 _ENTRIES = cast(Table, Entry.__table__).c
 _COMMITS = cast(Table, Commit.__table__).c
+# A commit's tensors' chunk lists, with the keys of both (``CommitLayout``).
 _CHUNK_LISTS_OF_COMMITS = (
-    select(_TENSOR_CHUNKS.tensor_id, _TENSOR_CHUNKS.seq, _TENSOR_CHUNKS.chunk_id)
-    .where(_TENSOR_CHUNKS.tensor_id.in_(select(_ENTRIES.tensor_id).where(_ENTRIES.commit_id.in_(_IDS))))
+    select(_TENSORS.id, _TENSORS.key, _TENSOR_CHUNKS.seq, _CHUNKS.id, _CHUNKS.key)
+    .select_from(_TENSOR_CHUNKS_T)
+    .join(_TENSORS_T, _TENSORS.key == _TENSOR_CHUNKS.tensor_key)
+    .join(_CHUNKS_T, _CHUNKS.key == _TENSOR_CHUNKS.chunk_key)
+    .where(_TENSOR_CHUNKS.tensor_key.in_(select(_ENTRIES.tensor_key).where(_ENTRIES.commit_id.in_(_IDS))))
 )
-_ENTRIES_OF = select(_ENTRIES.name, _ENTRIES.tensor_id).where(_ENTRIES.commit_id == bindparam("commit_id"))
+_ENTRIES_OF = (select(_ENTRIES.name, _TENSORS.id, _TENSORS.key)
+               .join(_TENSORS_T, _TENSORS.key == _ENTRIES.tensor_key)
+               .where(_ENTRIES.commit_id == bindparam("commit_id")))
 _PLACES_OF = select(_COMMITS.id, _COMMITS.line_id, _COMMITS.fp_depth, _COMMITS.generation).where(
     _COMMITS.id.in_(_IDS))
+_RECORD_COLUMNS = (_CHUNKS.id, _CHUNKS.pack_id, _CHUNKS.offset, _CHUNKS.length, _CHUNKS.raw_length,
+                   _CHUNKS.encoding, _CHUNKS.depth, _BASES.id, _CHUNKS.alone_length, _CHUNKS.key)
+_RECORDS_BY_ID = (select(*_RECORD_COLUMNS).outerjoin(_BASES_T, _BASES.key == _CHUNKS.base_key)
+                  .where(_CHUNKS.id.in_(_IDS)))
+_RECORDS_OF_TENSORS = (
+    select(_TENSORS.id, *_RECORD_COLUMNS)
+    .select_from(_TENSOR_CHUNKS_T)
+    .join(_TENSORS_T, _TENSORS.key == _TENSOR_CHUNKS.tensor_key)
+    .join(_CHUNKS_T, _CHUNKS.key == _TENSOR_CHUNKS.chunk_key)
+    .outerjoin(_BASES_T, _BASES.key == _CHUNKS.base_key)
+    .where(_TENSORS.id.in_(_IDS))
+    .order_by(_TENSOR_CHUNKS.tensor_key, _TENSOR_CHUNKS.seq)
+)
+_KEY_COLUMNS = {"chunks": (_CHUNKS.id, _CHUNKS.key), "tensors": (_TENSORS.id, _TENSORS.key)}
 
 
 def existing_chunks(session: Session, ids: Sequence[str]) -> set[str]:
@@ -94,38 +134,107 @@ def existing_chunks(session: Session, ids: Sequence[str]) -> set[str]:
     return present_values(session.connection(), _CHUNKS.id, ids)
 
 
-def chunks_by_id(session: Session, ids: Sequence[str]) -> dict[str, Chunk]:
+def chunks_by_id(session: Session, ids: Sequence[str]) -> dict[str, ChunkRecord]:
     """The chunk-index rows of those ``ids`` that exist, by id."""
-    found: dict[str, Chunk] = {}
+    found: dict[str, ChunkRecord] = {}
+    conn = session.connection()
     for start in range(0, len(ids), _IN_BATCH):
-        batch = ids[start : start + _IN_BATCH]
-        found.update((c.id, c) for c in session.scalars(select(Chunk).where(Chunk.id.in_(batch))))
+        batch = list(ids[start : start + _IN_BATCH])
+        found.update((row[0], ChunkRecord(*row)) for row in fetch_tuples(conn, _RECORDS_BY_ID, {"ids": batch}))
     return found
 
 
+def keys_of(session: Session, table: str, ids: Iterable[str]) -> dict[str, int]:
+    """The keys of those ``ids`` (of ``table``: "chunks" or "tensors") that exist, by id."""
+    wanted = sorted(set(ids))
+    id_col, key_col = _KEY_COLUMNS[table]
+    conn = session.connection()
+    out: dict[str, int] = {}
+    for start in range(0, len(wanted), _IN_BATCH):
+        batch = wanted[start : start + _IN_BATCH]
+        out.update(fetch_tuples(conn, select(id_col, key_col).where(id_col.in_(_IDS)), {"ids": batch}))
+    return out
+
+
+def allocate_keys(session: Session, table: str, n: int) -> list[int]:
+    """``n`` new keys for rows of ``table`` ("chunks" or "tensors"), increasing, none given before
+    (not even to a row since deleted). Inside the caller's write transaction: on SQLite, whose
+    write lock it holds, the keys follow the table's AUTOINCREMENT high-water mark, which the
+    inserts of those keys then move on; on PostgreSQL they are drawn from the table's sequence
+    (``chunks_key_seq``, ``tensors_key_seq``), so concurrent transactions never share one."""
+    if n <= 0:
+        return []
+    conn = session.connection()
+    if conn.dialect.name == "postgresql":
+        rows = conn.exec_driver_sql(f"SELECT nextval('{table}_key_seq') FROM generate_series(1, %s)", (n,))
+        return sorted(k for (k,) in rows)
+    top = conn.exec_driver_sql("SELECT seq FROM sqlite_sequence WHERE name = ?", (table,)).scalar()
+    if top is None:  # nothing inserted yet (or a copy without the sequence row): the largest key
+        top = conn.exec_driver_sql(f"SELECT max(key) FROM {table}").scalar()
+    first = int(top or 0) + 1
+    return list(range(first, first + n))
+
+
 class CommitLayout(NamedTuple):
-    """A stored commit's entries (name -> tensor id) and its tensors' ordered chunk ids (by tensor
-    id): never changed once committed, so whoever has them need not read them again."""
+    """A stored commit's entries (name -> tensor id), its tensors' ordered chunk ids (by tensor
+    id) and the keys of those tensors and chunks (by id): never changed once committed, so
+    whoever has them need not read them again."""
 
     commit_id: str
     entries: dict[str, str]
     chunk_lists: dict[str, list[str]]
+    tensor_keys: dict[str, int]
+    chunk_keys: dict[str, int]
 
 
 def commit_layout(session: Session, commit_id: str) -> CommitLayout:
     """The layout of a stored commit (empty for an id that names none)."""
-    entries = dict(fetch_tuples(session.connection(), _ENTRIES_OF, {"commit_id": commit_id}))
-    return CommitLayout(commit_id, entries, chunk_lists_of(session, [commit_id]))
+    entries: dict[str, str] = {}
+    tensor_keys: dict[str, int] = {}
+    for name, tid, key in fetch_tuples(session.connection(), _ENTRIES_OF, {"commit_id": commit_id}):
+        entries[name] = tid
+        tensor_keys[tid] = key
+    chunk_keys: dict[str, int] = {}
+    return CommitLayout(commit_id, entries, _chunk_lists(session, [commit_id], chunk_keys), tensor_keys, chunk_keys)
 
 
 def chunk_lists_of(session: Session, commit_ids: Sequence[str]) -> dict[str, list[str]]:
     """The ordered chunk ids of every tensor of the given commits, by tensor id."""
+    return _chunk_lists(session, commit_ids, {})
+
+
+def _chunk_lists(session: Session, commit_ids: Sequence[str], chunk_keys: dict[str, int]) -> dict[str, list[str]]:
     if not commit_ids:
         return {}
     by_seq: dict[str, dict[int, str]] = {}
-    for tid, seq, cid in fetch_tuples(session.connection(), _CHUNK_LISTS_OF_COMMITS, {"ids": list(commit_ids)}):
+    for tid, _, seq, cid, ckey in fetch_tuples(session.connection(), _CHUNK_LISTS_OF_COMMITS,
+                                                {"ids": list(commit_ids)}):
         by_seq.setdefault(tid, {})[seq] = cid
+        chunk_keys[cid] = ckey
     return {tid: [chunks[i] for i in sorted(chunks)] for tid, chunks in by_seq.items()}
+
+
+def _insert_keyed(session: Session, table: str, model: type[Chunk] | type[Tensor], columns: Sequence[str],
+                  rows: list[tuple[Any, ...]], keys: dict[str, int]) -> None:
+    """Insert ``rows`` (without their key: ``(id, *rest)``) under new keys, skipping ids already
+    stored (a concurrent commit inserted them), and record every row's key in ``keys``."""
+    if not rows:
+        return
+    fresh = allocate_keys(session, table, len(rows))
+    inserted = insert_tuples(session.connection(), model, columns,
+                             [(k, *row) for k, row in zip(fresh, rows, strict=True)], ignore=True)
+    if inserted == len(rows):
+        keys.update((row[0], k) for k, row in zip(fresh, rows, strict=True))
+    else:  # some ids were there already: their rows keep their keys
+        keys.update(keys_of(session, table, [row[0] for row in rows]))
+
+
+def _require(missing: set[str], what: str) -> None:
+    """Refuse a commit that refers to stored rows which are gone (a gc in another process removed
+    them after this commit looked them up)."""
+    if missing:
+        raise ConcurrentChange(what="commit", other="gc",
+                               detail=f"{len(missing)} {what}(s) it shares, e.g. {min(missing)}, are no longer stored")
 
 
 def record_commit(
@@ -140,36 +249,58 @@ def record_commit(
     metrics: dict[str, float],
     now: datetime,
     parent: CommitLayout | None,
-) -> None:
-    """Insert everything one commit adds. Rows another commit inserted concurrently
-    (same pack, chunk, tensor) are kept as they are: content ids make them equal.
-    The commit's ``first_parent_id`` is taken from ``edges`` (its ``parent`` edge at
-    position 0), its ``generation`` from its parents' (1 + the highest, 1 for a root) and its
-    first-parent line from ``lines.place``, whatever ``commit`` says; the rows kept by line
-    (``edges.fork_line_id``, ``entry_runs``) are derived here too, with ``parent``: the first
-    parent's layout (``commit_layout``, or kept from recording it; None for a root), which
-    the caller has read before ingest (ValueError when it is not that commit's).
-    Rows are inserted through the driver (``engine.insert_tuples``), packs, chunks, tensors
-    and their chunk lists in key order: two transactions inserting overlapping keys then lock
-    them in the same order and cannot deadlock (PostgreSQL); base chunks sort before their deltas.
+) -> CommitLayout:
+    """Insert everything one commit adds and return the commit's layout (``CommitLayout``).
+    Rows another commit inserted concurrently (same pack, chunk, tensor) are kept as they are:
+    content ids make them equal, and their keys are used. ``tensors``: every tensor of
+    ``entries`` (those stored already are not inserted again). The commit's
+    ``first_parent_id`` is taken from ``edges`` (its ``parent`` edge at position 0), its
+    ``generation`` from its parents' (1 + the highest, 1 for a root) and its first-parent line
+    from ``lines.place``, whatever ``commit`` says; the rows kept by line (``edges.fork_line_id``,
+    ``entry_runs``) are derived here too, with ``parent``: the first parent's layout
+    (``commit_layout``, or kept from recording it; None for a root), which the caller has read
+    before ingest (ValueError when it is not that commit's). Keys of tensors and chunks the
+    parent's layout does not hold are looked up; new rows get new keys (``allocate_keys``).
+    Rows are inserted through the driver (``engine.insert_tuples``), packs, chunks and tensors
+    in id order: two transactions inserting overlapping ids then lock them in the same order
+    and cannot deadlock (PostgreSQL); base chunks are inserted before their deltas.
     """
-    conn = session.connection()
     cid = commit["id"]
     edge_list = list(edges)
     first = next((e.parent_id for e in edge_list if e.kind == "parent" and e.position == 0), None)
     if (parent.commit_id if parent is not None else None) != first:
         raise ValueError(f"the layout given is not that of the first parent {first}")
+    conn = session.connection()
     insert_tuples(conn, Pack, ("id", "size", "n_chunks", "deferred", "created_at"),
                   [(*p, now) for p in sorted(packs, key=lambda p: p.pack_id)], ignore=True)
-    chunk_rows = sorted(chunks, key=lambda c: (c.depth, c.chunk_id))
-    insert_tuples(conn, Chunk, CHUNK_COLUMNS, chunk_rows, ignore=True)
     tensor_list = sorted({t.tensor_id: t for t in tensors}.values(), key=lambda t: t.tensor_id)
-    insert_tuples(conn, Tensor, _TENSOR_COLUMNS, [
+    chunk_keys = dict(parent.chunk_keys) if parent is not None else {}
+    tensor_keys = dict(parent.tensor_keys) if parent is not None else {}
+    new_tensors = [t for t in tensor_list if t.tensor_id not in tensor_keys]
+    chunk_rows = sorted(chunks, key=lambda c: (c.depth, c.chunk_id))
+    new_chunk_ids = {c.chunk_id for c in chunk_rows}
+    # Keys of the chunks this commit refers to and does not insert, beyond the parent's.
+    wanted = {c.base_id for c in chunk_rows if c.base_id is not None and c.base_id not in new_chunk_ids}
+    wanted.update(x for t in new_tensors for x in t.chunk_ids if x not in new_chunk_ids)
+    chunk_keys.update(keys_of(session, "chunks", wanted - chunk_keys.keys()))
+    _require(wanted - chunk_keys.keys(), "chunk")
+    # A tensor with a chunk new to the store is new; the others may be stored already.
+    surely_new = {t.tensor_id for t in new_tensors if not new_chunk_ids.isdisjoint(t.chunk_ids)}
+    tensor_keys.update(keys_of(session, "tensors", set(entries.values()) - tensor_keys.keys() - surely_new))
+    new_tensors = [t for t in new_tensors if t.tensor_id not in tensor_keys]
+    _require(set(entries.values()) - tensor_keys.keys() - {t.tensor_id for t in new_tensors}, "tensor")
+    # By delta depth: a delta's base (in this commit or stored) has its key before the delta's row.
+    for depth in sorted({c.depth for c in chunk_rows}):
+        _insert_keyed(session, "chunks", Chunk, CHUNK_COLUMNS, [
+            (c.chunk_id, c.pack_id, c.offset, c.length, c.raw_length, c.encoding, c.depth,
+             None if c.base_id is None else chunk_keys[c.base_id], c.alone_length)
+            for c in chunk_rows if c.depth == depth], chunk_keys)
+    _insert_keyed(session, "tensors", Tensor, _TENSOR_COLUMNS, [
         (t.tensor_id, t.dtype, t.shape, t.nbytes, t.chunk_size, len(t.chunk_ids), *[t.stats[k] for k in STAT_COLUMNS])
-        for t in tensor_list
-    ], ignore=True)
-    insert_tuples(conn, TensorChunk, ("tensor_id", "seq", "chunk_id"), [
-        (t.tensor_id, i, chunk_id) for t in tensor_list for i, chunk_id in enumerate(t.chunk_ids)
+        for t in new_tensors
+    ], tensor_keys)
+    insert_tuples(conn, TensorChunk, ("tensor_key", "seq", "chunk_key"), [
+        (tensor_keys[t.tensor_id], i, chunk_keys[x]) for t in new_tensors for i, x in enumerate(t.chunk_ids)
     ], ignore=True)
     extra = any(lines.extra_parent(e.kind, e.position) for e in edge_list)
     spot = lines.place(session, cid, first, extra)
@@ -179,8 +310,8 @@ def record_commit(
     row = {**commit, "first_parent_id": first, **spot._asdict(),
            "generation": 1 + max((p[2] for p in parents.values()), default=0)}
     insert_tuples(conn, Commit, tuple(row), [tuple(row.values())])
-    insert_tuples(conn, Entry, ("commit_id", "name", "tensor_id"),
-                  [(cid, n, tid) for n, tid in entries.items()], ignore=True)
+    insert_tuples(conn, Entry, ("commit_id", "name", "tensor_key"),
+                  [(cid, n, tensor_keys[tid]) for n, tid in sorted(entries.items())], ignore=True)
     # Where this commit's tensors change along its line: against its first parent's entries
     # when it continues that parent's line, all of them when it starts a line; with how many
     # chunk positions differ from the first parent's tensor of the same name.
@@ -188,10 +319,11 @@ def record_commit(
     runs = lines.runs_of(line, depth, entries, before if first is not None and line != cid else None)
     pairs = {(r["tensor_id"], before[r["name"]]) for r in runs
              if r["tensor_id"] is not None and before.get(r["name"]) not in (None, r["tensor_id"])}
-    counts = changed_chunks(pairs, {**(parent.chunk_lists if parent is not None else {}),
-                                    **{t.tensor_id: t.chunk_ids for t in tensor_list}})
+    lists = {**(parent.chunk_lists if parent is not None else {}), **{t.tensor_id: t.chunk_ids for t in tensor_list}}
+    counts = changed_chunks(pairs, lists)
     insert_tuples(conn, EntryRun, _RUN_COLUMNS, [
-        (r["name"], line, depth, r["tensor_id"], counts.get((r["tensor_id"], before.get(r["name"], "")), 0))
+        (r["name"], line, depth, None if r["tensor_id"] is None else tensor_keys[r["tensor_id"]],
+         counts.get((r["tensor_id"], before.get(r["name"], "")), 0))
         for r in runs])
     edge_rows = []
     for e in edge_list:
@@ -201,6 +333,12 @@ def record_commit(
         edge_rows.append((cid, e.parent_id, e.kind, e.position, e.mapping, *(fork or (None, None))))
     insert_tuples(conn, Edge, _EDGE_COLUMNS, edge_rows)
     insert_tuples(conn, Metric, ("commit_id", "name", "value"), [(cid, n, v) for n, v in metrics.items()])
+    mine = set(entries.values())
+    return CommitLayout(
+        cid, dict(entries), {tid: lists[tid] for tid in mine if tid in lists},
+        {tid: tensor_keys[tid] for tid in mine},
+        {x: chunk_keys[x] for tid in mine for x in lists.get(tid, ()) if x in chunk_keys},
+    )
 
 
 def changed_chunks(pairs: Iterable[tuple[str, str]],
@@ -298,25 +436,20 @@ def tensor_layout(
     session: Session, commit_id: str, names: Sequence[str] | None = None
 ) -> list[tuple[Entry, Tensor]]:
     """The entries of a commit (all, or those named) with their tensor rows, by name."""
-    q = select(Entry, Tensor).join(Tensor, Tensor.id == Entry.tensor_id).where(Entry.commit_id == commit_id)
+    q = select(Entry, Tensor).join(Tensor, Tensor.key == Entry.tensor_key).where(Entry.commit_id == commit_id)
     if names is not None:
         q = q.where(Entry.name.in_(list(names)))
     return [(row[0], row[1]) for row in session.execute(q.order_by(Entry.name))]
 
 
-def chunk_locations(session: Session, tensor_ids: Sequence[str]) -> dict[str, list[Chunk]]:
+def chunk_locations(session: Session, tensor_ids: Sequence[str]) -> dict[str, list[ChunkRecord]]:
     """Ordered chunk rows per tensor id."""
-    out: dict[str, list[Chunk]] = {tid: [] for tid in tensor_ids}
+    out: dict[str, list[ChunkRecord]] = {tid: [] for tid in tensor_ids}
+    conn = session.connection()
     for start in range(0, len(tensor_ids), _IN_BATCH):
-        batch = tensor_ids[start : start + _IN_BATCH]
-        q = (
-            select(TensorChunk.tensor_id, Chunk)
-            .join(Chunk, Chunk.id == TensorChunk.chunk_id)
-            .where(TensorChunk.tensor_id.in_(batch))
-            .order_by(TensorChunk.tensor_id, TensorChunk.seq)
-        )
-        for row in session.execute(q):
-            out[row[0]].append(row[1])
+        batch = list(tensor_ids[start : start + _IN_BATCH])
+        for row in fetch_tuples(conn, _RECORDS_OF_TENSORS, {"ids": batch}):
+            out[row[0]].append(ChunkRecord(*row[1:]))
     return out
 
 

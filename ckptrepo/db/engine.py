@@ -310,7 +310,7 @@ def _tuple_insert(dialect: Dialect, table: Table, columns: tuple[str, ...], igno
 
 
 def insert_tuples(conn: Connection, table: Table | type[DeclarativeBase], columns: Sequence[str],
-                  rows: Sequence[tuple[Any, ...]], *, ignore: bool = False) -> None:
+                  rows: Sequence[tuple[Any, ...]], *, ignore: bool = False) -> int:
     """Insert ``rows`` into ``table``, each a tuple of the values of ``columns`` in that order, in
     one driver ``executemany`` (``ignore``: ``ON CONFLICT DO NOTHING``, as ``insert_ignore``; pass
     rows sorted by primary key, see there). The caller owns ``conn`` and its transaction.
@@ -323,20 +323,25 @@ def insert_tuples(conn: Connection, table: Table | type[DeclarativeBase], column
     are NULL or their server default, never a Python-side default: leaving out one that has such
     a default raises ValueError. Driver errors are raised as SQLAlchemy's (``IntegrityError``...),
     a type's refusal of a value as it is (``UtcDateTime``'s ValueError for a naive datetime).
+    Returns how many rows were inserted (fewer than given when ``ignore`` skipped some).
     """
     if not rows:
-        return
+        return 0
     prepared = _tuple_insert(conn.dialect, _table(table), tuple(columns), ignore)
     if not prepared.processors:
-        conn.exec_driver_sql(prepared.sql, rows if isinstance(rows, list) else list(rows))  # many rows: a list
-        return
-    params = []
-    for row in rows:
-        values = list(row)
-        for i, process in prepared.processors:
-            values[i] = process(values[i])
-        params.append(tuple(values))
-    conn.exec_driver_sql(prepared.sql, params)
+        params: list[tuple[Any, ...]] = rows if isinstance(rows, list) else list(rows)  # many rows: a list
+    else:
+        params = []
+        for row in rows:
+            values = list(row)
+            for i, process in prepared.processors:
+                values[i] = process(values[i])
+            params.append(tuple(values))
+    result = conn.exec_driver_sql(prepared.sql, params)
+    try:
+        return int(result.rowcount)
+    finally:
+        result.close()
 
 
 def present_values(conn: Connection, column: Column[Any], values: Sequence[str | int]) -> set[Any]:

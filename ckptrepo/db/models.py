@@ -3,6 +3,14 @@
 Ids are 64-character lowercase hex BLAKE3 digests (see ``ckptrepo.ids``). Rows are
 only ever inserted by one transaction per commit (``repository``), so a row that is
 visible always refers to durable pack bytes (the write ordering in DESIGN.md).
+
+Chunks and tensors also have an integer ``key`` (schema 0010), which the rows that refer to
+them (``tensor_chunks``, ``entries``, ``entry_runs``, a delta chunk's base) hold instead of
+the id. Keys are handed out in increasing order as rows are inserted (``catalog.allocate_keys``),
+so a commit's rows land at the end of the indexes over those keys instead of one random place
+per row (a digest's place in an index is random): a commit then dirties a few pages of those
+indexes where it dirtied one page per row, and the rows and indexes are a third the size.
+Only the ``id`` indexes of ``chunks`` and ``tensors`` (the dedup lookups) stay random.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    Sequence,
     SmallInteger,
     String,
     Text,
@@ -45,6 +54,13 @@ NAMING_CONVENTION = {
 # Queries that seed a recursive walk with an id value cast it to ``Id`` (the seed's collation
 # must be the column's).
 Id = String(64).with_variant(String(64, collation="C"), "postgresql")
+# Surrogate keys of chunks and tensors: SQLite's INTEGER PRIMARY KEY AUTOINCREMENT (the rowid
+# itself, so the table is stored in key order), PostgreSQL's bigint drawn from a sequence. Keys
+# are never given again after their row is deleted: a key someone still holds cannot come to
+# name another chunk or tensor.
+Key = BigInteger().with_variant(Integer(), "sqlite")
+CHUNK_KEYS = Sequence("chunks_key_seq")
+TENSOR_KEYS = Sequence("tensors_key_seq")
 JsonType = JSON().with_variant(JSONB(), "postgresql")
 
 
@@ -120,22 +136,25 @@ class Pack(Base):
 class Chunk(Base):
     """Where a chunk's encoded bytes live. ``id`` is BLAKE3 of the *decoded* bytes.
 
-    ``encoding`` is ``ckptrepo.chunks.codecs.Encoding``; ``base_id`` names the chunk a
+    ``encoding`` is ``ckptrepo.chunks.codecs.Encoding``; ``base_key`` is the key of the chunk a
     delta is taken against and ``depth`` the length of that delta chain (0 = standalone);
     ``alone_length`` is what a delta chunk's standalone encoding would have taken (NULL
     for standalone chunks, whose ``length`` is that).
     """
 
     __tablename__ = "chunks"
-    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    key: Mapped[int] = mapped_column(Key, CHUNK_KEYS, primary_key=True, autoincrement=False)
+    id: Mapped[str] = mapped_column(Id, unique=True)
     pack_id: Mapped[str] = mapped_column(ForeignKey("packs.id"), index=True)
     offset: Mapped[int] = mapped_column(BigInteger)
     length: Mapped[int] = mapped_column(BigInteger)
     raw_length: Mapped[int] = mapped_column(BigInteger)
     encoding: Mapped[int] = mapped_column(SmallInteger)
-    base_id: Mapped[str | None] = mapped_column(ForeignKey("chunks.id"), index=True, default=None)
+    base_key: Mapped[int | None] = mapped_column(Key, ForeignKey("chunks.key"), index=True, default=None)
     depth: Mapped[int] = mapped_column(SmallInteger, default=0)
     alone_length: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    # AUTOINCREMENT: SQLite never gives a deleted row's key again (``catalog.allocate_keys``).
+    __table_args__ = ({"sqlite_autoincrement": True},)
 
 
 class Tensor(Base):
@@ -147,7 +166,8 @@ class Tensor(Base):
     """
 
     __tablename__ = "tensors"
-    id: Mapped[str] = mapped_column(Id, primary_key=True)
+    key: Mapped[int] = mapped_column(Key, TENSOR_KEYS, primary_key=True, autoincrement=False)
+    id: Mapped[str] = mapped_column(Id, unique=True)
     dtype: Mapped[str] = mapped_column(String(32))
     shape: Mapped[list[int]] = mapped_column(JsonType)
     nbytes: Mapped[int] = mapped_column(BigInteger)
@@ -162,15 +182,18 @@ class Tensor(Base):
     abs_max: Mapped[float | None] = mapped_column(Float, default=None)
     nan_count: Mapped[int] = mapped_column(BigInteger, default=0)
     inf_count: Mapped[int] = mapped_column(BigInteger, default=0)
+    __table_args__ = ({"sqlite_autoincrement": True},)
 
 
 class TensorChunk(Base):
-    """The ``seq``-th chunk of a tensor (byte offset ``seq * tensor.chunk_size``)."""
+    """The ``seq``-th chunk of a tensor (byte offset ``seq * tensor.chunk_size``), by keys."""
 
     __tablename__ = "tensor_chunks"
-    tensor_id: Mapped[str] = mapped_column(ForeignKey("tensors.id"), primary_key=True)
+    tensor_key: Mapped[int] = mapped_column(Key, ForeignKey("tensors.key"), primary_key=True)
     seq: Mapped[int] = mapped_column(Integer, primary_key=True)
-    chunk_id: Mapped[str] = mapped_column(ForeignKey("chunks.id"), index=True)
+    chunk_key: Mapped[int] = mapped_column(Key, ForeignKey("chunks.key"), index=True)
+    # Stored in key order on SQLite (no separate rowid table): a tensor's chunks are one range.
+    __table_args__ = ({"sqlite_with_rowid": False},)
 
 
 class Commit(Base):
@@ -215,12 +238,13 @@ class Commit(Base):
 
 
 class Entry(Base):
-    """A named tensor of a commit. ``name`` is the '/'-joined key path (``state.join_path``)."""
+    """A named tensor of a commit. ``name`` is the '/'-joined key path (``state.join_path``);
+    ``tensor_key``: the tensor's ``key``."""
 
     __tablename__ = "entries"
     commit_id: Mapped[str] = mapped_column(ForeignKey("commits.id"), primary_key=True)
     name: Mapped[str] = mapped_column(Text, primary_key=True)
-    tensor_id: Mapped[str] = mapped_column(ForeignKey("tensors.id"), index=True)
+    tensor_key: Mapped[int] = mapped_column(Key, ForeignKey("tensors.key"), index=True)
 
 
 class Edge(Base):
@@ -247,7 +271,7 @@ class EntryRun(Base):
     """Where tensor ``name`` changes along a first-parent line (``ckptrepo.db.lines``).
 
     A row for every commit at ``(line_id, fp_depth)`` whose entry ``name`` differs from its
-    first parent's (another tensor, added, or removed: ``tensor_id`` NULL) when it continues
+    first parent's (another tensor, added, or removed: ``tensor_key`` NULL) when it continues
     that parent's line, and one for each entry of the commit that starts a line. The tensor
     of ``name`` at depth ``d`` of a line is the row of the highest ``fp_depth <= d`` (none:
     absent). ``changed_chunks``: when the commit's first parent has another tensor of that
@@ -261,7 +285,7 @@ class EntryRun(Base):
     name: Mapped[str] = mapped_column(Text, primary_key=True)
     line_id: Mapped[str] = mapped_column(Id, primary_key=True)
     fp_depth: Mapped[int] = mapped_column(Integer, primary_key=True)
-    tensor_id: Mapped[str | None] = mapped_column(Id, default=None)
+    tensor_key: Mapped[int | None] = mapped_column(Key, default=None)
     changed_chunks: Mapped[int] = mapped_column(Integer, default=0)
     __table_args__ = (
         ForeignKeyConstraint(["line_id", "fp_depth"], ["commits.line_id", "commits.fp_depth"], ondelete="CASCADE"),
@@ -313,7 +337,7 @@ Index("ix_entry_runs_line", EntryRun.line_id, EntryRun.fp_depth)
 # and then on the table; this index keeps one name's entries together and answers from the
 # index alone, so a history walk reads a few thousand pages that stay in shared_buffers.
 # SQLite reads its file through the page cache mapping and was slower with such an index.
-Index("ix_entries_name_commit", Entry.name, Entry.commit_id, postgresql_include=["tensor_id"]).ddl_if(
+Index("ix_entries_name_commit", Entry.name, Entry.commit_id, postgresql_include=["tensor_key"]).ddl_if(
     dialect="postgresql")
 
 # Indexes that exist on one database only (``ddl_if``), by name: what a schema comparison

@@ -1,12 +1,13 @@
 """Per-tensor analysis of commits: ``diff`` of two commits and ``history`` of one tensor.
 
 Both answer from the database first. ``diff`` in its default (stat) mode and ``history``
-read no tensor bytes: they compare tensor ids (identical tensors are one row), the chunk
-ids at each position (a tensor's ``seq``-th chunk always covers the same byte range for a
-given chunk size) and the statistics stored at ingest. ``diff(exact=True)`` reads only the
-chunk pairs whose ids differ, through the repository's verifying ``ChunkReader``: the
-difference over identical chunks is zero, and their share of the norms is recovered from
-the stored L2 norms (``ckptrepo.lineage.exact``). Result types are in ``reports``.
+read no tensor bytes: they compare tensors (identical tensors are one row), the chunks at
+each position (a tensor's ``seq``-th chunk always covers the same byte range for a given
+chunk size), both by their keys in the database (one key per id), and the statistics stored
+at ingest; results name tensors by id. ``diff(exact=True)`` reads only the chunk pairs whose
+ids differ, through the repository's verifying ``ChunkReader``: the difference over
+identical chunks is zero, and their share of the norms is recovered from the stored L2
+norms (``ckptrepo.lineage.exact``). Result types are in ``reports``.
 
 Query budget: ``diff`` runs two queries whatever the number of tensors; ``history`` two: the
 first-parent chain (one index range per line, ``ckptrepo.db.lines``) and the tensor's runs
@@ -49,8 +50,8 @@ __all__ = [
 ]
 
 _TENSOR_FIELDS = ("id", "dtype", "shape", "nbytes", "chunk_size", "n_chunks", *STAT_FIELDS)
-# In ``ChunkLocation``'s field order.
-_CHUNK_FIELDS = ("id", "pack_id", "offset", "length", "raw_length", "encoding", "depth", "base_id")
+# ``ChunkLocation``'s fields in its order but the last, ``base_id`` (read from the base's row by ``base_key``).
+_CHUNK_FIELDS = ("id", "pack_id", "offset", "length", "raw_length", "encoding", "depth")
 
 
 # -- shared helpers ----------------------------------------------------------------------------
@@ -145,10 +146,10 @@ def diff(repo: Repo, a: str, b: str, *, exact: bool = False) -> Diff:
         width = len(_TENSOR_FIELDS)
         conn = s.connection()
         serial_plans(conn)
-        for name, tb, changed, *columns in fetch_tuples(conn, _diff_query(), {"a": a_id, "b": b_id}):
+        for name, same, changed, *columns in fetch_tuples(conn, _diff_query(), {"a": a_id, "b": b_id}):
             sa = _side(name, columns[:width], shapes)
             # An unchanged tensor comes once, on a's side.
-            sb = sa if sa is not None and tb == sa.info.tensor_id else _side(name, columns[width:], shapes)
+            sb = sa if sa is not None and same else _side(name, columns[width:], shapes)
             sides[name] = [sa, sb]
             if changed:
                 differing[name] = changed
@@ -168,18 +169,20 @@ def diff(repo: Repo, a: str, b: str, *, exact: bool = False) -> Diff:
 
 @functools.cache
 def _diff_query() -> Any:
-    """Rows (name, b's tensor id, differing, a's tensor columns, b's tensor columns) of every
-    tensor name of commits ``:a`` and ``:b`` (bound at execution), one query, built once (to
-    be fetched with ``fetch_tuples``): a tensor missing on a side has NULL columns there; b's
-    columns are NULL too when b has a's tensor (one lookup per distinct tensor); ``differing``
-    counts the positions whose chunk ids differ when both sides have different tensors, else 0."""
+    """Rows (name, same, differing, a's tensor columns, b's tensor columns) of every tensor name
+    of commits ``:a`` and ``:b`` (bound at execution), one query, built once (to be fetched
+    with ``fetch_tuples``): a tensor missing on a side has NULL columns there; ``same`` is true
+    when b has a's tensor (their tensor keys are equal; NULL when a side lacks the name), and
+    b's columns are then NULL too (one lookup per distinct tensor); ``differing`` counts the
+    positions whose chunks differ when both sides have different tensors, else 0. Entries and
+    chunk lists are joined by tensor and chunk keys (``tensors.key``, ``chunks.key``)."""
     a_id, b_id = bindparam("a", type_=Id), bindparam("b", type_=Id)
     # Grouped by name rather than a join of a's entries with b's: PostgreSQL estimates a group
     # per name, where it took the join for 17,800 rows (500 in fact) and chose to read all of
     # ``tensors`` in key order (a plan of 1 s instead of 12 ms).
     both = (select(Entry.name,
-                   func.max(case((Entry.commit_id == a_id, Entry.tensor_id))).label("ta"),
-                   func.max(case((Entry.commit_id == b_id, Entry.tensor_id))).label("tb"))
+                   func.max(case((Entry.commit_id == a_id, Entry.tensor_key))).label("ta"),
+                   func.max(case((Entry.commit_id == b_id, Entry.tensor_key))).label("tb"))
             .where(Entry.commit_id.in_([a_id, b_id]))
             .group_by(Entry.name)
             .subquery("both_sides"))
@@ -187,41 +190,45 @@ def _diff_query() -> Any:
     differing = (
         select(func.count())
         .select_from(tc1)
-        .join(tc2, and_(tc2.tensor_id == both.c.tb, tc2.seq == tc1.seq))
-        .where(tc1.tensor_id == both.c.ta, tc1.chunk_id != tc2.chunk_id)
+        .join(tc2, and_(tc2.tensor_key == both.c.tb, tc2.seq == tc1.seq))
+        .where(tc1.tensor_key == both.c.ta, tc1.chunk_key != tc2.chunk_key)
         .correlate(both)
         .scalar_subquery()
     )
     ta, tb = aliased(Tensor, name="ta_row"), aliased(Tensor, name="tb_row")
     return (
-        select(both.c.name, both.c.tb, case((both.c.ta != both.c.tb, differing), else_=0), *_tensor_cols(ta),
-               *_tensor_cols(tb))
+        select(both.c.name, (both.c.ta == both.c.tb).label("same"),
+               case((both.c.ta != both.c.tb, differing), else_=0), *_tensor_cols(ta), *_tensor_cols(tb))
         .select_from(both)
-        .outerjoin(ta, ta.id == both.c.ta)
-        .outerjoin(tb, tb.id == case((both.c.tb.is_distinct_from(both.c.ta), both.c.tb)))
+        .outerjoin(ta, ta.key == both.c.ta)
+        .outerjoin(tb, tb.key == case((both.c.tb.is_distinct_from(both.c.ta), both.c.tb)))
     )
 
 
 def _differing_chunks(
     s: Session, a_id: str, b_id: str, pairs: dict[str, list[ChunkPair]] | None
 ) -> dict[str, int]:
-    """Per name in both commits with different tensors: positions whose chunk ids differ.
-    With ``pairs``, also collect those chunk rows (a's, b's) in position order."""
+    """Per name in both commits with different tensors: positions whose chunks differ (joined
+    by tensor and chunk keys). With ``pairs``, also collect those chunk rows (a's, b's) in
+    position order, each with its delta base's id."""
     ea, eb, ca, cb = aliased(Entry), aliased(Entry), aliased(TensorChunk), aliased(TensorChunk)
     joined = (
         select(ea.name).select_from(ea)
         .join(eb, and_(eb.commit_id == b_id, eb.name == ea.name))
-        .join(ca, ca.tensor_id == ea.tensor_id)
-        .join(cb, and_(cb.tensor_id == eb.tensor_id, cb.seq == ca.seq))
-        .where(ea.commit_id == a_id, ea.tensor_id != eb.tensor_id, ca.chunk_id != cb.chunk_id)
+        .join(ca, ca.tensor_key == ea.tensor_key)
+        .join(cb, and_(cb.tensor_key == eb.tensor_key, cb.seq == ca.seq))
+        .where(ea.commit_id == a_id, ea.tensor_key != eb.tensor_key, ca.chunk_key != cb.chunk_key)
     )
     if pairs is None:
         return {name: int(n) for name, n in s.execute(joined.add_columns(func.count()).group_by(ea.name))}
-    ka, kb = aliased(Chunk), aliased(Chunk)
-    q = (joined.add_columns(*[getattr(ka, f) for f in _CHUNK_FIELDS], *[getattr(kb, f) for f in _CHUNK_FIELDS])
-         .join(ka, ka.id == ca.chunk_id).join(kb, kb.id == cb.chunk_id).order_by(ea.name, ca.seq))
+    ka, kb, base_a, base_b = aliased(Chunk), aliased(Chunk), aliased(Chunk), aliased(Chunk)
+    q = (joined.add_columns(*[getattr(ka, f) for f in _CHUNK_FIELDS], base_a.id,
+                            *[getattr(kb, f) for f in _CHUNK_FIELDS], base_b.id)
+         .join(ka, ka.key == ca.chunk_key).join(kb, kb.key == cb.chunk_key)
+         .outerjoin(base_a, base_a.key == ka.base_key).outerjoin(base_b, base_b.key == kb.base_key)
+         .order_by(ea.name, ca.seq))
     counts: dict[str, int] = {}
-    width = len(_CHUNK_FIELDS)
+    width = len(_CHUNK_FIELDS) + 1
     for row in s.execute(q):
         pair = (ChunkLocation(*row[1 : 1 + width]), ChunkLocation(*row[1 + width :]))
         pairs.setdefault(row[0], []).append(pair)
@@ -415,7 +422,8 @@ def _history_statements(limited: bool) -> tuple[Any, Any]:
     ``entry_runs`` per line of the chain, from the line's first commit (or, when ``walked``
     cuts the chain inside a line, from the run in effect at the deepest commit walked) up to
     the chain's last commit on it. ``depth``: the chain depth of the run's first commit;
-    ``tid`` its tensor (NULL: absent), joined with its ``tensors`` row.
+    ``tid`` the id of its tensor (NULL: absent), from the ``tensors`` row of the run's
+    ``tensor_key``.
     """
     head, name = bindparam("head", type_=Id), bindparam("name", type_=Text)
     walked = bindparam("walked", type_=Integer) if limited else None
@@ -431,9 +439,9 @@ def _history_statements(limited: bool) -> tuple[Any, Any]:
                  .where(older.name == name, older.line_id == hops.c.line, older.fp_depth <= lowest)
                  .correlate(hops).scalar_subquery())
         cond.append(run.fp_depth >= func.coalesce(begun, lowest))
-    runs = (select((hops.c.top - run.fp_depth).label("depth"), run.tensor_id, run.changed_chunks,
+    runs = (select((hops.c.top - run.fp_depth).label("depth"), Tensor.id, run.changed_chunks,
                    *_tensor_cols(Tensor)[1:])
-            .select_from(hops).join(run, and_(*cond)).outerjoin(Tensor, Tensor.id == run.tensor_id))
+            .select_from(hops).join(run, and_(*cond)).outerjoin(Tensor, Tensor.key == run.tensor_key))
     return chain, runs
 
 

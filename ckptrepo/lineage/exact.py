@@ -20,7 +20,8 @@ import torch
 
 from ckptrepo import state as st
 from ckptrepo.chunks.store import ChunkLocation, ChunkReader
-from ckptrepo.db.models import Chunk, Tensor
+from ckptrepo.db.catalog import ChunkRecord
+from ckptrepo.db.models import Tensor
 from ckptrepo.restore import read_tensors
 
 ChunkPair = tuple[ChunkLocation, ChunkLocation]
@@ -65,7 +66,7 @@ class ExactRequest:
     l2_b: float
     pairs: Sequence[ChunkPair] = ()
     shared: bool = False
-    whole: tuple[tuple[Tensor, list[Chunk]], tuple[Tensor, list[Chunk]]] | None = None
+    whole: tuple[tuple[Tensor, list[ChunkRecord]], tuple[Tensor, list[ChunkRecord]]] | None = None
 
 
 def _widen(x: torch.Tensor) -> torch.Tensor:

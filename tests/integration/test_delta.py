@@ -66,12 +66,12 @@ def _check_bounded_deltas(repo: ckptrepo.Repo, policy: str) -> None:
     deltas = [c for c in chunks if c.encoding == Encoding.DELTA]
     assert deltas, "drifted float chunks should be stored as deltas"
     assert max(c.depth for c in chunks) == 3  # the configured bound, reached and not exceeded
-    by_id = {c.id: c for c in chunks}
+    by_key = {c.key: c for c in chunks}
     for c in deltas:
-        base = by_id[c.base_id]  # bases are ordinary index rows
+        base = by_key[c.base_key]  # bases are ordinary index rows
         assert c.alone_length is not None and c.length < c.alone_length
         if policy == "root":  # one hop to a keyframe; depth counts commits since it
-            assert base.depth == 0 and base.base_id is None
+            assert base.depth == 0 and base.base_key is None
         else:  # a chain through the parent's chunk
             assert c.depth == base.depth + 1
     for cid, state in zip(ids, states, strict=True):
@@ -105,10 +105,10 @@ def test_transfer_mapping_names_the_base(repo: ckptrepo.Repo) -> None:
     repo.commit(new, branch="ft", transfer_from=(source.id, {"backbone.w": "encoder.w"}), blocking=True)
     with repo._sessions() as s:
         src_chunks = set(s.scalars(
-            select(TensorChunk.chunk_id).join(Entry, Entry.tensor_id == TensorChunk.tensor_id)
+            select(TensorChunk.chunk_key).join(Entry, Entry.tensor_key == TensorChunk.tensor_key)
             .where(Entry.commit_id == source.id)))
     deltas = [c for c in _chunks(repo) if c.encoding == Encoding.DELTA]
-    assert deltas and all(c.base_id in src_chunks for c in deltas)
+    assert deltas and all(c.base_key in src_chunks for c in deltas)
     assert _same(repo.checkout("ft")["backbone.w"], new["backbone.w"])
 
 
@@ -117,9 +117,9 @@ def test_a_corrupt_base_fails_reads_naming_commit_and_tensor(repo: ckptrepo.Repo
     repo.commit(first, blocking=True)
     second = repo.commit(_drift(first, 1), blocking=True).wait()
     chunks = _chunks(repo)
-    by_id = {c.id: c for c in chunks}
+    by_key = {c.key: c for c in chunks}
     delta = next(c for c in chunks if c.encoding == Encoding.DELTA)
-    base = by_id[delta.base_id]
+    base = by_key[delta.base_key]
     path = repo.repo_dir / "store" / pack_key(base.pack_id)
     data = bytearray(path.read_bytes())
     data[base.offset + base.length - 1] ^= 0x01  # the base's last (stored, mantissa) byte

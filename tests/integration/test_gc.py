@@ -17,6 +17,7 @@ import pytest
 import torch
 from ckptrepo.cli.app import app
 from sqlalchemy import select
+from sqlalchemy.orm import aliased
 from typer.testing import CliRunner
 
 import ckptrepo
@@ -126,8 +127,9 @@ def test_gc_keeps_the_delta_base_of_a_chunk_a_live_commit_shares(tmp_path: Path,
         repo.commit(x_state, branch="exp", step=2, blocking=True).wait()
         y = repo.commit(x_state, step=3, blocking=True).wait()
         with repo._sessions() as s:
-            deltas = s.scalars(select(Chunk.base_id).join(TensorChunk, TensorChunk.chunk_id == Chunk.id)
-                               .where(Chunk.base_id.is_not(None))).all()
+            base_chunk = aliased(Chunk)
+            deltas = s.scalars(select(base_chunk.id).join(Chunk, Chunk.base_key == base_chunk.key)
+                               .join(TensorChunk, TensorChunk.chunk_key == Chunk.key)).all()
         assert deltas, "expected X's chunks to be stored as deltas against P's"
         repo.delete_branch("exp", force=True)
         report = repo.gc(grace=0)

@@ -29,7 +29,7 @@ import ckptrepo
 from ckptrepo import errors
 from ckptrepo.db import lines
 from ckptrepo.db.engine import fetch_tuples, write_connection
-from ckptrepo.db.models import Commit, Edge, Entry, Metric, TensorChunk
+from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Metric, Tensor, TensorChunk
 from ckptrepo.lineage import analysis, graph, queries
 from ckptrepo.types import Parent
 
@@ -456,8 +456,10 @@ def _history_by_entries(repo: ckptrepo.Repo, along: str, name: str, limit: int |
     while (up := repo.get_commit(chain[-1]).parents) and up[0].kind == "parent":
         chain.append(up[0].id)
     with repo._sessions() as s:
-        tids = [s.scalar(select(Entry.tensor_id).where(Entry.commit_id == c, Entry.name == name)) for c in chain]
-        chunks = {t: list(s.scalars(select(TensorChunk.chunk_id).where(TensorChunk.tensor_id == t)
+        tids = [s.scalar(select(Tensor.id).join(Entry, Entry.tensor_key == Tensor.key)
+                         .where(Entry.commit_id == c, Entry.name == name)) for c in chain]
+        chunks = {t: list(s.scalars(select(Chunk.id).join(TensorChunk, TensorChunk.chunk_key == Chunk.key)
+                                    .join(Tensor, Tensor.key == TensorChunk.tensor_key).where(Tensor.id == t)
                                     .order_by(TensorChunk.seq))) for t in set(tids) - {None}}
     out = []
     for i, (cid, this) in enumerate(zip(chain, tids, strict=True)):

@@ -14,7 +14,7 @@ from sqlalchemy import delete, select
 import ckptrepo
 from ckptrepo.db import lines, migrate
 from ckptrepo.db.engine import fetch_tuples, make_engine, session_factory, write_transaction
-from ckptrepo.db.models import Commit, Edge, Entry, EntryRun, Ref
+from ckptrepo.db.models import Commit, Edge, Entry, EntryRun, Ref, Tensor
 from ckptrepo.lineage import graph, queries
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -176,12 +176,14 @@ _Runs = set[tuple[str, str, int, str | None, int]]
 
 
 def _line_rows(repo: ckptrepo.Repo) -> tuple[_Forks, _Runs]:
-    """Every edge's fork mark ``(child, parent, fork_line_id, fork_depth)`` and every ``entry_runs`` row."""
+    """Every edge's fork mark ``(child, parent, fork_line_id, fork_depth)`` and every ``entry_runs`` row,
+    its tensor by id (keys are renumbered when a migration rebuilds the tables)."""
     with repo._sessions() as s:
         conn = s.connection()
         forks = set(fetch_tuples(conn, select(Edge.child_id, Edge.parent_id, Edge.fork_line_id, Edge.fork_depth)))
-        runs = set(fetch_tuples(conn, select(EntryRun.name, EntryRun.line_id, EntryRun.fp_depth, EntryRun.tensor_id,
-                                             EntryRun.changed_chunks)))
+        runs = set(fetch_tuples(conn, select(EntryRun.name, EntryRun.line_id, EntryRun.fp_depth, Tensor.id,
+                                             EntryRun.changed_chunks)
+                                .outerjoin(Tensor, Tensor.key == EntryRun.tensor_key)))
     return forks, runs
 
 
@@ -212,7 +214,8 @@ def test_rows_kept_by_line_are_written_with_commits_and_by_the_migration_alike(t
                                                                                   Commit.fp_depth))}
             kinds = {(c, p): (k, pos) for c, p, k, pos in s.execute(select(Edge.child_id, Edge.parent_id, Edge.kind,
                                                                              Edge.position))}
-            entries = {cid: dict(s.execute(select(Entry.name, Entry.tensor_id).where(Entry.commit_id == cid)).all())
+            entries = {cid: dict(s.execute(select(Entry.name, Tensor.id).join(Tensor, Tensor.key == Entry.tensor_key)
+                                           .where(Entry.commit_id == cid)).all())
                        for cid in places}
         # An edge along which its child continues the parent's line has no mark; every other
         # edge carries the parent's place. Here: the fork's first commit, the merge's second
@@ -232,7 +235,8 @@ def test_rows_kept_by_line_are_written_with_commits_and_by_the_migration_alike(t
         # Chunk positions that differ from the first parent's tensor: "w" at 2 (its first chunk
         # only), "b" at 2 (one chunk), the fork's first commit (every chunk of "w").
         with repo._sessions() as s:
-            head_w = s.scalar(select(Entry.tensor_id).where(Entry.commit_id == main, Entry.name == "w"))
+            head_w = s.scalar(select(Tensor.id).join(Entry, Entry.tensor_key == Tensor.key)
+                              .where(Entry.commit_id == main, Entry.name == "w"))
         assert {(n, c) for n, _, _, tid, c in runs if c} == {("w", 1), ("b", 1), ("w", 4)}
         assert ("w", places[main][0], 2, head_w, 1) in runs
     engine = make_engine(db_url)

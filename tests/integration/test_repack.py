@@ -89,11 +89,11 @@ def test_repack_respects_delta_depth_and_root_policy(tmp_path: Path, db_url: str
         _commit_all(repo, 5)
         repo.repack()
         with repo._sessions() as s:
-            rows = {c.id: c for c in s.scalars(select(Chunk))}
+            rows = {c.key: c for c in s.scalars(select(Chunk))}
         for c in rows.values():
             assert c.depth <= 2
-            if c.base_id is not None:  # root policy: every base is a standalone keyframe
-                assert rows[c.base_id].base_id is None and rows[c.base_id].depth == 0
+            if c.base_key is not None:  # root policy: every base is a standalone keyframe
+                assert rows[c.base_key].base_key is None and rows[c.base_key].depth == 0
         for i in range(5):
             assert _same(repo.checkout(f"main@step={i}"), _state(i))
 

@@ -231,11 +231,11 @@ def test_database_damage_is_found(repo_path: Path, db_url: str) -> None:
     try:
         with engine.begin() as conn:
             latest = conn.scalar(select(Ref.commit_id).where(Ref.name == "main"))
-            names = dict(conn.execute(select(Entry.name, Entry.tensor_id).where(Entry.commit_id == latest)).all())
-            head_chunk = conn.scalar(select(TensorChunk.chunk_id).where(TensorChunk.tensor_id == names["head"],
-                                                                        TensorChunk.seq == 1))
+            names = dict(conn.execute(select(Entry.name, Entry.tensor_key).where(Entry.commit_id == latest)).all())
+            head_chunk = conn.scalar(select(Chunk.id).join(TensorChunk, TensorChunk.chunk_key == Chunk.key)
+                                     .where(TensorChunk.tensor_key == names["head"], TensorChunk.seq == 1))
             conn.execute(update(Chunk).where(Chunk.id == head_chunk).values(offset=Chunk.offset + 1))
-            conn.execute(delete(TensorChunk).where(TensorChunk.tensor_id == names["step"]))
+            conn.execute(delete(TensorChunk).where(TensorChunk.tensor_key == names["step"]))
         ghost = "INSERT INTO refs (kind, name, commit_id, updated_at) VALUES ('tag', 'ghost', :cid, CURRENT_TIMESTAMP)"
         if engine.dialect.name == "sqlite":
             database = make_url(db_url).database

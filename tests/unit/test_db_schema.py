@@ -32,7 +32,7 @@ from ckptrepo.db.models import Base, Chunk, Commit, Edge, Pack, RepoMeta, Tensor
 from ckptrepo.errors import FormatError, RepositoryExists, SchemaOutdated, SchemaTooNew, UsageError
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
-HEAD = "0008"  # the newest migration this code ships
+HEAD = "0010"  # the newest migration this code ships
 
 # A later schema as a future ckptrepo would ship it. Rebuilding ``packs`` (recreate on
 # SQLite), which ``chunks`` references, exercises the foreign-key handling of migrations.
@@ -114,7 +114,7 @@ def test_dialect_only_indexes(engine: Engine) -> None:
             definition = conn.exec_driver_sql(
                 "SELECT indexdef FROM pg_indexes WHERE indexname = 'ix_entries_name_commit'"
                 " AND schemaname = current_schema()").scalar_one()
-        assert definition.endswith("(name, commit_id) INCLUDE (tensor_id)")
+        assert definition.endswith("(name, commit_id) INCLUDE (tensor_key)")
     migrate.downgrade(engine, "0004")
     assert "ix_entries_name_commit" not in entry_indexes()
     migrate.upgrade(engine)
@@ -126,7 +126,7 @@ def test_ids_compare_bytewise_on_postgresql(engine: Engine) -> None:
     # byte-ordered on PostgreSQL from 0006 on, and back to the default collation below it.
     id_columns = {(t.name, c.name) for t in Base.metadata.sorted_tables for c in t.columns
                   if isinstance(c.type, String) and c.type.length == 64 and t.name != "repo_meta"}
-    assert len(id_columns) == 19
+    assert len(id_columns) == 14
 
     def collations() -> dict[tuple[str, str], str | None]:
         with engine.connect() as conn:
@@ -436,7 +436,7 @@ def test_insert_tuples_stores_what_insert_stores(engine: Engine) -> None:
         (Edge, {"child_id": c, "parent_id": a}, {"kind": "transfer", "position": 1, "mapping": {"w": "v"},
                                                  "fork_line_id": a, "fork_depth": 0},
          {"child_id": d, "parent_id": b}),
-        (Tensor, {"id": a}, tensor, {"id": b}),
+        (Tensor, {"key": 1, "id": a}, tensor, {"key": 2, "id": b}),
     ]
     with write_connection(engine) as conn:
         for model, key, values, other in pairs:
