@@ -173,8 +173,8 @@ def load(engine: Engine, lin: Lineage) -> None:
         (Pack, lambda: [{"id": pack, "size": 0, "n_chunks": len(tensors), "created_at": T0}]),
         (Chunk, lambda: [{"key": keys[t], "id": t, "pack_id": pack, "offset": 0, "length": 4096, "raw_length": 4096,
                           "encoding": 0, "base_key": None, "depth": 0} for t in tensors]),
-        (Tensor, lambda: [{"key": keys[t], "id": t, "dtype": "float32", "shape": [32, 32], "nbytes": 4096,
-                           "chunk_size": 4096, "n_chunks": 1, "numel": 1024,
+        (Tensor, lambda: [{"key": keys[t], "id": t, "lead_key": keys[t], "dtype": "float32", "shape": [32, 32],
+                           "nbytes": 4096, "chunk_size": 4096, "n_chunks": 1, "numel": 1024,
                            "mean": (h := int(t[:8], 16) / 2**32) - 0.5, "std": 1 + h, "min": -3 - h, "max": 3 + h,
                            "l2_norm": 32 * (1 + h), "abs_max": 3 + h, "nan_count": 0, "inf_count": 0}
                           for t in tensors]),

@@ -267,7 +267,7 @@ def _owners(s: Session, config: RepoConfig, items: list[_Item]) -> None:
             wanted[parent][name].append((item, seq, dtype))
     for parent, names in wanted.items():
         layout = catalog.tensor_layout(s, parent, sorted(names))
-        chunks = catalog.chunk_locations(s, sorted({row.id for _, row in layout}))
+        chunks = catalog.chunk_locations(s, [row for _, row in layout])
         for entry, row in layout:
             for item, seq, dtype in names[entry.name]:
                 if row.dtype == dtype and row.chunk_size == config.chunk_size and seq < len(chunks[row.id]):
@@ -467,7 +467,7 @@ def _record(run: _Run, sink: PackSink) -> None:
 def _keys_of(s: Session, ids: Sequence[str]) -> dict[str, int]:
     """The ``key`` of each chunk of ``ids`` (the delta bases a batch names). ConcurrentChange
     when one is no longer in the chunk index (a gc removed it meanwhile): the batch fails."""
-    keys = catalog.keys_of(s, "chunks", ids)
+    keys = catalog.chunk_keys_of(s, ids)
     missing = [cid for cid in ids if cid not in keys]
     if missing:
         raise ConcurrentChange(what="repack", other="gc", detail=f"delta base {missing[0][:10]} was removed")

@@ -776,7 +776,7 @@ class Repo:
             assert row is not None
             skeleton = row.skeleton
             layout = catalog.tensor_layout(s, cid)
-            chunks = catalog.chunk_locations(s, [tr.id for _, tr in layout])
+            chunks = catalog.chunk_locations(s, [tr for _, tr in layout])
         tensors = read_tensors(self._reader, self._pool, [(e.name, tr, chunks[tr.id]) for e, tr in layout],
                                commit_id=cid)
         restored = st.unflatten(skeleton, tensors, allow_pickle=allow_pickle)
@@ -798,7 +798,7 @@ class Repo:
             row = s.get(CommitRow, cid)
             assert row is not None
             layout = catalog.tensor_layout(s, cid)
-            chunks = catalog.chunk_locations(s, [tr.id for _, tr in layout])
+            chunks = catalog.chunk_locations(s, [tr for _, tr in layout])
         items = {e.name: (tr, chunks[tr.id]) for e, tr in layout}
         export_state(Path(path), row.skeleton, items, self._reader, self._pool, commit_id=cid,
                      checkout=lambda: self.checkout(cid))
@@ -812,7 +812,7 @@ class Repo:
             layout = catalog.tensor_layout(s, cid, [name])
             if not layout:
                 raise UnknownTensor(commit=short(cid), name=name)
-            chunks = catalog.chunk_locations(s, [layout[0][1].id])
+            chunks = catalog.chunk_locations(s, [layout[0][1]])
         row = layout[0][1]
         return read_tensors(self._reader, self._pool, [(name, row, chunks[row.id])], commit_id=cid)[name]
 

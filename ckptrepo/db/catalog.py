@@ -8,12 +8,12 @@ chunk layer and the database layer never import each other.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, cast
 
-from sqlalchemy import BindParameter, Table, bindparam, func, select, update
+from sqlalchemy import BindParameter, Table, bindparam, func, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from ckptrepo.db import lines
@@ -51,7 +51,7 @@ CHUNK_COLUMNS = ("key", "id", "pack_id", "offset", "length", "raw_length", "enco
                  "alone_length")
 # ``TensorRow.stats`` holds exactly these (``ingest.stats.combine``).
 STAT_COLUMNS = ("numel", "mean", "std", "min", "max", "l2_norm", "abs_max", "nan_count", "inf_count")
-_TENSOR_COLUMNS = ("key", "id", "dtype", "shape", "nbytes", "chunk_size", "n_chunks", *STAT_COLUMNS)
+_TENSOR_COLUMNS = ("key", "id", "lead_key", "dtype", "shape", "nbytes", "chunk_size", "n_chunks", *STAT_COLUMNS)
 _RUN_COLUMNS = ("name", "line_id", "fp_depth", "tensor_key", "changed_chunks")
 _EDGE_COLUMNS = ("child_id", "parent_id", "kind", "position", "mapping", "fork_line_id", "fork_depth")
 
@@ -118,15 +118,16 @@ _RECORD_COLUMNS = (_CHUNKS.id, _CHUNKS.pack_id, _CHUNKS.offset, _CHUNKS.length, 
 _RECORDS_BY_ID = (select(*_RECORD_COLUMNS).outerjoin(_BASES_T, _BASES.key == _CHUNKS.base_key)
                   .where(_CHUNKS.id.in_(_IDS)))
 _RECORDS_OF_TENSORS = (
-    select(_TENSORS.id, *_RECORD_COLUMNS)
+    select(_TENSOR_CHUNKS.tensor_key, *_RECORD_COLUMNS)
     .select_from(_TENSOR_CHUNKS_T)
-    .join(_TENSORS_T, _TENSORS.key == _TENSOR_CHUNKS.tensor_key)
     .join(_CHUNKS_T, _CHUNKS.key == _TENSOR_CHUNKS.chunk_key)
     .outerjoin(_BASES_T, _BASES.key == _CHUNKS.base_key)
-    .where(_TENSORS.id.in_(_IDS))
+    .where(_TENSOR_CHUNKS.tensor_key.in_(bindparam("keys", expanding=True)))
     .order_by(_TENSOR_CHUNKS.tensor_key, _TENSOR_CHUNKS.seq)
 )
-_KEY_COLUMNS = {"chunks": (_CHUNKS.id, _CHUNKS.key), "tensors": (_TENSORS.id, _TENSORS.key)}
+_CHUNK_KEYS = select(_CHUNKS.id, _CHUNKS.key).where(_CHUNKS.id.in_(_IDS))
+_PAIRS: BindParameter[Any] = bindparam("pairs", expanding=True)
+_TENSOR_KEYS = select(_TENSORS.id, _TENSORS.key).where(tuple_(_TENSORS.lead_key, _TENSORS.id).in_(_PAIRS))
 
 
 def existing_chunks(session: Session, ids: Sequence[str]) -> set[str]:
@@ -144,15 +145,24 @@ def chunks_by_id(session: Session, ids: Sequence[str]) -> dict[str, ChunkRecord]
     return found
 
 
-def keys_of(session: Session, table: str, ids: Iterable[str]) -> dict[str, int]:
-    """The keys of those ``ids`` (of ``table``: "chunks" or "tensors") that exist, by id."""
+def chunk_keys_of(session: Session, ids: Iterable[str]) -> dict[str, int]:
+    """The keys of those chunk ``ids`` that are stored, by id."""
     wanted = sorted(set(ids))
-    id_col, key_col = _KEY_COLUMNS[table]
     conn = session.connection()
     out: dict[str, int] = {}
     for start in range(0, len(wanted), _IN_BATCH):
-        batch = wanted[start : start + _IN_BATCH]
-        out.update(fetch_tuples(conn, select(id_col, key_col).where(id_col.in_(_IDS)), {"ids": batch}))
+        out.update(fetch_tuples(conn, _CHUNK_KEYS, {"ids": wanted[start : start + _IN_BATCH]}))
+    return out
+
+
+def tensor_keys_of(session: Session, leads: Mapping[str, int]) -> dict[str, int]:
+    """The keys of those tensors that are stored, by id, given each id's ``lead_key`` (the key
+    of its first chunk, 0 for none: ``lead_key``)."""
+    pairs = sorted((lead, tid) for tid, lead in leads.items())
+    conn = session.connection()
+    out: dict[str, int] = {}
+    for start in range(0, len(pairs), _IN_BATCH):
+        out.update(fetch_tuples(conn, _TENSOR_KEYS, {"pairs": pairs[start : start + _IN_BATCH]}))
     return out
 
 
@@ -215,9 +225,11 @@ def _chunk_lists(session: Session, commit_ids: Sequence[str], chunk_keys: dict[s
 
 
 def _insert_keyed(session: Session, table: str, model: type[Chunk] | type[Tensor], columns: Sequence[str],
-                  rows: list[tuple[Any, ...]], keys: dict[str, int]) -> None:
+                  rows: list[tuple[Any, ...]], keys: dict[str, int],
+                  reread: Callable[[list[tuple[Any, ...]]], dict[str, int]]) -> None:
     """Insert ``rows`` (without their key: ``(id, *rest)``) under new keys, skipping ids already
-    stored (a concurrent commit inserted them), and record every row's key in ``keys``."""
+    stored (a concurrent commit inserted them), and record every row's key in ``keys``
+    (``reread``: the stored keys of such rows, by id)."""
     if not rows:
         return
     fresh = allocate_keys(session, table, len(rows))
@@ -226,7 +238,7 @@ def _insert_keyed(session: Session, table: str, model: type[Chunk] | type[Tensor
     if inserted == len(rows):
         keys.update((row[0], k) for k, row in zip(fresh, rows, strict=True))
     else:  # some ids were there already: their rows keep their keys
-        keys.update(keys_of(session, table, [row[0] for row in rows]))
+        keys.update(reread(rows))
 
 
 def _require(missing: set[str], what: str) -> None:
@@ -282,23 +294,33 @@ def record_commit(
     # Keys of the chunks this commit refers to and does not insert, beyond the parent's.
     wanted = {c.base_id for c in chunk_rows if c.base_id is not None and c.base_id not in new_chunk_ids}
     wanted.update(x for t in new_tensors for x in t.chunk_ids if x not in new_chunk_ids)
-    chunk_keys.update(keys_of(session, "chunks", wanted - chunk_keys.keys()))
-    _require(wanted - chunk_keys.keys(), "chunk")
-    # A tensor with a chunk new to the store is new; the others may be stored already.
-    surely_new = {t.tensor_id for t in new_tensors if not new_chunk_ids.isdisjoint(t.chunk_ids)}
-    tensor_keys.update(keys_of(session, "tensors", set(entries.values()) - tensor_keys.keys() - surely_new))
+    chunk_keys.update(chunk_keys_of(session, wanted - chunk_keys.keys()))
+    # A tensor with a chunk new to the store is new; the others may be stored already (those
+    # whose first chunk is stored: their lead key is known now).
+    leads = {t.tensor_id: chunk_keys[t.chunk_ids[0]] if t.chunk_ids else 0 for t in new_tensors
+             if new_chunk_ids.isdisjoint(t.chunk_ids) and (not t.chunk_ids or t.chunk_ids[0] in chunk_keys)}
+    tensor_keys.update(tensor_keys_of(session, leads))
     new_tensors = [t for t in new_tensors if t.tensor_id not in tensor_keys]
+    _require({c.base_id for c in chunk_rows if c.base_id is not None and c.base_id not in new_chunk_ids}
+             .union(x for t in new_tensors for x in t.chunk_ids if x not in new_chunk_ids) - chunk_keys.keys(), "chunk")
     _require(set(entries.values()) - tensor_keys.keys() - {t.tensor_id for t in new_tensors}, "tensor")
+    def stored_chunks(rows: list[tuple[Any, ...]]) -> dict[str, int]:
+        return chunk_keys_of(session, [r[0] for r in rows])
+
+    def stored_tensors(rows: list[tuple[Any, ...]]) -> dict[str, int]:
+        return tensor_keys_of(session, {r[0]: r[1] for r in rows})
+
     # By delta depth: a delta's base (in this commit or stored) has its key before the delta's row.
     for depth in sorted({c.depth for c in chunk_rows}):
         _insert_keyed(session, "chunks", Chunk, CHUNK_COLUMNS, [
             (c.chunk_id, c.pack_id, c.offset, c.length, c.raw_length, c.encoding, c.depth,
              None if c.base_id is None else chunk_keys[c.base_id], c.alone_length)
-            for c in chunk_rows if c.depth == depth], chunk_keys)
+            for c in chunk_rows if c.depth == depth], chunk_keys, stored_chunks)
     _insert_keyed(session, "tensors", Tensor, _TENSOR_COLUMNS, [
-        (t.tensor_id, t.dtype, t.shape, t.nbytes, t.chunk_size, len(t.chunk_ids), *[t.stats[k] for k in STAT_COLUMNS])
+        (t.tensor_id, chunk_keys[t.chunk_ids[0]] if t.chunk_ids else 0, t.dtype, t.shape, t.nbytes, t.chunk_size,
+         len(t.chunk_ids), *[t.stats[k] for k in STAT_COLUMNS])
         for t in new_tensors
-    ], tensor_keys)
+    ], tensor_keys, stored_tensors)
     insert_tuples(conn, TensorChunk, ("tensor_key", "seq", "chunk_key"), [
         (tensor_keys[t.tensor_id], i, chunk_keys[x]) for t in new_tensors for i, x in enumerate(t.chunk_ids)
     ], ignore=True)
@@ -442,14 +464,15 @@ def tensor_layout(
     return [(row[0], row[1]) for row in session.execute(q.order_by(Entry.name))]
 
 
-def chunk_locations(session: Session, tensor_ids: Sequence[str]) -> dict[str, list[ChunkRecord]]:
-    """Ordered chunk rows per tensor id."""
-    out: dict[str, list[ChunkRecord]] = {tid: [] for tid in tensor_ids}
+def chunk_locations(session: Session, tensors: Iterable[Tensor]) -> dict[str, list[ChunkRecord]]:
+    """Ordered chunk rows per tensor id, of the tensor rows given (read by their keys)."""
+    by_key = {t.key: t.id for t in tensors}
+    out: dict[str, list[ChunkRecord]] = {tid: [] for tid in by_key.values()}
+    keys = sorted(by_key)
     conn = session.connection()
-    for start in range(0, len(tensor_ids), _IN_BATCH):
-        batch = list(tensor_ids[start : start + _IN_BATCH])
-        for row in fetch_tuples(conn, _RECORDS_OF_TENSORS, {"ids": batch}):
-            out[row[0]].append(ChunkRecord(*row[1:]))
+    for start in range(0, len(keys), _IN_BATCH):
+        for row in fetch_tuples(conn, _RECORDS_OF_TENSORS, {"keys": keys[start : start + _IN_BATCH]}):
+            out[by_key[row[0]]].append(ChunkRecord(*row[1:]))
     return out
 
 

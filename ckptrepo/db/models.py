@@ -9,8 +9,9 @@ them (``tensor_chunks``, ``entries``, ``entry_runs``, a delta chunk's base) hold
 the id. Keys are handed out in increasing order as rows are inserted (``catalog.allocate_keys``),
 so a commit's rows land at the end of the indexes over those keys instead of one random place
 per row (a digest's place in an index is random): a commit then dirties a few pages of those
-indexes where it dirtied one page per row, and the rows and indexes are a third the size.
-Only the ``id`` indexes of ``chunks`` and ``tensors`` (the dedup lookups) stay random.
+indexes where it dirtied one page per row, and the rows and indexes are smaller. Tensors are
+indexed by their first chunk's key before their id (``Tensor.lead_key``); only the ``id``
+index of ``chunks`` (the dedup lookups) takes a commit's rows at random places.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from sqlalchemy import (
     String,
     Text,
     TypeDecorator,
+    UniqueConstraint,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
@@ -160,14 +162,19 @@ class Chunk(Base):
 class Tensor(Base):
     """One distinct tensor value: dtype, shape, ordered chunks and ingest statistics.
 
-    ``id`` hashes dtype, shape and chunk ids, so identical tensors are one row.
+    ``id`` hashes dtype, shape and chunk ids, so identical tensors are one row (unique with
+    ``lead_key``, which the id determines).
     Statistics are over the tensor's elements as float64 (None where not meaningful,
     e.g. bool or complex tensors' min/max).
     """
 
     __tablename__ = "tensors"
     key: Mapped[int] = mapped_column(Key, TENSOR_KEYS, primary_key=True, autoincrement=False)
-    id: Mapped[str] = mapped_column(Id, unique=True)
+    id: Mapped[str] = mapped_column(Id)
+    # The key of the tensor's first chunk (0 for a tensor without chunks). Tensors are unique and
+    # looked up by (lead_key, id): a new tensor's first chunk is usually new too, so its row goes
+    # to the end of that index, where an index of ids alone takes it at a random place.
+    lead_key: Mapped[int] = mapped_column(Key)
     dtype: Mapped[str] = mapped_column(String(32))
     shape: Mapped[list[int]] = mapped_column(JsonType)
     nbytes: Mapped[int] = mapped_column(BigInteger)
@@ -182,7 +189,7 @@ class Tensor(Base):
     abs_max: Mapped[float | None] = mapped_column(Float, default=None)
     nan_count: Mapped[int] = mapped_column(BigInteger, default=0)
     inf_count: Mapped[int] = mapped_column(BigInteger, default=0)
-    __table_args__ = ({"sqlite_autoincrement": True},)
+    __table_args__ = (UniqueConstraint("lead_key", "id"), {"sqlite_autoincrement": True})
 
 
 class TensorChunk(Base):

@@ -63,7 +63,7 @@ def delta_plan(
     tensors: dict[str, BaseTensor] = {}
     for commit, wanted in by_commit.items():
         layout = catalog.tensor_layout(session, commit, sorted(wanted))
-        chunks = catalog.chunk_locations(session, sorted({row.id for _, row in layout}))
+        chunks = catalog.chunk_locations(session, [row for _, row in layout])
         for entry, row in layout:
             base = BaseTensor(st.dtype_from_name(row.dtype), row.chunk_size, [location(c) for c in chunks[row.id]])
             for name in wanted[entry.name]:

@@ -156,7 +156,7 @@ def diff(repo: Repo, a: str, b: str, *, exact: bool = False) -> Diff:
         pairs: dict[str, list[ChunkPair]] = {}
         if exact:
             _differing_chunks(s, a_id, b_id, pairs)
-        requests = _exact_requests(s, sides, pairs) if exact else []
+        requests = _exact_requests(s, (a_id, b_id), sides, pairs) if exact else []
     out: list[TensorDelta] = []
     for name in sorted(sides):
         sa, sb = sides[name]
@@ -253,10 +253,11 @@ def _comparable(sa: _Side | None, sb: _Side | None) -> str | None:
 
 
 def _exact_requests(
-    s: Session, sides: dict[str, list[_Side | None]], pairs: dict[str, list[ChunkPair]]
+    s: Session, commits: tuple[str, str], sides: dict[str, list[_Side | None]], pairs: dict[str, list[ChunkPair]]
 ) -> list[ExactRequest]:
-    """What an exact diff reads: the differing chunk pairs of each comparable changed tensor,
-    or, when the chunk sizes differ, both tensors whole (their chunk rows are looked up here)."""
+    """What an exact diff of ``commits`` (a, b) reads: the differing chunk pairs of each comparable
+    changed tensor, or, when the chunk sizes differ, both tensors whole (their chunk rows are
+    looked up here, through the commits' entries)."""
     requests: list[ExactRequest] = []
     whole: list[tuple[str, _Side, _Side]] = []
     for name, (sa, sb) in sorted(sides.items()):
@@ -269,9 +270,13 @@ def _exact_requests(
         requests.append(ExactRequest(name, sa.info.dtype, sa.info.stats.l2_norm or 0.0,
                                      sb.info.stats.l2_norm or 0.0, found, len(found) < sa.info.n_chunks))
     if whole:
-        chunks = catalog.chunk_locations(s, [x.info.tensor_id for _, sa, sb in whole for x in (sa, sb)])
+        names = [name for name, _, _ in whole]
+        rows = {(side, e.name): t for side, cid in enumerate(commits)
+                for e, t in catalog.tensor_layout(s, cid, names)}
+        chunks = catalog.chunk_locations(s, rows.values())
         for name, sa, sb in whole:
-            both = ((_tensor_row(sa), chunks[sa.info.tensor_id]), (_tensor_row(sb), chunks[sb.info.tensor_id]))
+            ra, rb = rows[0, name], rows[1, name]
+            both = ((_tensor_row(sa), chunks[ra.id]), (_tensor_row(sb), chunks[rb.id]))
             requests.append(ExactRequest(name, sa.info.dtype, sa.info.stats.l2_norm or 0.0,
                                          sb.info.stats.l2_norm or 0.0, whole=both))
     return requests

@@ -5,13 +5,16 @@ Revises: 0008
 Create Date: 2026-11-27
 
 ``chunks.key`` and ``tensors.key`` (SQLite: the rowid; PostgreSQL: bigint from the sequences
-``chunks_key_seq`` and ``tensors_key_seq``) become the primary keys; ``id`` stays, unique.
+``chunks_key_seq`` and ``tensors_key_seq``) become the primary keys; ``chunks.id`` stays unique,
+tensors are unique by ``(lead_key, id)``: ``lead_key`` is the key of the tensor's first chunk
+(0 for a tensor without chunks).
 ``tensor_chunks (tensor_key, seq, chunk_key)``, ``entries.tensor_key``, ``entry_runs.tensor_key``
 and ``chunks.base_key`` replace the id columns. Ids are digests, so each row a commit inserted
 went to a random place of every index over them: after 2,000 commits of a 212-tensor training
 state, one commit dirtied ~3,300 catalog pages (12.9 MiB written with its log) and its
 transaction took 44 ms of CPU. Keys grow with each commit, so its rows now go to the end of
-those indexes; only the ``id`` indexes of ``chunks`` and ``tensors`` take random places.
+those indexes, and so do new tensors, whose first chunk is usually new; only the ``id`` index
+of ``chunks`` takes random places.
 ``tensor_chunks`` and ``entries`` are stored in primary-key order on SQLite (WITHOUT ROWID).
 
 Rebuilds the five tables in this migration's transaction (copies, then the new tables filled
@@ -135,8 +138,9 @@ def upgrade() -> None:
         sa.Column("key", _key(), nullable=False, autoincrement=False),
         sa.Column("id", _id(bind), nullable=False),
         *_tensor_columns(),
+        sa.Column("lead_key", _key(), nullable=False),
         sa.PrimaryKeyConstraint("key", name=op.f("pk_tensors")),
-        sa.UniqueConstraint("id", name=op.f("uq_tensors_id")),
+        sa.UniqueConstraint("lead_key", "id", name=op.f("uq_tensors_lead_key")),
         sqlite_autoincrement=True,
     )
     op.create_table(
@@ -169,8 +173,11 @@ def upgrade() -> None:
         f"INSERT INTO chunks (key, id, base_key, {_CHUNK_FIELDS}) "
         f"SELECT c.key, c.id, b.key, {', '.join('c.' + f.strip() for f in _CHUNK_FIELDS.split(','))} "
         "FROM _old_chunks c LEFT JOIN _old_chunks b ON b.id = c.base_id"))
-    bind.execute(sa.text(f"INSERT INTO tensors (key, id, {_TENSOR_FIELDS}) "
-                         f"SELECT key, id, {_TENSOR_FIELDS} FROM _old_tensors"))
+    bind.execute(sa.text(
+        f"INSERT INTO tensors (key, id, lead_key, {_TENSOR_FIELDS}) "
+        f"SELECT t.key, t.id, coalesce(c.key, 0), {', '.join('t.' + f.strip() for f in _TENSOR_FIELDS.split(','))} "
+        "FROM _old_tensors t LEFT JOIN _old_tensor_chunks tc ON tc.tensor_id = t.id AND tc.seq = 0 "
+        "LEFT JOIN _old_chunks c ON c.id = tc.chunk_id"))
     bind.execute(sa.text(
         "INSERT INTO tensor_chunks (tensor_key, seq, chunk_key) SELECT t.key, tc.seq, c.key "
         "FROM _old_tensor_chunks tc JOIN _old_tensors t ON t.id = tc.tensor_id "

@@ -103,6 +103,15 @@ def test_record_commit_uses_stored_rows_keys(engine: Engine) -> None:
         chunk_keys = dict(s.execute(select(Chunk.id, Chunk.key)).all())
     assert three.tensor_keys == {t: stored[t] for t in (_tid([5, 1]), _tid([3]))}
     assert three.chunk_keys == {_hex(x): chunk_keys[_hex(x)] for x in (5, 1, 3)}
+    # Stored tensors met again without a parent's layout are found by (first chunk's key, id),
+    # a tensor without chunks by (0, id): no second row for either.
+    four = _record(engine, 4, {"x": [1, 2], "e": []}, [])
+    five = _record(engine, 5, {"y": [1, 2], "e": []}, [])
+    with session_factory(engine)() as s:
+        rows = s.execute(select(Tensor.id, Tensor.key, Tensor.lead_key)).all()
+    assert len(rows) == 5 and {tid: lead for tid, _, lead in rows}[_tid([])] == 0
+    assert {tid: lead for tid, _, lead in rows}[_tid([1, 2])] == chunk_keys[_hex(1)]
+    assert four.tensor_keys == five.tensor_keys == {tid: key for tid, key, _ in rows if tid in (_tid([1, 2]), _tid([]))}
 
 
 def test_record_commit_refuses_rows_gone_since_looked_up(engine: Engine) -> None:

@@ -436,7 +436,7 @@ def test_insert_tuples_stores_what_insert_stores(engine: Engine) -> None:
         (Edge, {"child_id": c, "parent_id": a}, {"kind": "transfer", "position": 1, "mapping": {"w": "v"},
                                                  "fork_line_id": a, "fork_depth": 0},
          {"child_id": d, "parent_id": b}),
-        (Tensor, {"key": 1, "id": a}, tensor, {"key": 2, "id": b}),
+        (Tensor, {"key": 1, "id": a}, {**tensor, "lead_key": 0}, {"key": 2, "id": b}),
     ]
     with write_connection(engine) as conn:
         for model, key, values, other in pairs:
