@@ -241,12 +241,21 @@ def _insert_keyed(session: Session, table: str, model: type[Chunk] | type[Tensor
         keys.update(reread(rows))
 
 
-def _require(missing: set[str], what: str) -> None:
-    """Refuse a commit that refers to stored rows which are gone (a gc in another process removed
-    them after this commit looked them up)."""
+def _stored_chunks_named(chunk_rows: Sequence[ChunkRow], tensors: Iterable[TensorRow]) -> set[str]:
+    """The chunks that ``chunk_rows`` (as delta bases) and ``tensors`` name and that are not
+    among ``chunk_rows``: they must be stored already."""
+    new = {c.chunk_id for c in chunk_rows}
+    named = {c.base_id for c in chunk_rows if c.base_id is not None}
+    named.update(x for t in tensors for x in t.chunk_ids)
+    return named - new
+
+
+def _require_stored(missing: set[str]) -> None:
+    """Refuse a commit that refers to stored chunks which are gone (a gc in another process
+    removed them after this commit looked them up)."""
     if missing:
         raise ConcurrentChange(what="commit", other="gc",
-                               detail=f"{len(missing)} {what}(s) it shares, e.g. {min(missing)}, are no longer stored")
+                               detail=f"{len(missing)} chunk(s) it shares, e.g. {min(missing)}, are no longer stored")
 
 
 def record_commit(
@@ -292,18 +301,15 @@ def record_commit(
     chunk_rows = sorted(chunks, key=lambda c: (c.depth, c.chunk_id))
     new_chunk_ids = {c.chunk_id for c in chunk_rows}
     # Keys of the chunks this commit refers to and does not insert, beyond the parent's.
-    wanted = {c.base_id for c in chunk_rows if c.base_id is not None and c.base_id not in new_chunk_ids}
-    wanted.update(x for t in new_tensors for x in t.chunk_ids if x not in new_chunk_ids)
-    chunk_keys.update(chunk_keys_of(session, wanted - chunk_keys.keys()))
+    chunk_keys.update(chunk_keys_of(session, _stored_chunks_named(chunk_rows, new_tensors) - chunk_keys.keys()))
     # A tensor with a chunk new to the store is new; the others may be stored already (those
     # whose first chunk is stored: their lead key is known now).
     leads = {t.tensor_id: chunk_keys[t.chunk_ids[0]] if t.chunk_ids else 0 for t in new_tensors
              if new_chunk_ids.isdisjoint(t.chunk_ids) and (not t.chunk_ids or t.chunk_ids[0] in chunk_keys)}
     tensor_keys.update(tensor_keys_of(session, leads))
     new_tensors = [t for t in new_tensors if t.tensor_id not in tensor_keys]
-    _require({c.base_id for c in chunk_rows if c.base_id is not None and c.base_id not in new_chunk_ids}
-             .union(x for t in new_tensors for x in t.chunk_ids if x not in new_chunk_ids) - chunk_keys.keys(), "chunk")
-    _require(set(entries.values()) - tensor_keys.keys() - {t.tensor_id for t in new_tensors}, "tensor")
+    _require_stored(_stored_chunks_named(chunk_rows, new_tensors) - chunk_keys.keys())
+
     def stored_chunks(rows: list[tuple[Any, ...]]) -> dict[str, int]:
         return chunk_keys_of(session, [r[0] for r in rows])
 

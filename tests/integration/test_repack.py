@@ -21,6 +21,7 @@ import ckptrepo
 from ckptrepo import errors, faults
 from ckptrepo import repack as packer
 from ckptrepo.chunks.codecs import Encoding
+from ckptrepo.db import catalog
 from ckptrepo.db.models import Chunk, Pack
 from ckptrepo.ingest import spare
 
@@ -347,3 +348,20 @@ def test_close_waits_for_a_background_repack_before_shutting_its_pools(
     monkeypatch.setattr(repo._committer, "close", close_committer)
     repo.close()
     assert outcome == ["encoded"]
+
+
+def test_a_delta_base_gone_meanwhile_fails_its_batch(repo: ckptrepo.Repo, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch whose delta bases are no longer in the chunk index when it records its moves (a
+    gc elsewhere removed them) fails as a concurrent change; what is stored stays readable and
+    a later run does the work."""
+    ids = _commit_all(repo, 3)
+    found = catalog.chunk_keys_of
+    monkeypatch.setattr(catalog, "chunk_keys_of", lambda s, wanted: {})
+    with pytest.raises(errors.ConcurrentChange):
+        repo.repack()
+    monkeypatch.setattr(catalog, "chunk_keys_of", found)
+    assert repo.verify(full=True).ok
+    for i, cid in enumerate(ids):
+        assert _same(repo.checkout(cid), _state(i))
+    repo.repack()
+    assert not _deferred(repo) and repo.verify(full=True).ok
