@@ -20,8 +20,9 @@ _HEX_RUN = re.compile(r"[0-9a-f]*")
 
 def hash_bytes(data: bytes | bytearray | memoryview) -> str:
     """BLAKE3-256 of ``data`` as 64 lowercase hex characters."""
-    threads = blake3.blake3.AUTO if len(data) >= _PARALLEL_MIN else 1
-    return blake3.blake3(data, max_threads=threads).hexdigest()
+    if len(data) < _PARALLEL_MIN:
+        return blake3.blake3(data).hexdigest()  # one thread; keyword arguments cost as much as ~1 KiB
+    return blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest()
 
 
 def hash_json(value: Any) -> str:

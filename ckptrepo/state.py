@@ -171,7 +171,13 @@ def join_path(parts: Sequence[str | int]) -> str:
 
     Injective over non-empty part lists; ``[]`` and ``[""]`` both give ``""``.
     """
-    return "/".join(str(p).replace("%", "%25").replace("/", "%2F") for p in parts)
+    return "/".join(map(_escape, parts))
+
+
+def _escape(part: str | int) -> str:
+    """One part of an entry name, escaped as ``join_path`` does."""
+    text = str(part)
+    return text.replace("%", "%25").replace("/", "%2F") if "%" in text or "/" in text else text
 
 
 def split_path(name: str) -> list[str]:
@@ -199,7 +205,8 @@ def _is_key(key: Any) -> bool:
 
 
 def _where(path: Sequence[str]) -> str:
-    return join_path(path) if path else "the top level"
+    """A flattener's key path (parts already escaped) as people read it."""
+    return "/".join(path) if path else "the top level"
 
 
 def _describe(value: Any) -> str:
@@ -224,6 +231,9 @@ def _tensor_refusal(t: torch.Tensor) -> str | None:
 
 
 class _Flattener:
+    """One ``flatten``: key paths are lists of parts escaped as ``join_path`` escapes them (once,
+    on the way down), so an entry's name is their plain join."""
+
     def __init__(self, allow_pickle: bool) -> None:
         self.allow_pickle = allow_pickle
         self.tensors: dict[str, torch.Tensor] = {}
@@ -234,7 +244,7 @@ class _Flattener:
 
     def entry(self, key: tuple[Any, ...], path: list[str], t: torch.Tensor, kind: str) -> str:
         if key not in self.seen:
-            name = self.seen[key] = join_path(path)
+            name = self.seen[key] = "/".join(path)
             self.tensors[name], self.kinds[name] = t, kind
         return self.seen[key]
 
@@ -255,7 +265,7 @@ class _Flattener:
             try:
                 if isinstance(value, dict):
                     return self.mapping(value, path)
-                items = [self.node(item, [*path, str(i)]) for i, item in enumerate(value)]
+                items = [self.node(item, [*path, str(i)]) for i, item in enumerate(value)]  # digits: no escaping
                 return items if cls is list else {"u": items}
             finally:
                 self.active.discard(id(value))
@@ -279,7 +289,7 @@ class _Flattener:
                 reason = f"keys {parts[part]!r} and {key!r} would share the entry name part {part!r}"
                 raise UnsupportedState(path=_where(path), reason=reason)
             parts[part] = key
-            items += [key, self.node(item, [*path, part])]
+            items += [key, self.node(item, [*path, _escape(part)])]
         meta = getattr(value, "_metadata", None)  # module versions in a state_dict(); kept when plain JSON
         with contextlib.suppress(TypeError, ValueError):
             if isinstance(meta, dict) and json.loads(json.dumps(meta)) == meta:
@@ -291,7 +301,8 @@ class _Flattener:
             raise UnsupportedState(path=_where(path), reason=reason)
         view = (t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t.is_conj(), t.is_neg())
         name = self.entry((t.device, t.untyped_storage()._cdata, *view), path, t, "tensor")
-        return {"P": [name, t.requires_grad]} if isinstance(t, torch.nn.Parameter) else {"t": name}
+        # ``type``, not ``isinstance``: Parameter's metaclass makes that slow, and subclasses are refused above.
+        return {"P": [name, t.requires_grad]} if type(t) is torch.nn.Parameter else {"t": name}
 
     def numpy(self, a: np.ndarray[Any, Any] | np.generic[Any], path: list[str]) -> Any:
         if isinstance(a, np.generic):
@@ -311,7 +322,7 @@ class _Flattener:
             data = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as e:
             raise UnsupportedState(path=_where(path), reason=f"{reason} that cannot be pickled ({e})") from e
-        name = join_path(path)
+        name = "/".join(path)
         self.tensors[name], self.kinds[name] = torch.frombuffer(bytearray(data), dtype=torch.uint8), "pickle"
         return {"p": name}
 

@@ -13,8 +13,8 @@ a few system calls, the interpreter lock released), while phase 2 hashes them.
 
 Phase 2 then only indexes what turned out new (``add``): a new chunk's entry points at its
 bytes where the arena put them (file offset = ``PAGE`` + arena offset - the file's base).
-``seal`` waits for the writes, writes the header, index and trailer, fsyncs and puts each
-file in the store, which makes it a pack like any other; a chunk that turned out to be
+``seal`` waits for the writes, writes the header, index and trailer and puts each file in
+the store (``put_file``: durably), which makes it a pack like any other; a chunk that turned out to be
 known stays in the file unindexed (the pack format allows gaps between payloads, and
 ``repack`` rewrites these raw packs anyway), and a file in which nothing turned out new is
 deleted. Files are cut at chunk boundaries once they span ``target`` bytes. Without direct
@@ -180,7 +180,7 @@ class WriteAhead:
                     end = min(hi, at + REQUEST)
                     faults.point("pack.write")
                     pwrite_all(out, view[at:end], PAGE + at - f.base)
-            # Flush the payloads now, while training runs: the fsync of ``seal`` (inside the
+            # Flush the payloads now, while training runs: the fsync of ``seal``'s put (inside the
             # next commit's wait, when phase 2 is late) then has only the index to flush.
             os.fdatasync(out)
         finally:
@@ -223,11 +223,11 @@ class WriteAhead:
             fd = os.open(f.path, os.O_WRONLY)
             try:
                 pwrite_all(fd, memoryview(tail), index_offset)
-                os.fsync(fd)  # the directly written payloads too: the device's cache is flushed
             finally:
                 os.close(fd)
             # Step 1 of the write ordering: durable and named in the store before any row can
-            # point at it.
+            # point at it. ``put_file`` makes the file durable (a local store fsyncs it, which
+            # flushes the directly written payloads from the device's cache too).
             faults.point("pack.before_put")
             self._backend.put_file(pack_key(pack_id), f.path)
             faults.point("pack.after_put")
