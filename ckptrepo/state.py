@@ -265,7 +265,8 @@ class _Flattener:
             try:
                 if isinstance(value, dict):
                     return self.mapping(value, path)
-                items = [self.node(item, [*path, str(i)]) for i, item in enumerate(value)]  # digits: no escaping
+                # An index is digits: nothing to escape.
+                items = [self.node(item, [*path, str(i)]) for i, item in enumerate(value)]
                 return items if cls is list else {"u": items}
             finally:
                 self.active.discard(id(value))
@@ -301,7 +302,7 @@ class _Flattener:
             raise UnsupportedState(path=_where(path), reason=reason)
         view = (t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t.is_conj(), t.is_neg())
         name = self.entry((t.device, t.untyped_storage()._cdata, *view), path, t, "tensor")
-        # ``type``, not ``isinstance``: Parameter's metaclass makes that slow, and subclasses are refused above.
+        # ``type``, not ``isinstance`` (slow through Parameter's metaclass): subclasses were refused above.
         return {"P": [name, t.requires_grad]} if type(t) is torch.nn.Parameter else {"t": name}
 
     def numpy(self, a: np.ndarray[Any, Any] | np.generic[Any], path: list[str]) -> Any:

@@ -14,12 +14,12 @@ a few system calls, the interpreter lock released), while phase 2 hashes them.
 Phase 2 then only indexes what turned out new (``add``): a new chunk's entry points at its
 bytes where the arena put them (file offset = ``PAGE`` + arena offset - the file's base).
 ``seal`` waits for the writes, writes the header, index and trailer and puts each file in
-the store (``put_file``: durably), which makes it a pack like any other; a chunk that turned out to be
-known stays in the file unindexed (the pack format allows gaps between payloads, and
-``repack`` rewrites these raw packs anyway), and a file in which nothing turned out new is
-deleted. Files are cut at chunk boundaries once they span ``target`` bytes. Without direct
-I/O (a filesystem that refuses it, ``CKPT_DIRECT_IO=0``) the same writes go through the
-page cache.
+the store durably (``put_file``), which makes it a pack like any other; a chunk that
+turned out to be known stays in the file unindexed (the pack format allows gaps between
+payloads, and ``repack`` rewrites these raw packs anyway), and a file in which nothing
+turned out new is deleted. Files are cut at chunk boundaries once they span ``target``
+bytes. Without direct I/O (a filesystem that refuses it, ``CKPT_DIRECT_IO=0``) the same
+writes go through the page cache.
 
 Thread contract: ``start`` runs on the committing thread once phase 1 has copied every
 tensor, before phase 2 is queued (``copied`` during the copy, for a fresh arena whose copy
@@ -180,8 +180,8 @@ class WriteAhead:
                     end = min(hi, at + REQUEST)
                     faults.point("pack.write")
                     pwrite_all(out, view[at:end], PAGE + at - f.base)
-            # Flush the payloads now, while training runs: the fsync of ``seal``'s put (inside the
-            # next commit's wait, when phase 2 is late) then has only the index to flush.
+            # Flush the payloads now, while training runs: the fsync of ``seal``'s ``put_file``
+            # (inside the next commit's wait, when phase 2 is late) then has only the index to flush.
             os.fdatasync(out)
         finally:
             os.close(fd)

@@ -236,6 +236,7 @@ def quantized() -> torch.Tensor:
     [
         ({"optim": {"param_groups": [{"foo": lambda: 1}]}}, "optim/param_groups/0/foo", "function"),
         ({"a": {"b": Custom(1)}}, "a/b", "Custom"),
+        ({"a/b": {"50%": [Custom(1)]}}, "a%2Fb/50%25/0", "Custom"),  # the path as entry names spell it
         ({"a": [1, {2, 3}]}, "a/1", "set"),
         ({"w": torch.eye(3).to_sparse()}, "w", "sparse"),
         ({"w": torch.zeros(2, device="meta")}, "w", "meta"),
