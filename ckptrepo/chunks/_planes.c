@@ -492,9 +492,9 @@ MOMENTS_FAST(moments_f64, 1)
 #include <immintrin.h>
 #define HAVE_AVX2_MOMENTS 1 /* and the AVX-512 pass */
 /* The same pass with AVX2 and FMA, chosen at run time where the CPU has them. float64
-   (``moments_avx2``): 16 elements per iteration as four vectors of four doubles, each into
-   its own accumulators (sum, sum of squares by fused multiply-add, min, max). float32 and
-   bfloat16 take ``moments_avx2_narrow``. */
+   (``moments_avx2_f64``): 16 elements per iteration as four vectors of four doubles, each
+   into its own accumulators (sum, sum of squares by fused multiply-add, min, max). float32
+   and bfloat16 take ``moments_avx2_narrow``. */
 #define AVX_STEP(X, S, Q, L, H)                                                                \
     do {                                                                                       \
         __m256d a_ = _mm256_sub_pd((X), sh);                                                   \
@@ -508,10 +508,10 @@ MOMENTS_FAST(moments_f64, 1)
    and max on the float32 lanes, eight at a time, before widening (the conversion to double
    is exact and keeps the order: the same figures as widening first), so that the eight
    double accumulators, the two float ones and the shift fit the sixteen registers without
-   spilling; the sums take the same lanes in the same order as ``moments_avx2`` did for these
-   kinds, and a software prefetch runs ahead of the loads (the AVX-512 pass's distances).
-   float32 on a Zen 3 (AVX2, no AVX-512), one thread over 64 MiB: 10.8 GB/s through
-   ``moments_avx2``, 19.5 GB/s here; ``copy_moments`` 7.5 -> 10.4 GB/s, against 8.9 for
+   spilling; the sums take the same lanes in the same order as the one AVX2 pass for every
+   kind did before it, and a software prefetch runs ahead of the loads (the AVX-512 pass's distances).
+   float32 on a Zen 3 (AVX2, no AVX-512), one thread over 64 MiB: 10.8 GB/s through that
+   pass, 19.5 GB/s here; ``copy_moments`` 7.5 -> 10.4 GB/s, against 8.9 for
    numpy's copy of the same bytes. */
 #define AVX2_AHEAD_F32 2048
 #define AVX2_AHEAD_BF16 4096
@@ -562,8 +562,8 @@ __attribute__((target("avx2,fma"))) static void moments_avx2_narrow(const uint8_
     moments_tail(p, i, n, bf16 ? 2 : 0, shift, S, Q, L, H, out);
 }
 
-__attribute__((target("avx2,fma"))) static void moments_avx2(const uint8_t *p, Py_ssize_t n, int kind,
-                                                             double shift, double *out) {
+__attribute__((target("avx2,fma"))) static void moments_avx2_f64(const uint8_t *p, Py_ssize_t n, double shift,
+                                                                 double *out) {
     const __m256d sh = _mm256_set1_pd(shift);
     __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
     __m256d q0 = s0, q1 = s0, q2 = s0, q3 = s0;
@@ -571,28 +571,9 @@ __attribute__((target("avx2,fma"))) static void moments_avx2(const uint8_t *p, P
     __m256d h0 = _mm256_set1_pd(-INFINITY), h1 = h0, h2 = h0, h3 = h0;
     Py_ssize_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        __m256d x0, x1, x2, x3;
-        if (kind == 1) {
-            const double *d = (const double *)(p + 8 * i);
-            x0 = _mm256_loadu_pd(d);
-            x1 = _mm256_loadu_pd(d + 4);
-            x2 = _mm256_loadu_pd(d + 8);
-            x3 = _mm256_loadu_pd(d + 12);
-        } else {
-            __m256 f, g;
-            if (kind == 0) {
-                f = _mm256_loadu_ps((const float *)(p + 4 * i));
-                g = _mm256_loadu_ps((const float *)(p + 4 * i + 32));
-            } else { /* bfloat16: the upper half of a float32 */
-                __m256i b = _mm256_loadu_si256((const __m256i *)(p + 2 * i));
-                f = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(b)), 16));
-                g = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(b, 1)), 16));
-            }
-            x0 = _mm256_cvtps_pd(_mm256_castps256_ps128(f));
-            x1 = _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1));
-            x2 = _mm256_cvtps_pd(_mm256_castps256_ps128(g));
-            x3 = _mm256_cvtps_pd(_mm256_extractf128_ps(g, 1));
-        }
+        const double *d = (const double *)(p + 8 * i);
+        __m256d x0 = _mm256_loadu_pd(d), x1 = _mm256_loadu_pd(d + 4);
+        __m256d x2 = _mm256_loadu_pd(d + 8), x3 = _mm256_loadu_pd(d + 12);
         AVX_STEP(x0, s0, q0, l0, h0);
         AVX_STEP(x1, s1, q1, l1, h1);
         AVX_STEP(x2, s2, q2, l2, h2);
@@ -607,11 +588,11 @@ __attribute__((target("avx2,fma"))) static void moments_avx2(const uint8_t *p, P
     for (int j = 0; j < 4; j++) L = v[j] < L ? v[j] : L;
     _mm256_storeu_pd(v, _mm256_max_pd(_mm256_max_pd(h0, h1), _mm256_max_pd(h2, h3)));
     for (int j = 0; j < 4; j++) H = v[j] > H ? v[j] : H;
-    moments_tail(p, i, n, kind, shift, S, Q, L, H, out);
+    moments_tail(p, i, n, 1, shift, S, Q, L, H, out);
 }
 
 /* The same pass with AVX-512 (F, DQ, BW, VL), chosen at run time where the CPU has it.
-   32 registers hold every accumulator (the AVX2 pass's sixteen spill to the stack, which
+   32 registers hold every accumulator (the AVX2 float64 pass's sixteen spill to the stack, which
    puts a store and a reload on each accumulator's dependency chain). float32 and bfloat16:
    min and max are taken on the float32 lanes, sixteen at a time, before widening (the
    conversion to double is exact and keeps the order); each half of sixteen floats widens
@@ -761,7 +742,7 @@ static void moments_range(const uint8_t *p, Py_ssize_t n, int kind, double shift
         return;
     }
     if (path == MOMENTS_AVX2) {
-        if (kind == 1) moments_avx2(p, n, kind, shift, out);
+        if (kind == 1) moments_avx2_f64(p, n, shift, out);
         else moments_avx2_narrow(p, n, kind == 2, shift, out);
         return;
     }
