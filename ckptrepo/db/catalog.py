@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, cast
 
-from sqlalchemy import BindParameter, Table, bindparam, func, select, tuple_, update
+from sqlalchemy import BindParameter, Table, bindparam, func, select, update
 from sqlalchemy.orm import Session
 
 from ckptrepo.db import lines
@@ -126,8 +126,10 @@ _RECORDS_OF_TENSORS = (
     .order_by(_TENSOR_CHUNKS.tensor_key, _TENSOR_CHUNKS.seq)
 )
 _CHUNK_KEYS = select(_CHUNKS.id, _CHUNKS.key).where(_CHUNKS.id.in_(_IDS))
-_PAIRS: BindParameter[Any] = bindparam("pairs", expanding=True)
-_TENSOR_KEYS = select(_TENSORS.id, _TENSORS.key).where(tuple_(_TENSORS.lead_key, _TENSORS.id).in_(_PAIRS))
+# Tensors by lead key alone, matched by id in Python (``tensor_keys_of``): SQLite (3.40) scans the
+# whole (lead_key, id) index for a row-value ``(lead_key, id) IN (...)``.
+_TENSORS_BY_LEAD = select(_TENSORS.lead_key, _TENSORS.id, _TENSORS.key).where(
+    _TENSORS.lead_key.in_(bindparam("leads", expanding=True)))
 
 
 def existing_chunks(session: Session, ids: Sequence[str]) -> set[str]:
@@ -158,11 +160,17 @@ def chunk_keys_of(session: Session, ids: Iterable[str]) -> dict[str, int]:
 def tensor_keys_of(session: Session, leads: Mapping[str, int]) -> dict[str, int]:
     """The keys of those tensors that are stored, by id, given each id's ``lead_key`` (the key
     of its first chunk, 0 for none: ``lead_key``)."""
-    pairs = sorted((lead, tid) for tid, lead in leads.items())
+    wanted = {(lead, tid) for tid, lead in leads.items()}
+    keys = sorted({lead for lead, _ in wanted})
     conn = session.connection()
     out: dict[str, int] = {}
-    for start in range(0, len(pairs), _IN_BATCH):
-        out.update(fetch_tuples(conn, _TENSOR_KEYS, {"pairs": pairs[start : start + _IN_BATCH]}))
+    # One index range per lead key (a tensor whose first chunk other versions share returns
+    # those too, dropped here); a row-value IN of the pairs read the whole index on SQLite: 22
+    # ms per commit at 250,000 tensors, for a commit whose tensors are stored but not its parent's.
+    for start in range(0, len(keys), _IN_BATCH):
+        out.update((tid, key) for lead, tid, key in fetch_tuples(conn, _TENSORS_BY_LEAD,
+                                                                  {"leads": keys[start : start + _IN_BATCH]})
+                   if (lead, tid) in wanted)
     return out
 
 

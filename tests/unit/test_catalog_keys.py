@@ -129,3 +129,23 @@ def test_record_commit_refuses_rows_gone_since_looked_up(engine: Engine) -> None
         _record(engine, 3, {"a": [1]}, [])
     with session_factory(engine)() as s:
         assert list(s.scalars(select(Chunk.id))) == []
+
+
+def test_tensor_keys_of_matches_pairs_through_the_lead_key_index(engine: Engine) -> None:
+    """Tensors are found by (lead key, id): another version of a tensor with the same first chunk
+    is not taken for it, an id under the wrong lead key is not found, and on SQLite the lookup
+    reads an index range per lead key, never the whole index (a row-value IN of the pairs did)."""
+    _record(engine, 1, {"a": [1, 2], "b": [1, 3], "c": [4]}, [1, 2, 3, 4])
+    with session_factory(engine)() as s:
+        keys = dict(s.execute(select(Chunk.id, Chunk.key)).all())
+        stored = dict(s.execute(select(Tensor.id, Tensor.key)).all())
+        lead = keys[_hex(1)]
+        found = catalog.tensor_keys_of(s, {_tid([1, 3]): lead, _tid([4]): lead, _tid([9]): keys[_hex(4)]})
+        assert found == {_tid([1, 3]): stored[_tid([1, 3])]}
+        assert catalog.tensor_keys_of(s, {}) == {}
+        if engine.dialect.name == "sqlite":
+            query = catalog._TENSORS_BY_LEAD.params(leads=[lead, keys[_hex(4)]])
+            sql = str(query.compile(engine, compile_kwargs={"literal_binds": True}))
+            plan = s.connection().exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}").fetchall()
+            steps = " ".join(str(row[-1]) for row in plan)
+            assert "SEARCH" in steps and "SCAN" not in steps, steps
