@@ -255,9 +255,11 @@ def test_sqlite_pragmas(tmp_path: Path) -> None:
     try:
         with eng.connect() as conn:
             pragmas = {
-                p: conn.exec_driver_sql(f"PRAGMA {p}").scalar() for p in ("journal_mode", "synchronous")
+                p: conn.exec_driver_sql(f"PRAGMA {p}").scalar()
+                for p in ("journal_mode", "synchronous", "wal_autocheckpoint")
             }
-            assert pragmas == {"journal_mode": "wal", "synchronous": 2}  # 2 = FULL
+            # 2 = FULL; checkpoints every 4096 log pages, not SQLite's 1000
+            assert pragmas == {"journal_mode": "wal", "synchronous": 2, "wal_autocheckpoint": 4096}
             assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
     finally:
         eng.dispose()
