@@ -100,9 +100,6 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
-WAL_AUTOCHECKPOINT_PAGES = 4096  # SQLite log pages between automatic checkpoints (``_sqlite_engine``)
-
-
 def _sqlite_engine(url: str) -> Engine:
     # sqlite3's ``timeout`` is SQLite's busy timeout: a writer waits this long for another
     # process's write lock before giving up with "database is locked".
@@ -134,7 +131,7 @@ def _sqlite_engine(url: str) -> Engine:
             # their end (entry runs, keys), which a checkpoint then writes once for eight
             # commits or so instead of one or two; ~1.6 CPU-ms less per commit of the
             # training benchmark's state after 2000 others (BENCHMARKS.md, session 22).
-            cursor.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
+            cursor.execute("PRAGMA wal_autocheckpoint=4096")
         finally:
             cursor.close()
 
