@@ -187,7 +187,7 @@ class StorageError(CkptError):
 
 
 class CommitReadFailed(CkptError):
-    """Commit {commit} is durable, but reading it back failed: {detail}."""
+    """Commit {commit} is durable and visible, but the step after its transaction failed: {detail}."""
 
     exit_code = 1
     hint = "The commit is in the repository (`ckpt show ID`); do not commit it again."

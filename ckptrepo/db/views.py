@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from typing import Any, cast
 
@@ -60,6 +61,31 @@ def commits(s: Session, rows: Sequence[Any]) -> list[t.Commit]:
         )
         for r in rows
     ]
+
+
+def recorded_commit(row: Mapping[str, Any], parents: Sequence[tuple[str, str, Any]],
+                    metrics: Mapping[str, float], refs: Sequence[str]) -> t.Commit:
+    """The public commit of a row its caller has just inserted and committed, equal to what
+    ``commits_by_id`` reads back, without reading it: ``row`` holds the ``commits`` values
+    given to ``catalog.record_commit``, ``parents`` its edges as ``(parent id, kind, mapping)``
+    in position order, ``metrics`` the values inserted, ``refs`` the refs that point at it
+    (``refs_at``'s names and order). JSON values (config, a transfer's mapping) come back as
+    the database returns them: through the JSON columns' encoding."""
+    return t.Commit(
+        id=row["id"], message=row["message"], created_at=row["created_at"].astimezone(timezone.utc),
+        author=row["author"], host=row["host"], branch=row["branch"], step=row["step"], epoch=row["epoch"],
+        parents=tuple(t.Parent(pid, kind, _as_stored(mapping)) for pid, kind, mapping in parents),
+        metrics={name: float(value) for name, value in metrics.items()}, config=_as_stored(row["config"]),
+        code_version=row["code_version"], n_tensors=row["n_tensors"], logical_bytes=row["logical_bytes"],
+        new_bytes=row["new_bytes"], stored_bytes=row["stored_bytes"], stall_s=float(row["stall_s"]),
+        wait_s=float(row["wait_s"]), persist_s=float(row["persist_s"]), nonfinite=row["nonfinite"],
+        refs=tuple(refs),
+    )
+
+
+def _as_stored(value: Any) -> Any:
+    """A JSON column's value as read back (tuples become lists, keys strings); None stays None."""
+    return None if value is None else json.loads(json.dumps(value))
 
 
 def aware(value: datetime) -> datetime:

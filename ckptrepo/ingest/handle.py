@@ -20,7 +20,7 @@ class CommitHandle:
     ``staged`` is True once the state has been copied: the caller may mutate it again.
     ``wait()`` blocks until the commit is durable and visible and returns it, or
     re-raises the error that stopped it (the repository is then as it was before, unless
-    the error is ``CommitReadFailed``: durable, but not read back). An error ``wait()``
+    the error is ``CommitReadFailed``: durable and visible, but not returned). An error ``wait()``
     re-raised is not reported again by the next ``commit()``. In a process forked while
     the commit was in flight, ``wait()`` raises ForkedProcess: the commit is the parent's.
     """

@@ -262,3 +262,26 @@ def test_branch_moved_meanwhile_keeps_the_commit_reachable(repo: ckptrepo.Repo, 
     assert repo.get_commit(kept.commit_id).message == "mine"
     assert repo.get_commit(kept.commit_id).parent_ids == [first.id]
     assert repo.get_commit("main").message == "other writer"
+
+
+def test_returned_commit_equals_the_stored_one(repo: ckptrepo.Repo) -> None:
+    """``wait()``'s commit is built from what was inserted; it must equal a read-back."""
+    cases: list[tuple[Any, dict[str, Any]]] = [
+        ({"w": torch.randn(10)}, {"metrics": {"loss": 2, "acc": 0.5}, "step": 3, "epoch": 1, "message": "m",
+                                  "config": {"lr": 0.1, "dims": (4, 8), "by_id": {1: "a"}, "none": None},
+                                  "code_version": "abc"}),
+        ({"w": torch.randn(10)}, {"branch": "side", "blocking": True}),
+        ({"w": torch.randn(10), "b": torch.randn(3)}, {"parents": ["main", "side"], "message": "merge"}),
+        ({"w2": torch.randn(10)}, {"branch": "xfer", "transfer_from": ("side", {"w2": "w"})}),
+        ({"w": torch.randn(4)}, {"branch": "xfer2", "transfer_from": "main", "config": None}),
+    ]
+    ids = []
+    for state, kwargs in cases:
+        returned = repo.commit(state, **kwargs).wait()
+        ids.append(returned.id)
+        stored = repo.get_commit(returned.id)
+        assert returned == stored
+        assert returned.created_at.tzinfo is not None and returned.config == stored.config
+    first = repo.get_commit(ids[0])
+    assert first.config == {"lr": 0.1, "dims": [4, 8], "by_id": {"1": "a"}, "none": None}
+    assert first.metrics == {"loss": 2.0, "acc": 0.5}
