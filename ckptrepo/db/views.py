@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
+from types import SimpleNamespace
 from typing import Any, cast
 
 from sqlalchemy import Table, bindparam, select
@@ -49,18 +50,19 @@ def commits(s: Session, rows: Sequence[Any]) -> list[t.Commit]:
     edges = catalog.edges_of(s, ids)
     metrics = catalog.metrics_of(s, ids)
     refs = catalog.refs_at(s, ids)
-    return [
-        t.Commit(
-            id=r.id, message=r.message, created_at=aware(r.created_at), author=r.author, host=r.host,
-            branch=r.branch, step=r.step, epoch=r.epoch,
-            parents=tuple(t.Parent(e.parent_id, e.kind, e.mapping) for e in edges.get(r.id, [])),
-            metrics=metrics.get(r.id, {}), config=r.config, code_version=r.code_version, n_tensors=r.n_tensors,
-            logical_bytes=r.logical_bytes, new_bytes=r.new_bytes, stored_bytes=r.stored_bytes,
-            stall_s=r.stall_s, wait_s=r.wait_s, persist_s=r.persist_s, nonfinite=r.nonfinite,
-            refs=tuple(refs.get(r.id, [])),
-        )
-        for r in rows
-    ]
+    return [_commit(r, tuple(t.Parent(e.parent_id, e.kind, e.mapping) for e in edges.get(r.id, [])),
+                    metrics.get(r.id, {}), tuple(refs.get(r.id, []))) for r in rows]
+
+
+def _commit(r: Any, parents: tuple[t.Parent, ...], metrics: dict[str, float], refs: tuple[str, ...]) -> t.Commit:
+    """A public commit from a row of ``commits`` (attribute access) and what other tables hold."""
+    return t.Commit(
+        id=r.id, message=r.message, created_at=aware(r.created_at), author=r.author, host=r.host,
+        branch=r.branch, step=r.step, epoch=r.epoch, parents=parents, metrics=metrics, config=r.config,
+        code_version=r.code_version, n_tensors=r.n_tensors, logical_bytes=r.logical_bytes, new_bytes=r.new_bytes,
+        stored_bytes=r.stored_bytes, stall_s=r.stall_s, wait_s=r.wait_s, persist_s=r.persist_s,
+        nonfinite=r.nonfinite, refs=refs,
+    )
 
 
 def recorded_commit(row: Mapping[str, Any], parents: Sequence[tuple[str, str, Any]],
@@ -71,16 +73,10 @@ def recorded_commit(row: Mapping[str, Any], parents: Sequence[tuple[str, str, An
     in position order, ``metrics`` the values inserted, ``refs`` the refs that point at it
     (``refs_at``'s names and order). JSON values (config, a transfer's mapping) come back as
     the database returns them: through the JSON columns' encoding."""
-    return t.Commit(
-        id=row["id"], message=row["message"], created_at=row["created_at"].astimezone(timezone.utc),
-        author=row["author"], host=row["host"], branch=row["branch"], step=row["step"], epoch=row["epoch"],
-        parents=tuple(t.Parent(pid, kind, _as_stored(mapping)) for pid, kind, mapping in parents),
-        metrics={name: float(value) for name, value in metrics.items()}, config=_as_stored(row["config"]),
-        code_version=row["code_version"], n_tensors=row["n_tensors"], logical_bytes=row["logical_bytes"],
-        new_bytes=row["new_bytes"], stored_bytes=row["stored_bytes"], stall_s=float(row["stall_s"]),
-        wait_s=float(row["wait_s"]), persist_s=float(row["persist_s"]), nonfinite=row["nonfinite"],
-        refs=tuple(refs),
-    )
+    stored = SimpleNamespace(**{**row, "created_at": row["created_at"].astimezone(timezone.utc),
+                                "config": _as_stored(row["config"])})
+    return _commit(stored, tuple(t.Parent(pid, kind, _as_stored(mapping)) for pid, kind, mapping in parents),
+                   dict(metrics), tuple(refs))
 
 
 def _as_stored(value: Any) -> Any:
