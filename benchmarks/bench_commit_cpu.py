@@ -54,6 +54,7 @@ from _training import Trainer, add_model_args, prefill
 import ckptrepo
 from ckptrepo import state as st
 from ckptrepo.chunks.chunker import chunk_spans
+from ckptrepo.db import pending as layouts
 from ckptrepo.ingest.spare import read_cpu_times
 from ckptrepo.ingest.stats import moments_of_bytes
 
@@ -187,6 +188,11 @@ def main() -> None:
             for role, nbytes in by_role(before_w, thread_written()).items():
                 written[role] += nbytes
             stalls.append(commit.stall_s)
+        # What the commits left for later: their pending layouts (ckptrepo.db.pending), indexed
+        # as the first read (or an idle window) would, on this thread.
+        index0 = time.thread_time()
+        indexed = layouts.index_pending(repo._sessions)
+        index_ms = (time.thread_time() - index0) * 1e3
         catalog_mib = sum(f.stat().st_size for f in (base / "repo" / ".ckpt").glob("db.sqlite*")) / 2**20
     speeds = peers(trainer, chunk_size)
     n = args.commits
@@ -207,6 +213,8 @@ def main() -> None:
         ("CPU ms per commit outside this process (the machine's, from /proc/stat)", outside_ms / n,
          "kernel threads (writeback, I/O completion) and other processes, to 50 ms after wait(); 10 ms ticks"),
         ("committer MiB written per commit (catalog and its log)", written["committer"] / n / 2**20, ""),
+        ("deferred: indexing the commits' pending layouts afterwards, CPU ms per commit", index_ms / (n + 1),
+         f"{indexed} layouts indexed in one go after the run (db.pending)"),
         ("catalog MiB after the run", catalog_mib, f"{args.prefill} prefill commits"),
     ]
     report("CPU of an asynchronous commit of the training state, by thread", rows,

@@ -101,6 +101,7 @@ from _training import MIB, Trainer, add_model_args, prefill
 import ckptrepo
 from ckptrepo.chunks.chunker import chunk_spans
 from ckptrepo.config import DEFAULT_CHUNK_SIZE
+from ckptrepo.db import pending as layouts
 from ckptrepo.ids import hash_bytes
 from ckptrepo.storage.appendfile import direct_io_enabled, open_direct, pwrite_all
 
@@ -480,9 +481,14 @@ def measure_k(k: int, rounds: int, trainer: Trainer, base: Path, variants: list[
                       + ", ".join(f"{kd.name} {overhead(kd.blocks, none, list(range(t + 1)), wall):.1f}%"
                                   for kd in kinds[1:]), flush=True)
         repack: dict[str, tuple[float, float, int]] = {}
+        indexed: dict[str, tuple[float, int]] = {}
         for kind in kinds:
             if kind.repo is None:
                 continue
+            # The commits' pending layouts (ckptrepo.db.pending), indexed as the first read would.
+            cpu0 = time.process_time()
+            n_layouts = layouts.index_pending(kind.repo._sessions)
+            indexed[kind.name] = (time.process_time() - cpu0, n_layouts)
             left = kind.repo.repack_pending()[1]
             cpu0, t0 = time.process_time(), time.perf_counter()
             try:
@@ -545,6 +551,11 @@ def measure_k(k: int, rounds: int, trainer: Trainer, base: Path, variants: list[
             rows.append((f"k={k} {kind.name} stall / end wait s", entry["stall_s"],
                          f"end wait {end_wait:.3f} s; phase 2 done within the block in {100 * fits:.0f}% of blocks; "
                          f"persist {entry['persist_s']:.2f} s"))
+            idx_cpu, idx_n = indexed[kind.name]
+            entry.update(index_after_cpu_ms_per_commit=1e3 * idx_cpu / (n + 1), layouts_indexed_after=idx_n)
+            rows.append((f"k={k} {kind.name} deferred indexing after the run, CPU-ms per commit",
+                         entry["index_after_cpu_ms_per_commit"],
+                         f"{idx_n} pending layouts indexed after the rounds (db.pending)"))
             rows.append((f"k={k} {kind.name} deferred encoding after the run, CPU-s per commit",
                          entry["repack_after_cpu_per_commit"],
                          f"{left / MIB:.0f} MiB left raw, repack {rep_s:.1f} s; idle repack during blocks (MiB): "

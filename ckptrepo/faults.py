@@ -12,6 +12,7 @@ Points: ``stage.copy`` (phase 1, per tensor), ``ingest.chunk`` (per chunk job),
 ``pack.write`` (per chunk appended to a pack file, per request of a write-ahead), ``pack.before_put`` /
 ``pack.after_put`` (around making a pack durable in the store), ``db.before_commit`` /
 ``db.after_commit`` (around the transaction that makes a commit visible); ``gc.after_commit``;
+``db.index_pending`` (per layout indexed, ``db.pending``);
 ``repack.chunk``, ``repack.before_commit``, ``repack.after_commit`` (see ``REPACK_POINTS``).
 """
 
@@ -36,6 +37,8 @@ POINTS = (
 """The points a commit passes, in order."""
 GC_POINTS = ("gc.after_commit",)
 """The points a gc passes."""
+INDEX_POINTS = ("db.index_pending",)
+"""The point indexing pending layouts passes (per layout, inside its batch's transaction)."""
 REPACK_POINTS = ("repack.chunk", "repack.before_commit", "repack.after_commit")
 """The points a repack passes (per chunk; inside each batch's transaction, after it commits),
 besides ``pack.write``, ``pack.before_put`` and ``pack.after_put`` of the packs it writes."""
@@ -55,8 +58,8 @@ def _parse(spec: str) -> dict[str, tuple[str, int]]:
     for item in filter(None, (part.strip() for part in spec.split(","))):
         name, _, action = item.partition("=")
         action, _, nth = action.partition("@")
-        if name not in POINTS + GC_POINTS + REPACK_POINTS or action not in ("kill", "raise"):
-            known = ", ".join(POINTS + GC_POINTS + REPACK_POINTS)
+        if name not in POINTS + GC_POINTS + INDEX_POINTS + REPACK_POINTS or action not in ("kill", "raise"):
+            known = ", ".join(POINTS + GC_POINTS + INDEX_POINTS + REPACK_POINTS)
             raise ValueError(f"{ENV}: bad fault {item!r}; points: {known}; actions: kill, raise")
         armed[name] = (action, int(nth or 1))
     return armed
@@ -85,7 +88,7 @@ def point(name: str) -> None:
 @contextmanager
 def inject(name: str, action: str = "raise", nth: int = 1) -> Iterator[None]:
     """Arm ``name`` for the duration of the block (in this process)."""
-    if name not in POINTS + GC_POINTS + REPACK_POINTS:
+    if name not in POINTS + GC_POINTS + INDEX_POINTS + REPACK_POINTS:
         raise ValueError(f"unknown fault point {name!r}")
     with _lock:
         _armed[name] = (action, nth)

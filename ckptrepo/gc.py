@@ -48,6 +48,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ckptrepo import faults
 from ckptrepo.chunks.store import pack_key
+from ckptrepo.db import pending
 from ckptrepo.db.engine import write_transaction
 from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Metric, Pack, Ref, Tensor, TensorChunk
 from ckptrepo.errors import CkptError, ConcurrentChange, UsageError
@@ -232,6 +233,9 @@ def collect(sessions: sessionmaker[Session], backend: Backend, *, grace: float =
     cutoff = time.time() - grace
     try:
         with write_transaction(sessions) as s:
+            # Pending layouts first (``db.pending``): until indexed, a commit's tensors and new
+            # chunks have no rows, and its packs look empty.
+            pending.index_in(s)
             plan = _Plan(s, cutoff)
             if not dry_run:
                 plan.apply(s)

@@ -53,6 +53,7 @@ from ckptrepo.chunks.codecs import Encoding, PlaneHint, encode_with_base
 from ckptrepo.chunks.store import ChunkLocation, ChunkReader, PackSink, SealedPack, pack_key
 from ckptrepo.config import RepoConfig
 from ckptrepo.db import catalog
+from ckptrepo.db import pending as layouts
 from ckptrepo.db.engine import insert_ignore, write_transaction
 from ckptrepo.db.models import Chunk, Commit, Entry, Pack, Tensor, TensorChunk
 from ckptrepo.errors import ConcurrentChange, UsageError
@@ -151,20 +152,28 @@ def repack(
     stop: Callable[[], bool] | None = None,
     window: int = 6,
     max_packs: int | None = None,
+    index_batch: int = 64,
 ) -> RepackReport:
     """Move the chunks of deferred packs (and, with ``compact_below`` > 0, of packs whose
     live chunks fill less than that fraction) into new packs; see the module docstring.
 
     ``max_packs``: take only the oldest that many deferred packs (a background run plans a
     bounded amount of work however large the backlog; delta bases, older, come first).
-    ``stop`` is asked once the plan is read and before each chunk: when it turns true the
-    batch in progress is dropped (its temporary pack deleted, nothing recorded) and the run
-    returns with ``stopped``; batches already recorded stay. On any failure the batch in
-    progress changes nothing and the failure is raised.
+    Indexes the pending layouts first (``db.pending``, ``index_batch`` per transaction; then
+    nothing else happens when ``stop`` turns true meanwhile). ``stop`` is asked once the plan
+    is read and before each chunk: when it turns true the batch in progress is dropped (its
+    temporary pack deleted, nothing recorded) and the run returns with ``stopped``; batches
+    already recorded stay. On any failure the batch in progress changes nothing and the failure
+    is raised.
     """
     if not 0.0 <= compact_below <= 1.0:
         raise UsageError(f"compact-below {compact_below} is not a fraction", hint="Pass a value from 0 to 1.")
     started, cpu0 = time.perf_counter(), time.process_time()
+    # Pending layouts first (``db.pending``): until indexed, a commit's new chunks have no rows,
+    # and its deferred packs look empty.
+    layouts.index_pending(sessions, stop=stop, batch=index_batch)
+    if stop is not None and stop():
+        return RepackReport(dry_run=dry_run, stopped=True)
     with sessions() as s:
         deferred, sparse, items = _plan(s, config, compact_below, max_packs)
     report: dict[str, Any] = dict(dry_run=dry_run, deferred_packs=len(deferred), sparse_packs=len(sparse),

@@ -15,9 +15,10 @@ import os
 import shutil
 import socket
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
@@ -35,7 +36,7 @@ from ckptrepo import types as t
 from ckptrepo.chunks.codecs import PlaneHint
 from ckptrepo.chunks.store import ChunkLocation, ChunkReader, PackSink
 from ckptrepo.config import REPO_DIRNAME, RepoConfig, default_workers, env_int
-from ckptrepo.db import catalog, migrate, views
+from ckptrepo.db import catalog, migrate, pending, views
 from ckptrepo.db.engine import database_url, make_engine, session_factory, write_transaction
 from ckptrepo.db.models import Commit as CommitRow
 from ckptrepo.db.models import Ref
@@ -77,6 +78,9 @@ from ckptrepo.storage import Backend, open_backend
 
 DEFAULT_BRANCH = "main"
 log = logging.getLogger("ckptrepo")
+_MAX_PENDING_CHUNKS = 1_000_000  # chunk ids of pending layouts kept for deduplication
+_IDLE_INDEX_BATCH = 4  # pending layouts per transaction of the idle repack
+_READ_ATTEMPTS = 20  # snapshots a reader tries for one without pending layouts (``_reading``)
 _MAX_HINTS = 100_000  # per-name encoding hints kept across commits (a few hundred bytes each)
 # Deferred packs one background repack run plans at a time (oldest first; ~64 MiB each): its
 # planning reads every chunk of the packs it takes, and must not grow with the backlog.
@@ -159,6 +163,10 @@ class Repo:
         self._unchanged: frozenset[str] = frozenset()  # tensor names the last commit found unchanged
         # The layout of the commit recorded last, which the next one is likely to have as first parent.
         self._last_recorded: catalog.CommitLayout | None = None
+        self._last_keyless = False  # that layout was left pending: it holds no keys
+        self._pending_chunks: set[str] = set()  # new chunks of the layouts this process left pending
+        # Asynchronous commits on SQLite leave their tensor-level rows pending (db.pending).
+        self._defers_layouts = self._engine.dialect.name == "sqlite" and bool(env_int("DEFER_LAYOUTS", 1))
         self._idle_repack = (idle_repack if idle_repack is not None else bool(env_int("IDLE_REPACK", 1))) and (
             config.compression and config.encode == "auto")
         self._closed = False
@@ -477,10 +485,14 @@ class Repo:
             return spare.threads_named("ckpt-repack", "ckpt-idle", "ckpt-bg")
 
         def run() -> None:
+            # Commits' pending layouts first, in short transactions: this thread may get little
+            # CPU while it holds the write lock that the next commit waits for.
+            pending.index_pending(self._sessions, stop=stop, batch=_IDLE_INDEX_BATCH)
             while not stop():
                 watch = spare.BusyWatch(own)
                 report = packer.repack(self._sessions, self._backend, self._reader, self._idle_pool, self.config,
-                                       stop=functools.partial(_give_way, stop, watch), max_packs=_IDLE_REPACK_PACKS)
+                                       stop=functools.partial(_give_way, stop, watch), max_packs=_IDLE_REPACK_PACKS,
+                                       index_batch=_IDLE_INDEX_BATCH)
                 if report.stopped and not stop():  # the machine got busy: wait for spare CPU again
                     # A gate of its own: the committer thread's may be in use once stop() turns true.
                     if not wait_for_spare(SpareCpuGate(), functools.partial(_poll_stop, stop),
@@ -499,6 +511,17 @@ class Repo:
                 return
             except FutureTimeout:
                 continue
+
+    def _index_layouts(self) -> None:
+        """Index the pending layouts (before a commit that reads layouts or records its rows);
+        a layout kept from a commit that left its own pending (no keys) is dropped, to be read
+        back with its keys."""
+        if not self._defers_layouts:
+            return
+        pending.index_pending(self._sessions)
+        self._pending_chunks.clear()
+        if self._last_keyless:
+            self._last_recorded, self._last_keyless = None, False
 
     def _settle(self) -> None:
         """Wait for pending commits and for a background repack to end (gc, repack and verify
@@ -549,9 +572,17 @@ class Repo:
                     hint="Commit on another branch, or include the branch head as a parent.",
                 )
             transfer = (revparse.resolve(s, req.transfer[0]), req.transfer[1]) if req.transfer else None
-            # The first parent's layout (``record_commit`` derives rows from it): not read again
-            # when this process recorded that commit last, as a training loop's commits do.
-            last, parent = self._last_recorded, None
+        # The first parent's layout (``record_commit`` derives rows from it): not read again
+        # when this process recorded that commit last, as a training loop's commits do. Such a
+        # commit, asynchronous and with at most that parent, may leave its own layout pending
+        # (``db.pending``); any other reads layouts from the catalog, pending ones indexed first.
+        last, parent = self._last_recorded, None
+        follows = not parent_ids or (last is not None and last.commit_id == parent_ids[0])
+        lazy = defer and self._defers_layouts and transfer is None and len(parent_ids) <= 1 and follows
+        if not lazy:
+            self._index_layouts()
+            last = self._last_recorded
+        with self._sessions() as s:
             if parent_ids:
                 reuse = last is not None and last.commit_id == parent_ids[0]
                 parent = last if reuse else catalog.commit_layout(s, parent_ids[0])
@@ -577,7 +608,10 @@ class Repo:
 
         def known(ids: list[str]) -> set[str]:
             with self._sessions() as s:
-                return catalog.existing_chunks(s, ids)
+                have = catalog.existing_chunks(s, ids)
+            # Chunks of this process's pending layouts are stored too (the commit then shares
+            # chunks beyond its parent's, and records its rows at once: below).
+            return have | self._pending_chunks.intersection(ids) if self._pending_chunks else have
 
         # Write-ordering step 1: ingest returns only after every new pack is durable in the store.
         sink = PackSink(self._backend, self.config.pack_target)
@@ -587,6 +621,14 @@ class Repo:
                         ahead=req.ahead, summaries=req.summaries)
         result.deferred = defer
         new = result.new_chunk_ids
+        if lazy and not all(x in new or x in likely for r in result.tensors for x in r.chunk_ids):
+            # It shares chunks the store had beyond its parent's: recorded with its rows now, so
+            # that their foreign keys hold them against a gc of another process.
+            lazy = False
+            self._index_layouts()
+            if parent is not None:
+                with self._sessions() as s:
+                    parent = catalog.commit_layout(s, parent.commit_id)
         self._unchanged = frozenset(r.name for r in result.tensors if r.chunk_ids and new.isdisjoint(r.chunk_ids))
         edges = [catalog.EdgeRow(pid, "parent" if i == 0 else "merge", i) for i, pid in enumerate(parent_ids)]
         entries = {r.name: r.tensor_id for r in result.tensors}
@@ -602,12 +644,17 @@ class Repo:
         # its edges and moves the branch; nothing of this commit is visible before it commits.
         try:
             with write_transaction(self._sessions) as s:
-                conflict, kept, layout = self._record(s, result, row, edges, entries, req, head, now, parent)
+                conflict, kept, layout = self._record(s, result, row, edges, entries, req, head, now, parent,
+                                                      lazy=lazy)
         except DbIntegrityError as exc:
             # A foreign key names a row that is gone: a gc in another process removed chunks or
             # tensors this commit deduplicated against after it looked them up.
             raise ConcurrentChange(what="commit", other="gc", detail=str(exc.orig).splitlines()[0]) from exc
-        self._last_recorded = layout
+        self._last_recorded, self._last_keyless = layout, lazy
+        if lazy:
+            if len(self._pending_chunks) > _MAX_PENDING_CHUNKS:
+                self._pending_chunks.clear()  # only costs deduplication against the oldest
+            self._pending_chunks.update(new)
         try:
             faults.point("db.after_commit")
             # Built from what was inserted (a read-back took four queries): equal to get_commit's.
@@ -624,35 +671,33 @@ class Repo:
 
     def _record(self, s: Session, result: IngestResult, row: dict[str, Any], edges: list[catalog.EdgeRow],
                 entries: dict[str, str], req: CommitRequest, head: str | None,
-                now: datetime, parent: catalog.CommitLayout | None
+                now: datetime, parent: catalog.CommitLayout | None, *, lazy: bool = False,
                 ) -> tuple[str | None, str, catalog.CommitLayout]:
         """Insert one commit's rows and move its branch, inside the caller's transaction
-        (``parent``: the first parent's layout, read before ingest).
+        (``parent``: the first parent's layout, read before ingest). ``lazy``: the tensor-level
+        rows are left pending (``db.pending``); the layout returned then holds no keys.
 
         Returns ``(conflict, kept, layout)``: the branch head found instead of ``head`` (None
         when the branch moved as expected), the ``conflicts/`` branch that then keeps the commit,
         and the commit's layout (``catalog.record_commit``).
         """
         kept = ""
-        layout = catalog.record_commit(
-            s,
-            packs=[catalog.PackRow(p.pack_id, p.size, len(p.locations), result.deferred) for p in result.packs],
-            chunks=[
-                catalog.ChunkRow(loc.chunk_id, loc.pack_id, loc.offset, loc.length, loc.raw_length,
-                                 loc.encoding, loc.depth, loc.base_id, result.alone_lengths.get(loc.chunk_id))
-                for p in result.packs for loc in p.locations
-            ],
-            tensors=[
-                catalog.TensorRow(r.tensor_id, r.dtype, r.shape, r.nbytes, r.chunk_size, r.chunk_ids, r.stats)
-                for r in result.tensors
-            ],
-            commit=row,
-            entries=entries,
-            edges=edges,
-            metrics=req.metrics,
-            now=now,
-            parent=parent,
-        )
+        packs = [catalog.PackRow(p.pack_id, p.size, len(p.locations), result.deferred) for p in result.packs]
+        chunks = [
+            catalog.ChunkRow(loc.chunk_id, loc.pack_id, loc.offset, loc.length, loc.raw_length,
+                             loc.encoding, loc.depth, loc.base_id, result.alone_lengths.get(loc.chunk_id))
+            for p in result.packs for loc in p.locations
+        ]
+        tensors = [catalog.TensorRow(r.tensor_id, r.dtype, r.shape, r.nbytes, r.chunk_size, r.chunk_ids, r.stats)
+                   for r in result.tensors]
+        if lazy:
+            catalog.record_head(s, packs=packs, commit=row, edges=edges, metrics=req.metrics, now=now)
+            pending.defer_layout(s, row["id"], chunks, tensors, entries)
+            layout = catalog.CommitLayout(row["id"], dict(entries), {r.tensor_id: r.chunk_ids for r in result.tensors},
+                                          {}, {})
+        else:
+            layout = catalog.record_commit(s, packs=packs, chunks=chunks, tensors=tensors, commit=row, entries=entries,
+                                           edges=edges, metrics=req.metrics, now=now, parent=parent)
         conflict = catalog.move_branch(s, req.branch, row["id"], head, now)
         if conflict is not None:
             # The branch moved under us: keep the commit reachable under its own branch
@@ -759,8 +804,7 @@ class Repo:
 
     def tensors(self, rev: str) -> list[t.TensorInfo]:
         """Names, layout and ingest statistics of a commit's tensors (no tensor bytes read)."""
-        self._check_open()
-        with self._sessions() as s:
+        with self._reading() as s:
             cid = revparse.resolve(s, rev)
             return [views.tensor_info(e.name, tr) for e, tr in catalog.tensor_layout(s, cid)]
 
@@ -770,8 +814,7 @@ class Repo:
         With ``into``, also load it into live objects: modules, optimizers and schedulers
         via ``load_state_dict``, tensors in place. Every chunk's hash is verified.
         """
-        self._check_open()
-        with self._sessions() as s:
+        with self._reading() as s:
             cid = revparse.resolve(s, rev)
             row = s.get(CommitRow, cid)
             assert row is not None
@@ -793,8 +836,7 @@ class Repo:
         a flat dict of tensors going to ``.safetensors`` is streamed (each tensor written while
         the later ones are decoded) instead of restored whole first.
         """
-        self._check_open()
-        with self._sessions() as s:
+        with self._reading() as s:
             cid = revparse.resolve(s, rev)
             row = s.get(CommitRow, cid)
             assert row is not None
@@ -807,8 +849,7 @@ class Repo:
 
     def load_tensor(self, rev: str, name: str) -> torch.Tensor:
         """One tensor of a commit, reading only that tensor's chunks."""
-        self._check_open()
-        with self._sessions() as s:
+        with self._reading() as s:
             cid = revparse.resolve(s, rev)
             layout = catalog.tensor_layout(s, cid, [name])
             if not layout:
@@ -896,6 +937,7 @@ class Repo:
 
         self._check_open()
         self._settle()
+        pending.index_pending(self._sessions)
         return packer.repack(self._sessions, self._backend, self._reader, self._pool, self.config,
                              compact_below=compact_below, dry_run=dry_run)
 
@@ -924,9 +966,27 @@ class Repo:
 
     def stats(self) -> t.RepoStats:
         """Counts and sizes of the whole repository (see ``RepoStats``)."""
-        self._check_open()
-        with self._sessions() as s:
+        with self._reading() as s:
             return t.RepoStats(**catalog.totals(s))
+
+    @contextmanager
+    def _reading(self) -> Iterator[Session]:
+        """A session for reading the tensor-level tables: its snapshot holds no pending layout
+        (``db.pending``), whatever other threads and processes commit meanwhile. When one
+        holds some, they are indexed and a new snapshot is taken."""
+        self._check_open()
+        if not self._defers_layouts:  # no pending layout is ever made here (PostgreSQL)
+            with self._sessions() as s:
+                yield s
+                return
+        for _ in range(_READ_ATTEMPTS):
+            with self._sessions() as s:
+                if not pending.exists(s):  # the snapshot starts here (SQLite: BEGIN DEFERRED)
+                    yield s
+                    return
+            pending.index_pending(self._sessions)
+        raise ConcurrentChange(what="read", other="commit",
+                               detail=f"commits kept deferring their layouts over {_READ_ATTEMPTS} attempts")
 
     def _check_open(self) -> None:
         if self._closed:
@@ -935,7 +995,8 @@ class Repo:
             raise ForkedProcess(what="repository", owner=self._committer.owner, pid=os.getpid())
 
     def verify(self, *, full: bool = False) -> t.VerifyReport:
-        """Check database and packs against each other, read-only (see ``ckptrepo.verify``).
+        """Check database and packs against each other, read-only but for indexing pending
+        layouts first (see ``ckptrepo.verify``).
 
         Waits for this repository's pending commits (and stops its background repack) first,
         so that its own writes in progress are not reported as leftovers."""

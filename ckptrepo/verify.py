@@ -23,7 +23,9 @@ Errors name the commits (and tensor names) that can no longer be restored becaus
 following delta bases. Read-only contract: the database is read in one read transaction (a
 snapshot: REPEATABLE READ, read only, on PostgreSQL; SQLite's deferred transaction) before
 the store is listed; nothing is written, created or deleted anywhere, not even the staging
-folder (``Backend.staging_dir`` would create it, so it is looked up without that).
+folder (``Backend.staging_dir`` would create it, so it is looked up without that), except
+that the commits' pending layouts are indexed first (``db.pending``: their rows are what is
+checked; the catalog then says what it said, in the tables it checks).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def verify(repo: Repo, *, full: bool = False) -> VerifyReport:
     repo._check_open()
     started = time.monotonic()
     run = _Run(repo._backend, repo._reader, full)
-    with repo._sessions() as s:
+    with repo._reading() as s:
         _snapshot(s)
         run.check_lineage(s)
         run.check_tensors(s)

@@ -279,29 +279,83 @@ def record_commit(
     now: datetime,
     parent: CommitLayout | None,
 ) -> CommitLayout:
-    """Insert everything one commit adds and return the commit's layout (``CommitLayout``).
-    Rows another commit inserted concurrently (same pack, chunk, tensor) are kept as they are:
-    content ids make them equal, and their keys are used. ``tensors``: every tensor of
-    ``entries`` (those stored already are not inserted again). The commit's
-    ``first_parent_id`` is taken from ``edges`` (its ``parent`` edge at position 0), its
-    ``generation`` from its parents' (1 + the highest, 1 for a root) and its first-parent line
-    from ``lines.place``, whatever ``commit`` says; the rows kept by line (``edges.fork_line_id``,
-    ``entry_runs``) are derived here too, with ``parent``: the first parent's layout
-    (``commit_layout``, or kept from recording it; None for a root), which the caller has read
-    before ingest (ValueError when it is not that commit's). Keys of tensors and chunks the
-    parent's layout does not hold are looked up; new rows get new keys (``allocate_keys``).
-    Rows are inserted through the driver (``engine.insert_tuples``), packs, chunks and tensors
-    in id order: two transactions inserting overlapping ids then lock them in the same order
-    and cannot deadlock (PostgreSQL); base chunks are inserted before their deltas.
+    """Insert everything one commit adds and return the commit's layout (``CommitLayout``):
+    ``record_head`` then ``record_layout`` (see both). Rows another commit inserted
+    concurrently (same pack, chunk, tensor) are kept as they are: content ids make them equal,
+    and their keys are used. ``parent``: the first parent's layout (``commit_layout``, or kept
+    from recording it; None for a root), which the caller has read before ingest (ValueError
+    when it is not that commit's).
     """
-    cid = commit["id"]
     edge_list = list(edges)
-    first = next((e.parent_id for e in edge_list if e.kind == "parent" and e.position == 0), None)
+    first = first_parent_of(edge_list)
     if (parent.commit_id if parent is not None else None) != first:
         raise ValueError(f"the layout given is not that of the first parent {first}")
+    spot = record_head(session, packs=packs, commit=commit, edges=edge_list, metrics=metrics, now=now)
+    return record_layout(session, commit_id=commit["id"], place=(spot.line_id, spot.fp_depth), first=first,
+                         chunks=chunks, tensors=tensors, entries=entries, parent=parent)
+
+
+def first_parent_of(edges: Iterable[EdgeRow]) -> str | None:
+    """The parent of the ``parent`` edge at position 0, if any."""
+    return next((e.parent_id for e in edges if e.kind == "parent" and e.position == 0), None)
+
+
+def record_head(session: Session, *, packs: Iterable[PackRow], commit: dict[str, Any], edges: Iterable[EdgeRow],
+                metrics: dict[str, float], now: datetime) -> lines.Placement:
+    """Insert a commit's packs, its row, edges and metrics; return its placement. The commit's
+    ``first_parent_id`` is taken from ``edges`` (its ``parent`` edge at position 0), its
+    ``generation`` from its parents' (1 + the highest, 1 for a root) and its first-parent line
+    from ``lines.place``, whatever ``commit`` says; so are ``edges.fork_line_id`` and
+    ``fork_depth``. Packs are inserted in id order (see ``record_layout``)."""
+    cid = commit["id"]
+    edge_list = list(edges)
+    first = first_parent_of(edge_list)
     conn = session.connection()
     insert_tuples(conn, Pack, ("id", "size", "n_chunks", "deferred", "created_at"),
                   [(*p, now) for p in sorted(packs, key=lambda p: p.pack_id)], ignore=True)
+    extra = any(lines.extra_parent(e.kind, e.position) for e in edge_list)
+    spot = lines.place(session, cid, first, extra)
+    line, depth = spot.line_id, spot.fp_depth
+    parents = {pid: (pline, pdepth, generation) for pid, pline, pdepth, generation in fetch_tuples(
+        conn, _PLACES_OF, {"ids": [e.parent_id for e in edge_list]})} if edge_list else {}
+    row = {**commit, "first_parent_id": first, **spot._asdict(),
+           "generation": 1 + max((p[2] for p in parents.values()), default=0)}
+    insert_tuples(conn, Commit, tuple(row), [tuple(row.values())])
+    edge_rows = []
+    for e in edge_list:
+        # A parent that does not exist is refused by the foreign key.
+        up = parents.get(e.parent_id)
+        fork = lines.fork_of(e.kind, e.position, (line, depth), up[:2] if up else ("", -1))
+        edge_rows.append((cid, e.parent_id, e.kind, e.position, e.mapping, *(fork or (None, None))))
+    insert_tuples(conn, Edge, _EDGE_COLUMNS, edge_rows)
+    insert_tuples(conn, Metric, ("commit_id", "name", "value"), [(cid, n, v) for n, v in metrics.items()])
+    return spot
+
+
+def record_layout(
+    session: Session,
+    *,
+    commit_id: str,
+    place: tuple[str, int],
+    first: str | None,
+    chunks: Iterable[ChunkRow],
+    tensors: Iterable[TensorRow],
+    entries: dict[str, str],
+    parent: CommitLayout | None,
+) -> CommitLayout:
+    """Insert the tensor-level rows of a commit whose row exists (``record_head``), placed at
+    ``place`` (``(line_id, fp_depth)``) with first parent ``first``, and return its layout.
+    ``tensors``: every tensor of ``entries`` (those stored already are not inserted again).
+    The rows kept by line (``entry_runs``) are derived here, with ``parent``: the first
+    parent's layout (None for a root). Keys of tensors and chunks the parent's layout does not
+    hold are looked up; new rows get new keys (``allocate_keys``). Rows are inserted through
+    the driver (``engine.insert_tuples``), chunks and tensors in id order: two transactions
+    inserting overlapping ids then lock them in the same order and cannot deadlock
+    (PostgreSQL); base chunks are inserted before their deltas.
+    """
+    cid = commit_id
+    line, depth = place
+    conn = session.connection()
     tensor_list = sorted({t.tensor_id: t for t in tensors}.values(), key=lambda t: t.tensor_id)
     chunk_keys = dict(parent.chunk_keys) if parent is not None else {}
     tensor_keys = dict(parent.tensor_keys) if parent is not None else {}
@@ -325,11 +379,11 @@ def record_commit(
         return tensor_keys_of(session, {r[0]: r[1] for r in rows})
 
     # By delta depth: a delta's base (in this commit or stored) has its key before the delta's row.
-    for depth in sorted({c.depth for c in chunk_rows}):
+    for level in sorted({c.depth for c in chunk_rows}):
         _insert_keyed(session, "chunks", Chunk, CHUNK_COLUMNS, [
             (c.chunk_id, c.pack_id, c.offset, c.length, c.raw_length, c.encoding, c.depth,
              None if c.base_id is None else chunk_keys[c.base_id], c.alone_length)
-            for c in chunk_rows if c.depth == depth], chunk_keys, stored_chunks)
+            for c in chunk_rows if c.depth == level], chunk_keys, stored_chunks)
     _insert_keyed(session, "tensors", Tensor, _TENSOR_COLUMNS, [
         (t.tensor_id, chunk_keys[t.chunk_ids[0]] if t.chunk_ids else 0, t.dtype, t.shape, t.nbytes, t.chunk_size,
          len(t.chunk_ids), *[t.stats[k] for k in STAT_COLUMNS])
@@ -338,14 +392,6 @@ def record_commit(
     insert_tuples(conn, TensorChunk, ("tensor_key", "seq", "chunk_key"), [
         (tensor_keys[t.tensor_id], i, chunk_keys[x]) for t in new_tensors for i, x in enumerate(t.chunk_ids)
     ], ignore=True)
-    extra = any(lines.extra_parent(e.kind, e.position) for e in edge_list)
-    spot = lines.place(session, cid, first, extra)
-    line, depth = spot.line_id, spot.fp_depth
-    parents = {pid: (pline, pdepth, generation) for pid, pline, pdepth, generation in fetch_tuples(
-        conn, _PLACES_OF, {"ids": [e.parent_id for e in edge_list]})} if edge_list else {}
-    row = {**commit, "first_parent_id": first, **spot._asdict(),
-           "generation": 1 + max((p[2] for p in parents.values()), default=0)}
-    insert_tuples(conn, Commit, tuple(row), [tuple(row.values())])
     insert_tuples(conn, Entry, ("commit_id", "name", "tensor_key"),
                   [(cid, n, tensor_keys[tid]) for n, tid in sorted(entries.items())], ignore=True)
     # Where this commit's tensors change along its line: against its first parent's entries
@@ -361,14 +407,6 @@ def record_commit(
         (r["name"], line, depth, None if r["tensor_id"] is None else tensor_keys[r["tensor_id"]],
          counts.get((r["tensor_id"], before.get(r["name"], "")), 0))
         for r in runs])
-    edge_rows = []
-    for e in edge_list:
-        # A parent that does not exist is refused by the foreign key.
-        up = parents.get(e.parent_id)
-        fork = lines.fork_of(e.kind, e.position, (line, depth), up[:2] if up else ("", -1))
-        edge_rows.append((cid, e.parent_id, e.kind, e.position, e.mapping, *(fork or (None, None))))
-    insert_tuples(conn, Edge, _EDGE_COLUMNS, edge_rows)
-    insert_tuples(conn, Metric, ("commit_id", "name", "value"), [(cid, n, v) for n, v in metrics.items()])
     mine = set(entries.values())
     return CommitLayout(
         cid, dict(entries), {tid: lists[tid] for tid in mine if tid in lists},

@@ -30,6 +30,7 @@ from sqlalchemy import (
     ForeignKeyConstraint,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     Sequence,
     SmallInteger,
@@ -299,6 +300,19 @@ class EntryRun(Base):
         # Stored in its key's order on SQLite (no separate rowid table).
         {"sqlite_with_rowid": False},
     )
+
+
+class PendingLayout(Base):
+    """A commit's tensor-level rows not yet in the catalog (schema 0011; ``db.pending``): its
+    chunks, tensors and entries, encoded in one value. An asynchronous commit from a training
+    loop on SQLite inserts its commit row and this one row in its transaction; ``index_pending``
+    expands it into ``chunks``, ``tensors``, ``tensor_chunks``, ``entries`` and ``entry_runs``
+    later, in ``seq`` order (a parent before its children), before anything reads them."""
+
+    __tablename__ = "pending_layouts"
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    commit_id: Mapped[str] = mapped_column(Id, ForeignKey("commits.id"), unique=True)
+    payload: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class Ref(Base):

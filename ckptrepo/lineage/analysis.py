@@ -137,8 +137,7 @@ def diff(repo: Repo, a: str, b: str, *, exact: bool = False) -> Diff:
     values, and shape or dtype changes get a ``note`` instead. UnknownRevision for a bad
     revision; IntegrityError when a chunk read fails its hash check.
     """
-    repo._check_open()
-    with repo._sessions() as s:
+    with repo._reading() as s:
         a_id, b_id = revparse.resolve(s, a), revparse.resolve(s, b)
         sides: dict[str, list[_Side | None]] = {}
         differing: dict[str, int] = {}
@@ -316,7 +315,7 @@ def history(repo: Repo, name: str, *, along: str = "main", limit: int | None = N
     _check_limit(limit)
     # One commit further than is shown: the last one shown is compared with its first parent.
     walked = None if limit is None else limit + 1
-    with repo._sessions() as s:
+    with repo._reading() as s:
         head = revparse.resolve(s, along)
         # The driver's tuples, not ORM or Core rows: one per commit of the chain, 10,000 for a long
         # run. Sorted head first here: the queries promise no order, and rows mostly come in order.

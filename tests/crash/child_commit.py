@@ -15,10 +15,12 @@ Modes::
         CKPT_FAULTS, which ckptrepo reads when it is imported.
     python child_commit.py repack REPO
         One ``repo.repack()`` of an existing repository in this process (faults as above).
+    python child_commit.py index REPO
+        Index the pending layouts of an existing repository, two per transaction (faults as above).
     python child_commit.py serve
         Fork server, so that dozens of runs do not each pay for importing torch: imports
         ckptrepo once (and runs no torch op, so forking is safe), then for each JSON line
-        {"repo", "log", "commits", "faults"} (or {"mode": "repack", "repo", "faults"}) on stdin
+        {"repo", "log", "commits", "faults"} (or {"mode": "repack" or "index", "repo", "faults"}) on stdin
         forks a child that arms CKPT_FAULTS=faults
         exactly as a fresh process would (by re-reading the variable) and does one run.
         Writes one JSON line to stdout when the child started ({"pid"}) and one when it ended
@@ -39,6 +41,7 @@ import torch
 
 import ckptrepo
 from ckptrepo import faults
+from ckptrepo.db import pending
 
 CHUNK = 64 * 1024
 PACK_TARGET = 256 * 1024
@@ -93,6 +96,12 @@ def repack(repo_path: Path) -> None:
         repo.repack()
 
 
+def index(repo_path: Path) -> None:
+    """Index the pending layouts of ``repo_path`` (``db.pending``), two per transaction."""
+    with ckptrepo.Repo.open(repo_path) as repo:
+        pending.index_pending(repo._sessions, batch=2)
+
+
 def _serve() -> None:
     for line in sys.stdin:
         request = json.loads(line)
@@ -104,6 +113,8 @@ def _serve() -> None:
                 importlib.reload(faults)  # arms CKPT_FAULTS the way a fresh import would
                 if request.get("mode") == "repack":
                     repack(Path(request["repo"]))
+                elif request.get("mode") == "index":
+                    index(Path(request["repo"]))
                 else:
                     run(Path(request["repo"]), Path(request["log"]), request.get("commits"))
             except BaseException as exc:
@@ -125,6 +136,8 @@ def main(argv: list[str]) -> None:
         _serve()
     elif argv[:1] == ["repack"] and len(argv) == 2:
         repack(Path(argv[1]))
+    elif argv[:1] == ["index"] and len(argv) == 2:
+        index(Path(argv[1]))
     elif argv[:1] == ["run"] and len(argv) in (3, 4):
         run(Path(argv[1]), Path(argv[2]), int(argv[3]) if len(argv) == 4 else None)
     else:

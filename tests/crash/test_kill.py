@@ -40,6 +40,7 @@ import torch
 
 import ckptrepo
 from ckptrepo import faults
+from ckptrepo.db import pending
 
 CHILD = Path(__file__).with_name("child_commit.py")
 RUN_TIMEOUT = 30.0
@@ -311,3 +312,40 @@ def test_kill_repack_at_every_fault_point(server: ForkServer, tmp_path: Path, mo
         with ckptrepo.Repo.open(chk.repo) as repo:
             report = repo.verify(full=True)
             assert report.ok and not report.unreferenced_packs and not report.temporary_files, report.to_json()
+
+
+def _fresh_state(seed: int) -> dict[str, torch.Tensor]:
+    """A state whose 40 chunks of 64 KiB are all new: its commit shares none with earlier ones."""
+    return {"w": torch.randn(40 * 16384, generator=torch.Generator().manual_seed(seed)),
+            "step": torch.tensor(seed)}
+
+
+@pytest.mark.slow
+def test_kill_while_indexing_pending_layouts(server: ForkServer, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGKILL a process indexing pending layouts (``db.pending``, two per transaction) in its
+    first, second and third transaction: each layout stays pending or is indexed whole, every
+    commit restores bit-exactly, verify finds no error, and reading afterwards indexes the rest."""
+    monkeypatch.setenv("CKPT_IDLE_REPACK", "0")  # no idle job indexes the commits' layouts meanwhile
+    path, log = tmp_path / "index", tmp_path / "index.log"
+    committed: dict[str, dict[str, Any]] = {}
+    for round_, nth in enumerate((1, 3, 5)):
+        with ckptrepo.Repo.init(path, chunk_size=child.CHUNK, pack_target=child.PACK_TARGET) if round_ == 0 \
+                else ckptrepo.Repo.open(path) as repo:
+            for i in range(6):
+                state = _fresh_state(100 * round_ + i)
+                committed[repo.commit(state, step=100 * round_ + i).wait().id] = _fingerprint(state)
+            with repo._sessions() as s:
+                before = pending.count(s)
+        assert before >= 5  # all but a reopened repository's first commit
+        spec = f"db.index_pending=kill@{nth}"
+        _killed(server.wait(server.start(path, log, spec=spec, mode="index")), spec)
+        with ckptrepo.Repo.open(path) as repo:
+            with repo._sessions() as s:
+                assert pending.count(s) == before - 2 * ((nth - 1) // 2), spec
+            for cid, fingerprint in committed.items():
+                assert _fingerprint(repo.checkout(cid)) == fingerprint, f"{spec}: {cid} restores wrong"
+            with repo._sessions() as s:
+                assert pending.count(s) == 0
+            report = repo.verify(full=True)
+            assert report.ok, (spec, report.to_json())

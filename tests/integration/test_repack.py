@@ -56,7 +56,7 @@ def _deferred(repo: ckptrepo.Repo) -> list[str]:
 
 
 def _encodings(repo: ckptrepo.Repo) -> dict[int, int]:
-    with repo._sessions() as s:
+    with repo._reading() as s:  # indexes the commits' pending layouts first
         out: dict[int, int] = {}
         for enc in s.scalars(select(Chunk.encoding)):
             out[enc] = out.get(enc, 0) + 1
@@ -179,7 +179,7 @@ def test_a_failure_after_a_batch_keeps_that_batch(repo: ckptrepo.Repo) -> None:
 def test_gc_keeps_retired_packs_for_the_grace_period(repo: ckptrepo.Repo) -> None:
     ids = _commit_all(repo, 2)
     old = set(_deferred(repo))
-    with repo._sessions() as s:  # a reader that looked a location up before the repack
+    with repo._reading() as s:  # a reader that looked a location up before the repack
         stale = {c.id: (c.pack_id, c.offset, c.length) for c in s.scalars(select(Chunk).where(Chunk.pack_id.in_(old)))}
     repo.repack()
     kept = repo.gc(grace=3600)

@@ -26,6 +26,7 @@ import ckptrepo
 from ckptrepo import errors
 from ckptrepo.chunks.pack import read_index
 from ckptrepo.chunks.store import pack_key
+from ckptrepo.db import pending
 from ckptrepo.db.engine import make_engine
 from ckptrepo.db.models import Chunk, Entry, Ref, TensorChunk
 
@@ -48,11 +49,13 @@ def _state(n: int) -> dict[str, torch.Tensor]:
 
 @pytest.fixture
 def repo_path(tmp_path: Path, db_url: str) -> Iterator[Path]:
-    """A repository with three commits on main, its packs no larger than ~2 chunks; closed."""
+    """A repository with three commits on main, its packs no larger than ~2 chunks, their
+    layouts indexed (``db.pending``: the tests damage rows); closed."""
     path = tmp_path / "work"
     with ckptrepo.Repo.init(path, db_url=db_url, chunk_size=CHUNK, pack_target=2 * CHUNK) as repo:
         for n in range(3):
             repo.commit(_state(n), step=n, metrics={"counter": n}).wait()
+        pending.index_pending(repo._sessions)
     yield path
 
 
@@ -183,6 +186,23 @@ def test_verify_changes_nothing(repo_path: Path, db_url: str) -> None:
         assert not repo.verify(full=True).ok
         assert _tree(root) == before
     assert _tree(root) == before
+
+
+def test_verify_indexes_pending_layouts_and_nothing_else(tmp_path: Path) -> None:
+    # Asynchronous commits on SQLite leave their layouts pending; verify checks them indexed.
+    path = tmp_path / "work"
+    with ckptrepo.Repo.init(path, chunk_size=CHUNK, pack_target=2 * CHUNK, idle_repack=False) as repo:
+        for n in range(3):
+            repo.commit(_state(n), step=n).wait()
+        with repo._sessions() as s:
+            assert pending.count(s) == 3
+        report = repo.verify(full=True)
+        assert report.ok and report.checked.commits == 3 and report.checked.tensors > 0
+        with repo._sessions() as s:
+            assert pending.count(s) == 0
+        before = _tree(path)
+        assert repo.verify(full=True).ok
+        assert _tree(path) == before
 
 
 def test_verify_creates_no_staging_folder(tmp_path: Path, db_url: str) -> None:
