@@ -105,15 +105,23 @@ def by_role(before: dict[int, int], after: dict[int, int]) -> dict[str, int]:
     return out
 
 
+_NUDGE = 3e-4
+
+
 def nudge(trainer: Trainer) -> None:
-    """Change every floating-point tensor of the state a little (a training step would)."""
+    """Change every floating-point tensor of the state a little (a training step would).
+
+    By another step than ``prefill``'s 1e-3: with the same one, the state's small tensors (at
+    most 256 elements, whole in the prefill's copies) took the values of the prefill commits
+    bit for bit, one per commit, so their chunks deduplicated against the catalog instead of
+    being new, as a training step's are."""
     with torch.no_grad():
         for p in trainer.model.parameters():
-            p.add_(1e-3)
+            p.add_(_NUDGE)
         for s in trainer.opt.state.values():
             for v in s.values():
                 if isinstance(v, torch.Tensor) and v.is_floating_point():
-                    v.add_(1e-3)
+                    v.add_(_NUDGE)
 
 
 def peers(trainer: Trainer, chunk_size: int) -> dict[str, float]:
