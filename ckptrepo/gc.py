@@ -7,10 +7,12 @@ Everything else is garbage.
 
 Order (the write-ordering invariant run backwards):
 
-1. One write transaction deletes the rows of unreachable commits (metrics, entries, edges,
-   commit), then tensors no live commit names, chunks no live tensor or live delta needs,
-   and packs left without chunk rows. On SQLite the transaction takes the write lock first,
-   so commits of other processes wait for it or it waits for them.
+1. One write transaction indexes the pending layouts (``db.pending``: until then a commit's
+   tensors and new chunks have no rows, and its packs look empty), then deletes the rows of
+   unreachable commits (metrics, entries, edges, commit), then tensors no live commit names,
+   chunks no live tensor or live delta needs, and packs left without chunk rows. On SQLite
+   the transaction takes the write lock first, so commits of other processes wait for it or
+   it waits for them.
 2. After it commits, the pack objects whose rows went are deleted from the store. A crash
    in between leaves unreferenced packs, which the next run deletes.
 3. Store objects no ``packs`` row names (packs of interrupted or in-flight commits) and
@@ -223,7 +225,8 @@ def collect(sessions: sessionmaker[Session], backend: Backend, *, grace: float =
             dry_run: bool = False) -> GcReport:
     """Remove everything no ref reaches; see the module docstring for the order and guarantees.
 
-    ``dry_run`` computes the same report and changes nothing. Raises ConcurrentChange when a
+    ``dry_run`` computes the same report and changes nothing but indexing the pending layouts
+    (``db.pending``), which every run does first in its transaction. Raises ConcurrentChange when a
     commit of another process inserted rows that name what this run was deleting (nothing
     is changed then; run gc again).
     """

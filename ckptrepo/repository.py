@@ -918,7 +918,8 @@ class Repo:
         Waits for this repository's pending commits first. Objects younger than ``grace``
         seconds are kept (a commit of another process may be writing them); see
         ``ckptrepo.gc`` for the order of deletions and what a crash leaves.
-        ``dry_run`` reports the same figures and changes nothing.
+        ``dry_run`` reports the same figures and changes nothing but indexing the pending
+        layouts (``db.pending``), which every gc does first.
         """
         self._check_open()
         self._settle()
@@ -931,13 +932,13 @@ class Repo:
 
         Waits for this repository's pending commits first; runs on the normal-priority
         workers. Old packs are retired, not deleted: ``gc`` deletes them once they have been
-        retired for longer than its grace period. ``dry_run`` only counts.
+        retired for longer than its grace period. Pending layouts are indexed first
+        (``db.pending``); ``dry_run`` then only counts.
         """
         from ckptrepo import repack as packer
 
         self._check_open()
         self._settle()
-        pending.index_pending(self._sessions)
         return packer.repack(self._sessions, self._backend, self._reader, self._pool, self.config,
                              compact_below=compact_below, dry_run=dry_run)
 

@@ -87,17 +87,26 @@ def count(session: Session) -> int:
     return int(session.scalar(select(func.count()).select_from(PendingLayout)) or 0)
 
 
-def index_in(session: Session, *, limit: int | None = None,
-             last: catalog.CommitLayout | None = None) -> tuple[int, catalog.CommitLayout | None]:
-    """Index up to ``limit`` pending layouts (all with None) in the caller's write transaction,
-    in ``seq`` order, and delete their pending rows. ``last``: a layout the caller knows (the
-    first parent of the first pending commit, usually), so it need not be read. Returns how many
-    were indexed and the layout of the last one."""
-    query = select(PendingLayout.seq, PendingLayout.commit_id, PendingLayout.payload,
-                   Commit.line_id, Commit.fp_depth, Commit.first_parent_id).join(
-        Commit, Commit.id == PendingLayout.commit_id).order_by(PendingLayout.seq)
-    if limit is not None:
-        query = query.limit(limit)
+def index_in(session: Session) -> int:
+    """Index every pending layout in the caller's write transaction (``gc``: before it reads
+    what is live), ``_BATCH`` payloads in memory at a time; return how many."""
+    total, last = 0, None
+    while True:
+        n, last = index_batch(session, limit=_BATCH, last=last)
+        total += n
+        if n < _BATCH:
+            return total
+
+
+def index_batch(session: Session, *, limit: int,
+                last: catalog.CommitLayout | None = None) -> tuple[int, catalog.CommitLayout | None]:
+    """Index up to ``limit`` pending layouts in the caller's write transaction, in ``seq``
+    order, and delete their pending rows. ``last``: a layout the caller knows (the first parent
+    of the first pending commit, usually), so it need not be read. Returns how many were
+    indexed and the layout of the last one."""
+    query = (select(PendingLayout.seq, PendingLayout.commit_id, PendingLayout.payload,
+                    Commit.line_id, Commit.fp_depth, Commit.first_parent_id)
+             .join(Commit, Commit.id == PendingLayout.commit_id).order_by(PendingLayout.seq).limit(limit))
     done: list[int] = []
     for seq, commit_id, payload, line, depth, first in session.execute(query).all():
         chunks, tensors, entries = decode(payload)
@@ -127,17 +136,9 @@ def index_pending(sessions: sessionmaker[Session], *, stop: Callable[[], bool] |
     total, last = 0, None
     while stop is None or not stop():
         with write_transaction(sessions) as s:
-            n, last = index_in(s, limit=batch, last=last)
+            n, last = index_batch(s, limit=batch, last=last)
         total += n
         if n < batch:
             break
     return total
-
-
-def referenced_packs(session: Session) -> set[str]:
-    """The packs that pending layouts name (their new chunks' packs)."""
-    out: set[str] = set()
-    for (payload,) in session.execute(select(PendingLayout.payload)):
-        out.update(c.pack_id for c in decode(payload)[0])
-    return out
 

@@ -176,3 +176,15 @@ def test_payload_round_trip_and_damage() -> None:
     for junk in (b"junk", pending._compressor.compress(b'{"v": 99}'), pending._compressor.compress(b"[1]")):
         with pytest.raises(FormatError):
             pending.decode(junk)
+
+
+def test_gc_indexes_more_pending_layouts_than_one_batch(tmp_path: Path) -> None:
+    n = pending._BATCH + 6
+    with ckptrepo.Repo.init(tmp_path, chunk_size=64 * 1024, idle_repack=False) as repo:
+        ids = [repo.commit({"x": torch.full((16,), float(i))}, step=i).wait().id for i in range(n)]
+        assert _pending(repo) == n
+        assert repo.gc(grace=0).commits_removed == 0 and _pending(repo) == 0
+        assert [repo.load_tensor(cid, "x")[0].item() for cid in ids] == [float(i) for i in range(n)]
+        history = repo.history("x")
+        assert [p.step for p in history] == list(reversed(range(n)))
+        assert all(p.status == "changed" for p in history[:-1]) and history[-1].status == "added"
