@@ -485,13 +485,12 @@ class Repo:
             return spare.threads_named("ckpt-repack", "ckpt-idle", "ckpt-bg")
 
         def run() -> None:
-            # Commits' pending layouts first, in short transactions: this thread may get little
-            # CPU while it holds the write lock that the next commit waits for.
-            pending.index_pending(self._sessions, stop=stop, batch=_IDLE_INDEX_BATCH)
             while not stop():
                 watch = spare.BusyWatch(own)
                 report = packer.repack(self._sessions, self._backend, self._reader, self._idle_pool, self.config,
                                        stop=functools.partial(_give_way, stop, watch), max_packs=_IDLE_REPACK_PACKS,
+                                       # Pending layouts first, in short transactions: this thread may
+                                       # get little CPU while it holds the lock the next commit waits for.
                                        index_batch=_IDLE_INDEX_BATCH)
                 if report.stopped and not stop():  # the machine got busy: wait for spare CPU again
                     # A gate of its own: the committer thread's may be in use once stop() turns true.
@@ -624,9 +623,9 @@ class Repo:
         if lazy and not all(x in new or x in likely for r in result.tensors for x in r.chunk_ids):
             # It shares chunks the store had beyond its parent's: recorded with its rows now, so
             # that their foreign keys hold them against a gc of another process.
-            lazy = False
+            lazy, keyless = False, self._last_keyless
             self._index_layouts()
-            if parent is not None:
+            if parent is not None and keyless:  # read back with the keys its indexing gave it
                 with self._sessions() as s:
                     parent = catalog.commit_layout(s, parent.commit_id)
         self._unchanged = frozenset(r.name for r in result.tensors if r.chunk_ids and new.isdisjoint(r.chunk_ids))
@@ -641,7 +640,9 @@ class Repo:
         now = _now()
         conflict: str | None = None
         # Write-ordering step 2: one transaction inserts the chunk index, tensors, the commit,
-        # its edges and moves the branch; nothing of this commit is visible before it commits.
+        # its edges and moves the branch (or, lazy, the commit, its edges and its layout as one
+        # pending row, which names only packs made durable above); nothing of this commit is
+        # visible before it commits.
         try:
             with write_transaction(self._sessions) as s:
                 conflict, kept, layout = self._record(s, result, row, edges, entries, req, head, now, parent,

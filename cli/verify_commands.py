@@ -1,4 +1,5 @@
-"""``ckpt verify`` (check the database against the pack store, read-only), ``ckpt gc`` and ``ckpt repack``."""
+"""``ckpt verify`` (check the database against the pack store, read-only but for indexing pending
+layouts), ``ckpt gc`` and ``ckpt repack``."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ def verify(full: FullOpt = False, as_json: JsonOpt = False) -> None:
     """Check that every commit's chunks sit in intact packs and every ref names a commit; list leftovers.
 
     Exits 0 when nothing is missing, corrupt or inconsistent (unreferenced packs and temporary
-    files are warnings: gc reclaims them), else 5. Changes nothing.
+    files are warnings: gc reclaims them), else 5. Changes nothing but indexing the commits'
+    pending layouts first (their rows are what it checks).
     """
     with current().open() as repo, render.phases(enabled=not as_json) as phase:
         phase("reading and hash-checking every chunk" if full else "checking packs, chunks and commits")
