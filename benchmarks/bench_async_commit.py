@@ -246,7 +246,7 @@ class Bench:
         staging arena (idle between commits: max_inflight=1 and the last commit waited for)."""
         from ckptrepo.state import flatten
 
-        slots = self.repo._staging._free  # the benchmark reaches into the pool on purpose
+        slots = self.repo._writer.snapshots().staging._free  # the benchmark reaches into the pool on purpose
         assert len(slots) == 1 and slots[0].arena is not None, "the loop repository's slot is busy or empty"
         return list(slots[0].prepare(flatten(self.state).tensors).values())
 

@@ -66,13 +66,13 @@ def repack_block(repo: ckptrepo.Repo, trainer: Trainer, k: int) -> tuple[float, 
     before = repo.repack_pending()[1]
     stop = threading.Event()
     cpu0, start = time.process_time(), time.perf_counter()
-    runner = threading.Thread(target=repo._repack_when_idle, args=(stop.is_set,), name="bench-idle-repack")
+    runner = threading.Thread(target=repo._writer._idle.run, args=(stop.is_set,), name="bench-idle-repack")
     runner.start()
     for _ in range(k):
         trainer.step()
     stop.set()
     runner.join()
-    repo._wait_for_repack()
+    repo._writer._idle.wait()
     gc.collect()
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
     return wall, cpu, before - repo.repack_pending()[1]

@@ -48,7 +48,7 @@ import ckptrepo
 from ckptrepo.db import lines
 from ckptrepo.db.engine import database_url, write_connection
 from ckptrepo.db.models import Chunk, Commit, Edge, Entry, EntryRun, Metric, Pack, Ref, Tensor, TensorChunk
-from ckptrepo.lineage import analysis, queries
+from ckptrepo.lineage import analysis
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 NAMES = [f"layers.{i}.weight" for i in range(20)]
@@ -236,29 +236,29 @@ def measure(repo: ckptrepo.Repo, lin: Lineage, repeat: int) -> list[tuple[str, f
         rows.append((name, seconds * 1e3, _goal(seconds * 1e3, goal, what(result))))
 
     n = lambda r: f"{len(r):,} commits"  # noqa: E731
-    row("ancestors", lambda: queries.ancestors(repo, "main"), 50, lambda r: f"main, 10,000 deep: {n(r)}")
+    row("ancestors", lambda: repo.ancestors("main"), 50, lambda r: f"main, 10,000 deep: {n(r)}")
     # Resolved once: ``REV~N`` resolution is revparse's (one query per hop), not the walk measured here.
     mid = repo.resolve("main~1000")
-    row("descendants", lambda: queries.descendants(repo, mid), 50, lambda r: f"main~1000: {n(r)}")
-    row("merge-base", lambda: queries.merge_base(repo, head, "main"), 50,
+    row("descendants", lambda: repo.descendants(mid), 50, lambda r: f"main~1000: {n(r)}")
+    row("merge-base", lambda: repo.merge_base(head, "main"), 50,
         lambda r: f"deepest fork's head vs main: {'ok' if r == [fork] else f'WRONG {r}'}")
-    row("path", lambda: queries.path(repo, head, "main"), 50,
+    row("path", lambda: repo.path(head, "main"), 50,
         lambda r: f"deepest fork's head to main: {n(r)}{'' if fork in r else ' WRONG'}")
-    row("log page", lambda: queries.log(repo, "main", limit=50), 20, n)
-    row("log page --where", lambda: queries.log(repo, "main", where="val_loss < 1.5 and step >= 20000", limit=50),
+    row("log page", lambda: repo.log("main", limit=50), 20, n)
+    row("log page --where", lambda: repo.log("main", where="val_loss < 1.5 and step >= 20000", limit=50),
         None, lambda r: f"val_loss < 1.5 and step >= 20000: {n(r)}")
-    row("best", lambda: queries.best(repo, "val_loss", branch="main", limit=5), None,
+    row("best", lambda: repo.best("val_loss", branch="main", limit=5), None,
         lambda r: "5 lowest val_loss on main's history")
     diff_stat = getattr(analysis, "diff_stat", None)
     if diff_stat is not None:
         row("diff --stat", lambda: diff_stat(repo, *lin.wide), 50, lambda r: "two 500-tensor commits")
     elif hasattr(analysis, "diff"):
-        row("diff --stat", lambda: analysis.diff(repo, *lin.wide), 50,
+        row("diff --stat", lambda: repo.diff(*lin.wide), 50,
             lambda r: f"two 500-tensor commits, analysis.diff (no diff_stat): {len(r.tensors)} tensors")
     else:
         rows.append(("diff --stat", float("nan"), "TODO: ckptrepo.lineage.analysis.diff_stat does not exist yet"))
     if hasattr(analysis, "history"):
-        row("history", lambda: analysis.history(repo, NAMES[3], along="main"), 200,
+        row("history", lambda: repo.history(NAMES[3], along="main"), 200,
             lambda r: f"{NAMES[3]} along main: {len(r):,} commits")
     else:
         rows.append(("history", float("nan"), "TODO: ckptrepo.lineage.analysis.history does not exist yet"))

@@ -4,25 +4,58 @@
 >>> repo = ckptrepo.Repo.init("runs")
 >>> commit = repo.commit({"model": model, "optim": opt}, step=100, metrics={"loss": 2.3}).wait()
 >>> state = repo.checkout("main~1")
+
+The public names: ``Repo`` and what its methods return (``ckptrepo.types``, all exported here),
+``CommitHandle``, the errors (``ckptrepo.errors``), repository settings and process knobs
+(``ckptrepo.config``, ``ckptrepo.knobs``), checkpoint file formats (``ckptrepo.formats``).
+Importing ckptrepo does not import torch; the calls that take or return tensors do.
 """
 
 from ckptrepo import errors
+from ckptrepo.folder import find_repo, upgrade_database
 from ckptrepo.ingest.handle import CommitHandle
-from ckptrepo.repository import Repo, upgrade_database
-from ckptrepo.types import Commit, Parent, Problem, RefInfo, RepoStats, TensorInfo, TensorStats, VerifyReport
+from ckptrepo.repository import DEFAULT_BRANCH, Repo
+from ckptrepo.types import (
+    Commit,
+    Diff,
+    ExactDelta,
+    GcReport,
+    HistoryPoint,
+    MetricPoint,
+    Parent,
+    Problem,
+    RefInfo,
+    RepackReport,
+    RepoStats,
+    TensorDelta,
+    TensorInfo,
+    TensorStats,
+    VerifyCounts,
+    VerifyReport,
+)
 
 __all__ = [
+    "DEFAULT_BRANCH",
     "Commit",
     "CommitHandle",
+    "Diff",
+    "ExactDelta",
+    "GcReport",
+    "HistoryPoint",
+    "MetricPoint",
     "Parent",
     "Problem",
     "RefInfo",
+    "RepackReport",
     "Repo",
     "RepoStats",
+    "TensorDelta",
     "TensorInfo",
     "TensorStats",
+    "VerifyCounts",
     "VerifyReport",
     "errors",
+    "find_repo",
     "upgrade_database",
 ]
 __version__ = "0.1.0"

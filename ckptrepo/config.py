@@ -1,18 +1,16 @@
-"""Repository settings (stored in ``.ckpt/config.json``) and process knobs (env overrides).
-
-Repository settings are fixed at ``init`` and travel with the repository; knobs are
-per-process and may be overridden by environment variables named ``CKPT_<KNOB>``.
+"""Repository settings, stored in ``.ckpt/config.json``: fixed at ``init``, they travel with the
+repository. Settings of one process (environment variables ``CKPT_*``) are ``knobs``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ckptrepo.atomic import write_atomic
 from ckptrepo.errors import FormatError, UsageError
 
 FORMAT_VERSION = 1
@@ -57,6 +55,11 @@ class RepoConfig:
     db_url: str | None = None
     store_url: str | None = None
 
+    @classmethod
+    def of(cls, **settings: Any) -> RepoConfig:
+        """The settings given, the default for each one given as None or left out."""
+        return cls(**{name: value for name, value in settings.items() if value is not None})
+
     def validate(self) -> None:
         """Raise UsageError for settings no repository can work with."""
         if self.chunk_size < 4096 or self.chunk_size > (1 << 30):
@@ -78,15 +81,8 @@ class RepoConfig:
             raise UsageError(f"zstd level {self.zstd_level} is out of range", hint="Use 1..22.")
 
     def save(self, repo_dir: Path) -> None:
-        """Write the settings atomically (temp file, fsync, rename)."""
-        path = repo_dir / CONFIG_NAME
-        tmp = path.with_suffix(".json.tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(asdict(self), fh, indent=2, sort_keys=True)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        """Write the settings to ``config.json``, atomically and durably (``atomic``)."""
+        write_atomic(repo_dir / CONFIG_NAME, (json.dumps(asdict(self), indent=2, sort_keys=True) + "\n").encode())
 
     @classmethod
     def load(cls, repo_dir: Path) -> RepoConfig:
@@ -105,17 +101,3 @@ class RepoConfig:
         return cls(**{k: v for k, v in raw.items() if k in known})
 
 
-def env_int(name: str, default: int) -> int:
-    """Integer knob ``CKPT_<NAME>`` from the environment, else ``default``."""
-    value = os.environ.get(f"CKPT_{name}")
-    if value is None or value == "":
-        return default
-    try:
-        return int(value)
-    except ValueError as exc:
-        raise UsageError(f"CKPT_{name}={value!r} is not an integer") from exc
-
-
-def default_workers() -> int:
-    """Worker threads for hashing/encoding/decoding (``CKPT_WORKERS``, default: all cores)."""
-    return max(1, env_int("WORKERS", os.cpu_count() or 1))

@@ -11,6 +11,8 @@ Exit codes: 1 generic, 2 usage/bad input, 3 not found, 4 conflict, 5 integrity,
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 
@@ -198,3 +200,14 @@ class CommitFailed(CkptError):
 
     exit_code = 1
     hint = "The repository is as it was before that commit; fix the cause and commit again."
+
+
+def did_you_mean(what: str, name: str, candidates: Iterable[str], listing: str) -> str:
+    """A hint naming up to five close matches of ``name`` among ``candidates`` (those containing
+    it first), else saying how to list them (``listing``: a command or call)."""
+    pool = sorted(set(candidates))
+    within = [c for c in pool if name.lower() in c.lower()]
+    matches = (within + [c for c in difflib.get_close_matches(name, pool, n=5, cutoff=0.6) if c not in within])[:5]
+    if matches:
+        return f"Did you mean {', '.join(repr(m) for m in matches)}?"
+    return f"No {what} has a similar name; {listing} lists them."

@@ -24,6 +24,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from ckptrepo import knobs
+
 ENV = "CKPT_FAULTS"
 POINTS = (
     "stage.copy",
@@ -65,8 +67,7 @@ def _parse(spec: str) -> dict[str, tuple[str, int]]:
     return armed
 
 
-if os.environ.get(ENV):
-    _armed.update(_parse(os.environ[ENV]))
+_armed.update(_parse(knobs.get_str("FAULTS", "")))
 
 
 def point(name: str) -> None:

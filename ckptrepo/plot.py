@@ -9,14 +9,13 @@ failed or interrupted plot leaves no partial image.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ckptrepo.atomic import atomic_output
 from ckptrepo.errors import UsageError
-from ckptrepo.lineage.reports import STAT_FIELDS, HistoryPoint, MetricPoint
+from ckptrepo.types import STAT_FIELDS, HistoryPoint, MetricPoint
 
 DEFAULT_STATS = ("l2_norm", "mean", "std", "abs_max")
 _ABSENT_COLOR = "#d62728"
@@ -53,16 +52,8 @@ def check_output(path: Path) -> None:
 
 def _save(fig: Any, path: Path) -> None:
     check_output(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png", dpi=110)
-            f.flush()
-            os.fsync(f.fileno())  # the image is complete on disk before it takes the final name
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
 
 
 def _x_axis(points: Sequence[HistoryPoint | MetricPoint]) -> tuple[list[float], str]:

@@ -26,7 +26,6 @@ import contextlib
 import json
 import math
 import pickle
-import re
 import warnings
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -36,6 +35,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from ckptrepo.entries import escape as _escape
+from ckptrepo.entries import join_path as join_path  # entry names are defined in ``entries``
+from ckptrepo.entries import split_path as split_path
 from ckptrepo.errors import FormatError, IntegrityError, UnsupportedState, UsageError
 
 _DTYPE_CANDIDATES = (
@@ -164,25 +166,6 @@ def tensor_from_bytes(
     if dt == torch.bool and nbytes and bool((raw > 1).any()):
         raise IntegrityError(detail="a bool tensor holds bytes other than 0 and 1")
     return raw.view(dt).reshape(dims)
-
-
-def join_path(parts: Sequence[str | int]) -> str:
-    """Entry name of a key path: parts joined by ``/``; inside a part ``%`` -> ``%25``, ``/`` -> ``%2F``.
-
-    Injective over non-empty part lists; ``[]`` and ``[""]`` both give ``""``.
-    """
-    return "/".join(map(_escape, parts))
-
-
-def _escape(part: str | int) -> str:
-    """One part of an entry name, escaped as ``join_path`` does."""
-    text = str(part)
-    return text.replace("%", "%25").replace("/", "%2F") if "%" in text or "/" in text else text
-
-
-def split_path(name: str) -> list[str]:
-    """The parts of an entry name (inverse of ``join_path``; int parts come back as str)."""
-    return [re.sub("%(25|2F)", lambda m: "%" if m.group(1) == "25" else "/", p) for p in name.split("/")]
 
 
 @dataclass

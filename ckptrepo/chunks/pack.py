@@ -26,7 +26,6 @@ table rebuildable from packs alone; its hash lets a reader trust it.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 
 import blake3
@@ -34,6 +33,7 @@ import blake3
 from ckptrepo import faults
 from ckptrepo.errors import IntegrityError, UsageError
 from ckptrepo.ids import ID_HEX_LEN, is_hex
+from ckptrepo.locations import ChunkLocation
 from ckptrepo.storage.appendfile import AppendFile
 from ckptrepo.storage.base import Backend
 
@@ -46,19 +46,6 @@ TRAILER = struct.Struct("<QI32s8s")
 _NO_BASE = bytes(32)
 # Most indexes fit in the first tail read: a 64 MiB pack of 1 MiB chunks has a 5.6 KiB index.
 _TAIL_GUESS = 64 << 10
-
-
-@dataclass(frozen=True)
-class PackEntry:
-    """Where one encoded chunk sits in a pack, and how to decode it."""
-
-    chunk_id: str
-    offset: int
-    length: int
-    raw_length: int
-    encoding: int
-    depth: int = 0
-    base_id: str | None = None
 
 
 def _check_id(value: str, what: str) -> bytes:
@@ -78,7 +65,7 @@ class PackWriter:
     def __init__(self, staging_dir: Path) -> None:
         self._file: AppendFile | None = AppendFile(staging_dir, "pack-", ".tmp")
         self.path = self._file.path
-        self._entries: list[PackEntry] = []
+        self._entries: list[ChunkLocation] = []
         self._size = 0
         try:
             self._append(header())
@@ -111,8 +98,9 @@ class PackWriter:
         *,
         depth: int = 0,
         base_id: str | None = None,
-    ) -> PackEntry:
-        """Append one encoded chunk; returns where it landed. Validates before writing a byte."""
+    ) -> ChunkLocation:
+        """Append one encoded chunk; returns where it landed (no pack id yet). Validates before
+        writing a byte."""
         _check_id(chunk_id, "chunk id")
         if base_id is not None:
             _check_id(base_id, "base id")
@@ -120,14 +108,16 @@ class PackWriter:
             raise UsageError(f"encoding {encoding} / depth {depth} do not fit in a byte")
         if raw_length < 0:
             raise UsageError(f"raw length {raw_length} is negative")
-        entry = PackEntry(chunk_id, self._size, memoryview(payload).nbytes, raw_length, encoding, depth, base_id)
+        size = memoryview(payload).nbytes
+        entry = ChunkLocation(chunk_id, "", self._size, size, raw_length, encoding, depth, base_id)
         self._append(payload)
         self._entries.append(entry)
         faults.point("pack.write")
         return entry
 
-    def finish(self) -> tuple[str, Path, list[PackEntry]]:
-        """Write index and trailer, fsync, close; returns ``(pack_id, temp_path, entries)``.
+    def finish(self) -> tuple[str, Path, list[ChunkLocation]]:
+        """Write index and trailer, fsync, close; returns ``(pack_id, temp_path, entries)``, the
+        entries located in the new pack.
 
         The caller moves ``temp_path`` into the store (``Backend.put_file``), which makes it
         visible; this writer no longer owns the file.
@@ -144,7 +134,7 @@ class PackWriter:
         except BaseException:
             self.abort()
             raise
-        return pack_id, self.path, list(self._entries)
+        return pack_id, self.path, [e.in_pack(pack_id) for e in self._entries]
 
     def abort(self) -> None:
         """Close and delete the temporary file; safe to call more than once."""
@@ -154,12 +144,17 @@ class PackWriter:
         self.path.unlink(missing_ok=True)
 
 
+def pack_key(pack_id: str) -> str:
+    """The store key of a pack: ``packs/<first 2 hex>/<pack_id>.pack``."""
+    return f"packs/{pack_id[:2]}/{pack_id}.pack"
+
+
 def header() -> bytes:
     """The first bytes of every pack (magic and version)."""
     return HEADER.pack(MAGIC, VERSION)
 
 
-def pack_tail(entries: list[PackEntry], index_offset: int) -> tuple[bytes, str]:
+def pack_tail(entries: list[ChunkLocation], index_offset: int) -> tuple[bytes, str]:
     """Index and trailer of a pack whose payload area ends at ``index_offset``, and the pack
     id (BLAKE3 of header, index and trailer). Entries may leave gaps in the payload area."""
     index = b"".join(_pack_entry(e) for e in entries)
@@ -167,7 +162,7 @@ def pack_tail(entries: list[PackEntry], index_offset: int) -> tuple[bytes, str]:
     return index + trailer, blake3.blake3(header() + index + trailer).hexdigest()
 
 
-def _pack_entry(entry: PackEntry) -> bytes:
+def _pack_entry(entry: ChunkLocation) -> bytes:
     base = _NO_BASE if entry.base_id is None else bytes.fromhex(entry.base_id)
     return ENTRY.pack(
         bytes.fromhex(entry.chunk_id),
@@ -196,7 +191,7 @@ def _parse_trailer(tail: bytes, file_size: int) -> tuple[int, int, bytes]:
     return index_offset, count, digest
 
 
-def _parse_entries(index: bytes, count: int, digest: bytes, index_offset: int) -> list[PackEntry]:
+def _parse_entries(index: bytes, count: int, digest: bytes, index_offset: int, pack_id: str) -> list[ChunkLocation]:
     if blake3.blake3(index).digest() != digest:
         raise _corrupt("pack index does not match its hash")
     entries = []
@@ -205,7 +200,7 @@ def _parse_entries(index: bytes, count: int, digest: bytes, index_offset: int) -
         if offset < HEADER.size or offset + length > index_offset:
             raise _corrupt(f"pack index entry {k} ({offset}+{length}) lies outside the payload area")
         base_id = None if base == _NO_BASE else base.hex()
-        entries.append(PackEntry(cid.hex(), offset, length, raw_length, encoding, depth, base_id))
+        entries.append(ChunkLocation(cid.hex(), pack_id, offset, length, raw_length, encoding, depth, base_id))
     return entries
 
 
@@ -217,8 +212,8 @@ def _check_header(head: bytes) -> None:
         raise _corrupt(f"pack format version {version}, this ckptrepo reads {VERSION}")
 
 
-def parse_index(data: bytes, file_size: int | None = None) -> list[PackEntry]:
-    """The entries of a pack from its bytes.
+def parse_index(data: bytes, file_size: int | None = None, *, pack_id: str = "") -> list[ChunkLocation]:
+    """The entries of a pack from its bytes, located in pack ``pack_id``.
 
     ``data`` is the whole file, or (with ``file_size``) a tail of it that contains at least
     the index and trailer. Raises IntegrityError when magic, version, lengths or the index
@@ -235,11 +230,12 @@ def parse_index(data: bytes, file_size: int | None = None) -> list[PackEntry]:
     if start < 0:
         raise UsageError("the given tail does not reach back to the pack index")
     index = data[start : start + count * ENTRY.size]
-    return _parse_entries(index, count, digest, index_offset)
+    return _parse_entries(index, count, digest, index_offset, pack_id)
 
 
-def read_index(backend: Backend, key: str) -> list[PackEntry]:
-    """The entries of the pack stored under ``key``, reading only its header, trailer and index."""
+def read_index(backend: Backend, key: str, *, pack_id: str = "") -> list[ChunkLocation]:
+    """The entries of the pack stored under ``key`` (located in pack ``pack_id``), reading only
+    its header, trailer and index."""
     try:
         size = backend.size(key)
         if size < HEADER.size + TRAILER.size:
@@ -250,6 +246,6 @@ def read_index(backend: Backend, key: str) -> list[PackEntry]:
         index_offset, _, _ = _parse_trailer(tail, size)
         if size - index_offset > tail_len:
             tail = backend.get_range(key, index_offset, size - index_offset)
-        return parse_index(tail, size)
+        return parse_index(tail, size, pack_id=pack_id)
     except IntegrityError as exc:
         raise _corrupt(f"pack {key}: {exc.fields.get('detail', exc)}") from exc

@@ -18,29 +18,11 @@ import numpy as np
 
 from ckptrepo import faults
 from ckptrepo.chunks.codecs import Encoding, decode, decode_delta
-from ckptrepo.chunks.pack import PackEntry, PackWriter
+from ckptrepo.chunks.pack import PackWriter, pack_key
 from ckptrepo.errors import IntegrityError, UsageError
 from ckptrepo.ids import hash_bytes
+from ckptrepo.locations import ChunkLocation
 from ckptrepo.storage.base import Backend
-
-
-@dataclass(frozen=True)
-class ChunkLocation:
-    """Where a chunk's encoded bytes live: a row of the database's chunk index."""
-
-    chunk_id: str
-    pack_id: str
-    offset: int
-    length: int
-    raw_length: int
-    encoding: int
-    depth: int = 0
-    base_id: str | None = None
-
-
-def pack_key(pack_id: str) -> str:
-    """The store key of a pack: ``packs/<first 2 hex>/<pack_id>.pack``."""
-    return f"packs/{pack_id[:2]}/{pack_id}.pack"
 
 
 @dataclass(frozen=True)
@@ -50,20 +32,6 @@ class SealedPack:
     pack_id: str
     size: int
     locations: list[ChunkLocation]
-
-
-def location(pack_id: str, entry: PackEntry) -> ChunkLocation:
-    """The chunk index row of ``entry`` in pack ``pack_id``."""
-    return ChunkLocation(
-        entry.chunk_id,
-        pack_id,
-        entry.offset,
-        entry.length,
-        entry.raw_length,
-        entry.encoding,
-        entry.depth,
-        entry.base_id,
-    )
 
 
 class PackSink:
@@ -147,7 +115,7 @@ class PackSink:
             self._failed = True
             writer.abort()
             raise
-        return SealedPack(pack_id, writer.size, [location(pack_id, e) for e in entries])
+        return SealedPack(pack_id, writer.size, entries)
 
     def _drain(self) -> list[SealedPack]:
         """Wait for every pack in flight; their packs in order, or the first failure."""

@@ -1,4 +1,4 @@
-"""Row-level reads and writes of the catalog: chunk index, tensors, commits, refs.
+"""Row-level reads and writes of the catalog: chunk index, tensors, commits (refs: ``db.refs``).
 
 Functions take a ``Session`` owned by the caller, who also owns the transaction:
 ``record_commit`` must run inside the single write transaction that makes a commit
@@ -8,34 +8,21 @@ chunk layer and the database layer never import each other.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, cast
 
-from sqlalchemy import BindParameter, Table, bindparam, func, select, update
+from sqlalchemy import BindParameter, Table, bindparam, func, select
 from sqlalchemy.orm import Session
 
 from ckptrepo.db import lines
-from ckptrepo.db.engine import fetch_tuples, insert_tuples, present_values
+from ckptrepo.db.engine import Sessions, fetch_tuples, insert_tuples, present_values
 from ckptrepo.db.models import Chunk, Commit, Edge, Entry, EntryRun, Metric, Pack, Ref, Tensor, TensorChunk
 from ckptrepo.errors import ConcurrentChange
+from ckptrepo.locations import ChunkLocation
 
 _IN_BATCH = 500
-
-
-class ChunkRow(NamedTuple):
-    """A new ``chunks`` row by ids (``record_commit`` gives it a key, and its base's key)."""
-
-    chunk_id: str
-    pack_id: str
-    offset: int
-    length: int
-    raw_length: int
-    encoding: int
-    depth: int = 0
-    base_id: str | None = None
-    alone_length: int | None = None
 
 
 class PackRow(NamedTuple):
@@ -75,21 +62,6 @@ class EdgeRow:
     mapping: dict[str, str] | None = None
 
 
-class ChunkRecord(NamedTuple):
-    """A ``chunks`` row as readers need it: ``base_id`` is the delta base's id (from its key)."""
-
-    id: str
-    pack_id: str
-    offset: int
-    length: int
-    raw_length: int
-    encoding: int
-    depth: int
-    base_id: str | None
-    alone_length: int | None
-    key: int
-
-
 # Built once, run with the ids bound (an expanding IN): building a statement whose IN list
 # holds fifty ids cost more than running it. Plain rows, not ORM objects.
 _IDS: BindParameter[Any] = bindparam("ids", expanding=True)
@@ -113,8 +85,9 @@ _ENTRIES_OF = (select(_ENTRIES.name, _TENSORS.id, _TENSORS.key)
                .where(_ENTRIES.commit_id == bindparam("commit_id")))
 _PLACES_OF = select(_COMMITS.id, _COMMITS.line_id, _COMMITS.fp_depth, _COMMITS.generation).where(
     _COMMITS.id.in_(_IDS))
+# A chunk row as a ``ChunkLocation``: the delta base named by its id (through its key).
 _RECORD_COLUMNS = (_CHUNKS.id, _CHUNKS.pack_id, _CHUNKS.offset, _CHUNKS.length, _CHUNKS.raw_length,
-                   _CHUNKS.encoding, _CHUNKS.depth, _BASES.id, _CHUNKS.alone_length, _CHUNKS.key)
+                   _CHUNKS.encoding, _CHUNKS.depth, _BASES.id, _CHUNKS.alone_length)
 _RECORDS_BY_ID = (select(*_RECORD_COLUMNS).outerjoin(_BASES_T, _BASES.key == _CHUNKS.base_key)
                   .where(_CHUNKS.id.in_(_IDS)))
 _RECORDS_OF_TENSORS = (
@@ -137,14 +110,24 @@ def existing_chunks(session: Session, ids: Sequence[str]) -> set[str]:
     return present_values(session.connection(), _CHUNKS.id, ids)
 
 
-def chunks_by_id(session: Session, ids: Sequence[str]) -> dict[str, ChunkRecord]:
-    """The chunk-index rows of those ``ids`` that exist, by id."""
-    found: dict[str, ChunkRecord] = {}
+def chunks_by_id(session: Session, ids: Sequence[str]) -> dict[str, ChunkLocation]:
+    """The locations of those chunk ``ids`` that are stored, by id."""
+    found: dict[str, ChunkLocation] = {}
     conn = session.connection()
     for start in range(0, len(ids), _IN_BATCH):
         batch = list(ids[start : start + _IN_BATCH])
-        found.update((row[0], ChunkRecord(*row)) for row in fetch_tuples(conn, _RECORDS_BY_ID, {"ids": batch}))
+        found.update((row[0], ChunkLocation(*row)) for row in fetch_tuples(conn, _RECORDS_BY_ID, {"ids": batch}))
     return found
+
+
+def locator(sessions: Sessions) -> Callable[[Collection[str]], dict[str, ChunkLocation]]:
+    """A lookup of stored chunks' locations by id, each call in a short session of its own
+    (``ChunkReader``'s way to find delta bases)."""
+    def locate(ids: Collection[str]) -> dict[str, ChunkLocation]:
+        with sessions() as s:
+            return chunks_by_id(s, sorted(ids))
+
+    return locate
 
 
 def chunk_keys_of(session: Session, ids: Iterable[str]) -> dict[str, int]:
@@ -249,7 +232,7 @@ def _insert_keyed(session: Session, table: str, model: type[Chunk] | type[Tensor
         keys.update(reread(rows))
 
 
-def _stored_chunks_named(chunk_rows: Sequence[ChunkRow], tensors: Iterable[TensorRow]) -> set[str]:
+def _stored_chunks_named(chunk_rows: Sequence[ChunkLocation], tensors: Iterable[TensorRow]) -> set[str]:
     """The chunks that ``chunk_rows`` (as delta bases) and ``tensors`` name and that are not
     among ``chunk_rows``: they must be stored already."""
     new = {c.chunk_id for c in chunk_rows}
@@ -270,7 +253,7 @@ def record_commit(
     session: Session,
     *,
     packs: Iterable[PackRow],
-    chunks: Iterable[ChunkRow],
+    chunks: Iterable[ChunkLocation],
     tensors: Iterable[TensorRow],
     commit: dict[str, Any],
     entries: dict[str, str],
@@ -338,7 +321,7 @@ def record_layout(
     commit_id: str,
     place: tuple[str, int],
     first: str | None,
-    chunks: Iterable[ChunkRow],
+    chunks: Iterable[ChunkLocation],
     tensors: Iterable[TensorRow],
     entries: dict[str, str],
     parent: CommitLayout | None,
@@ -423,40 +406,6 @@ def changed_chunks(pairs: Iterable[tuple[str, str]],
             for a, b in pairs}
 
 
-_REFS = cast(Table, Ref.__table__)
-_BRANCH_AT = select(_REFS.c.commit_id).where(_REFS.c.kind == "branch", _REFS.c.name == bindparam("ref_name"))
-_MOVE_BRANCH = (update(_REFS)
-                .where(_REFS.c.kind == "branch", _REFS.c.name == bindparam("ref_name"),
-                       _REFS.c.commit_id == bindparam("expected"))
-                .values(commit_id=bindparam("new_id"), updated_at=bindparam("now")))
-
-
-def branch_head(session: Session, name: str) -> str | None:
-    """The commit id branch ``name`` points at, or None when there is no such branch."""
-    return session.connection().execute(_BRANCH_AT, {"ref_name": name}).scalar()
-
-
-def move_branch(session: Session, name: str, new_id: str, expected: str | None, now: datetime) -> str | None:
-    """Compare-and-swap a branch: point ``name`` at ``new_id`` if it is at ``expected``
-    (``None``: the branch must not exist). Returns None on success, else where it is
-    (``""``: the branch is gone)."""
-    conn = session.connection()
-    if expected is None:
-        current = branch_head(session, name)
-        if current is not None:
-            return current
-        # Insert-or-ignore, then read back: a concurrent creator of the same branch wins cleanly.
-        insert_tuples(conn, Ref, ("kind", "name", "commit_id", "updated_at"), [("branch", name, new_id, now)],
-                      ignore=True)
-        current = branch_head(session, name)
-        assert current is not None
-        return None if current == new_id else current
-    moved = conn.execute(_MOVE_BRANCH, {"ref_name": name, "expected": expected, "new_id": new_id, "now": now})
-    if moved.rowcount == 1:
-        return None
-    return branch_head(session, name) or ""
-
-
 def parents_of(session: Session, commit_id: str) -> list[Edge]:
     """Edges from ``commit_id`` to its parents, first parent first."""
     return list(session.scalars(select(Edge).where(Edge.child_id == commit_id).order_by(Edge.position)))
@@ -516,15 +465,15 @@ def tensor_layout(
     return [(row[0], row[1]) for row in session.execute(q.order_by(Entry.name))]
 
 
-def chunk_locations(session: Session, tensors: Iterable[Tensor]) -> dict[str, list[ChunkRecord]]:
+def chunk_locations(session: Session, tensors: Iterable[Tensor]) -> dict[str, list[ChunkLocation]]:
     """Ordered chunk rows per tensor id, of the tensor rows given (read by their keys)."""
     by_key = {t.key: t.id for t in tensors}
-    out: dict[str, list[ChunkRecord]] = {tid: [] for tid in by_key.values()}
+    out: dict[str, list[ChunkLocation]] = {tid: [] for tid in by_key.values()}
     keys = sorted(by_key)
     conn = session.connection()
     for start in range(0, len(keys), _IN_BATCH):
         for row in fetch_tuples(conn, _RECORDS_OF_TENSORS, {"keys": keys[start : start + _IN_BATCH]}):
-            out[by_key[row[0]]].append(ChunkRecord(*row[1:]))
+            out[by_key[row[0]]].append(ChunkLocation(*row[1:]))
     return out
 
 

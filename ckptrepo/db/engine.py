@@ -16,7 +16,7 @@ Contracts:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -29,8 +29,8 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.sql import ClauseElement, Executable, SyntaxExtension
 
-from ckptrepo import errors
-from ckptrepo.config import SQLITE_NAME, env_int
+from ckptrepo import errors, knobs
+from ckptrepo.config import SQLITE_NAME
 from ckptrepo.errors import UsageError
 
 # Execution option read by the SQLite "begin" hook: which BEGIN flavour to emit.
@@ -41,6 +41,10 @@ _URL_HINT = (
     "Use sqlite:///ABSOLUTE/PATH or postgresql://USER@HOST:PORT/DBNAME "
     "(PostgreSQL is reached through psycopg 3)."
 )
+
+
+Sessions = Callable[[], AbstractContextManager[Session]]
+"""A factory of sessions: a ``sessionmaker``, or ``db.pending.reading`` bound to one."""
 
 
 def database_url(db_url: str | None, repo_dir: Path) -> str:
@@ -103,7 +107,7 @@ def make_engine(url: str) -> Engine:
 def _sqlite_engine(url: str) -> Engine:
     # sqlite3's ``timeout`` is SQLite's busy timeout: a writer waits this long for another
     # process's write lock before giving up with "database is locked".
-    timeout = float(env_int("DB_BUSY_TIMEOUT", 60))
+    timeout = float(knobs.get_int("DB_BUSY_TIMEOUT", 60))
     engine = create_engine(url, connect_args={"timeout": timeout})
 
     @event.listens_for(engine, "connect")

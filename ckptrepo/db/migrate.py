@@ -13,6 +13,7 @@ mismatch: opening a repository at ``HEAD`` reads ``alembic_version`` with plain 
 
 from __future__ import annotations
 
+import importlib.util
 import io
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,7 +22,6 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, Engine, insert, inspect, select, text
 
-import ckptrepo.migrations
 from ckptrepo.db.engine import write_connection
 from ckptrepo.db.models import RepoMeta
 from ckptrepo.errors import FormatError, RepositoryExists, SchemaOutdated, SchemaTooNew, UsageError
@@ -39,8 +39,12 @@ _PG_MIGRATION_LOCK = 0x636B7074
 
 
 def script_location() -> Path:
-    """The directory of the installed ``ckptrepo.migrations`` package (env.py, versions/)."""
-    return Path(ckptrepo.migrations.__file__).resolve().parent
+    """The directory of the installed ``ckptrepo.migrations`` package (env.py, versions/): found,
+    not imported, since it holds scripts that Alembic loads, not live code."""
+    spec = importlib.util.find_spec("ckptrepo.migrations")
+    if spec is None or spec.origin is None:
+        raise FormatError(detail="the ckptrepo.migrations package is not installed; reinstall ckptrepo")
+    return Path(spec.origin).resolve().parent
 
 
 def _config(scripts: Path | None, connection: Connection | None = None) -> Config:

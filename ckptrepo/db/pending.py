@@ -24,7 +24,8 @@ The payload is zstd-compressed JSON (never pickle: reading a repository never ex
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 import zstandard
 from sqlalchemy import delete, func, select
@@ -34,16 +35,18 @@ from ckptrepo import faults
 from ckptrepo.db import catalog
 from ckptrepo.db.engine import write_transaction
 from ckptrepo.db.models import Commit, PendingLayout
-from ckptrepo.errors import FormatError
+from ckptrepo.errors import ConcurrentChange, FormatError
+from ckptrepo.locations import ChunkLocation
 
 _VERSION = 1
 _BATCH = 64  # layouts per indexing transaction
+_READ_ATTEMPTS = 20  # snapshots ``reading`` tries for one without pending layouts
 
 _compressor = zstandard.ZstdCompressor(level=1)
 _decompressor = zstandard.ZstdDecompressor()
 
 
-def encode(chunks: Iterable[catalog.ChunkRow], tensors: Iterable[catalog.TensorRow], entries: dict[str, str]) -> bytes:
+def encode(chunks: Iterable[ChunkLocation], tensors: Iterable[catalog.TensorRow], entries: dict[str, str]) -> bytes:
     """The payload of a pending layout: every new chunk row, every tensor row of ``entries``
     and the entries themselves."""
     doc = {
@@ -55,13 +58,13 @@ def encode(chunks: Iterable[catalog.ChunkRow], tensors: Iterable[catalog.TensorR
     return _compressor.compress(json.dumps(doc, separators=(",", ":")).encode())
 
 
-def decode(payload: bytes) -> tuple[list[catalog.ChunkRow], list[catalog.TensorRow], dict[str, str]]:
+def decode(payload: bytes) -> tuple[list[ChunkLocation], list[catalog.TensorRow], dict[str, str]]:
     """``(chunks, tensors, entries)`` of a payload made by ``encode``; FormatError otherwise."""
     try:
         doc = json.loads(_decompressor.decompress(payload))
         if doc.get("v") != _VERSION:
             raise ValueError(f"version {doc.get('v')!r}")
-        chunks = [catalog.ChunkRow(*c) for c in doc["chunks"]]
+        chunks = [ChunkLocation(*c) for c in doc["chunks"]]
         tensors = [catalog.TensorRow(*t) for t in doc["tensors"]]
         entries = {str(k): str(v) for k, v in doc["entries"].items()}
     except (zstandard.ZstdError, ValueError, TypeError, KeyError, AttributeError) as exc:
@@ -70,7 +73,7 @@ def decode(payload: bytes) -> tuple[list[catalog.ChunkRow], list[catalog.TensorR
     return chunks, tensors, entries
 
 
-def defer_layout(session: Session, commit_id: str, chunks: Iterable[catalog.ChunkRow],
+def defer_layout(session: Session, commit_id: str, chunks: Iterable[ChunkLocation],
                  tensors: Iterable[catalog.TensorRow], entries: dict[str, str]) -> None:
     """Record a commit's layout as pending, in the caller's transaction (after its commit row)."""
     session.add(PendingLayout(commit_id=commit_id, payload=encode(chunks, tensors, entries)))
@@ -142,3 +145,23 @@ def index_pending(sessions: sessionmaker[Session], *, stop: Callable[[], bool] |
             break
     return total
 
+
+
+@contextmanager
+def reading(sessions: sessionmaker[Session], *, defers: bool = True) -> Iterator[Session]:
+    """A session for reading the tensor-level tables whose snapshot holds no pending layout,
+    whatever other threads and processes commit meanwhile: when one holds some, they are
+    indexed and a new snapshot is taken (ConcurrentChange after ``_READ_ATTEMPTS``). With
+    ``defers`` False (a database where no process defers layouts: PostgreSQL) a plain session."""
+    if not defers:
+        with sessions() as s:
+            yield s
+            return
+    for _ in range(_READ_ATTEMPTS):
+        with sessions() as s:
+            if not exists(s):  # the snapshot starts here (SQLite: BEGIN DEFERRED)
+                yield s
+                return
+        index_pending(sessions)
+    raise ConcurrentChange(what="read", other="commit",
+                           detail=f"commits kept deferring their layouts over {_READ_ATTEMPTS} attempts")

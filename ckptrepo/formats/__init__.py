@@ -4,6 +4,9 @@
 path and the cause; ``write_state`` validates the whole state, then writes atomically (a temp
 file in the same folder, fsynced, renamed), so no partial output file is ever visible.
 Nothing here unpickles arbitrary objects unless the caller passes ``allow_pickle=True``.
+Importing this package does not import torch: the readers and writers that make tensors
+(``safetensors_io``, ``torch_io``, ``hf``) are imported by the calls that need them, and
+``safetensors_file.read_flat`` reads a safetensors file without torch at all.
 """
 
 from __future__ import annotations
@@ -12,11 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ckptrepo.errors import InvalidInput, UsageError
-from ckptrepo.formats.hf import read_hf_folder
 from ckptrepo.formats.prefetch import read_states
 from ckptrepo.formats.readbuffer import ReadBuffer
-from ckptrepo.formats.safetensors_io import read_safetensors, write_safetensors
-from ckptrepo.formats.torch_io import read_torch, write_torch
 
 __all__ = ["SAFETENSORS_SUFFIXES", "TORCH_SUFFIXES", "ReadBuffer", "read_state", "read_states", "write_state"]
 
@@ -49,6 +49,8 @@ def read_state(path: Path, *, allow_pickle: bool = False, mapped: bool = False,
     """
     path = Path(path)
     if path.is_dir():
+        from ckptrepo.formats.hf import read_hf_folder
+
         return read_hf_folder(path, allow_pickle=allow_pickle)
     if not path.is_file():
         raise InvalidInput(path=str(path), reason="no such file or folder")
@@ -60,9 +62,13 @@ def read_state(path: Path, *, allow_pickle: bool = False, mapped: bool = False,
     except OSError as e:
         raise InvalidInput(path=str(path), reason=e.strerror or str(e)) from e
     if kind == "safetensors":
+        from ckptrepo.formats.safetensors_io import read_safetensors
+
         return read_safetensors(path, allow_pickle=allow_pickle, mapped=mapped, buffer=buffer)
     if kind is None:
         raise InvalidInput(path=str(path), reason="it is neither a safetensors nor a torch.save file")
+    from ckptrepo.formats.torch_io import read_torch
+
     content = read_torch(path, allow_pickle=allow_pickle)
     if not isinstance(content, dict):
         raise InvalidInput(path=str(path), reason=f"it holds a {type(content).__name__}, not a dict")
@@ -80,8 +86,12 @@ def write_state(state: Any, path: Path, *, allow_pickle: bool = False) -> None:
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix in SAFETENSORS_SUFFIXES:
+        from ckptrepo.formats.safetensors_io import write_safetensors
+
         write_safetensors(state, path, allow_pickle=allow_pickle)
     elif suffix in TORCH_SUFFIXES:
+        from ckptrepo.formats.torch_io import write_torch
+
         write_torch(state, path, allow_pickle=allow_pickle)
     else:
         works = ", ".join(SAFETENSORS_SUFFIXES + TORCH_SUFFIXES)

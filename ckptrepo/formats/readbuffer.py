@@ -16,6 +16,7 @@ import mmap
 import os
 from pathlib import Path
 
+from ckptrepo import knobs
 from ckptrepo.errors import InvalidInput
 
 _ALIGN = 4096
@@ -59,7 +60,7 @@ class ReadBuffer:
 
     @staticmethod
     def _open(path: Path) -> int:
-        if hasattr(os, "O_DIRECT") and os.environ.get("CKPT_DIRECT_IO", "1") != "0":
+        if hasattr(os, "O_DIRECT") and knobs.get_bool("DIRECT_IO", True):
             with contextlib.suppress(OSError):
                 return os.open(path, os.O_RDONLY | os.O_DIRECT)
         return os.open(path, os.O_RDONLY)

@@ -16,8 +16,9 @@ import safetensors.torch
 import torch
 from safetensors import safe_open
 
+from ckptrepo.atomic import atomic_output
 from ckptrepo.errors import CkptError, InvalidInput, UnsupportedState, UsageError
-from ckptrepo.formats._files import atomic_output, summarize
+from ckptrepo.formats._files import summarize
 from ckptrepo.formats.readbuffer import ReadBuffer
 from ckptrepo.state import SUPPORTED_DTYPES, flatten, is_flat_tensor_dict, tensor_bytes, unflatten
 from ckptrepo.storage.appendfile import AppendFile

@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from ckptrepo.atomic import atomic_output
 from ckptrepo.errors import InvalidInput
-from ckptrepo.formats._files import atomic_output, summarize
+from ckptrepo.formats._files import summarize
 from ckptrepo.state import flatten, unflatten
 
 

@@ -18,12 +18,10 @@ from collections import defaultdict
 
 from sqlalchemy.orm import Session
 
-from ckptrepo import state as st
 from ckptrepo.chunks.store import ChunkReader
 from ckptrepo.db import catalog
 from ckptrepo.ingest.basecache import BaseCache
 from ckptrepo.ingest.pipeline import BaseTensor, DeltaPlan
-from ckptrepo.restore import location
 
 
 def base_sources(
@@ -65,7 +63,7 @@ def delta_plan(
         layout = catalog.tensor_layout(session, commit, sorted(wanted))
         chunks = catalog.chunk_locations(session, [row for _, row in layout])
         for entry, row in layout:
-            base = BaseTensor(st.dtype_from_name(row.dtype), row.chunk_size, [location(c) for c in chunks[row.id]])
+            base = BaseTensor(row.dtype, row.chunk_size, chunks[row.id])
             for name in wanted[entry.name]:
                 tensors[name] = base
     chain = reader.bases_for(loc for base in tensors.values() for loc in base.chunks)

@@ -2,9 +2,10 @@
 
 ``ingest`` turns tensors into durable packs plus the rows that describe them; it
 does not touch the database except through the ``known`` callback (which chunk ids
-the store already has). The caller (``repository``) inserts the rows in one
+the store already has). The caller (``ingest.writer``) inserts the rows in one
 transaction *after* ``ingest`` returns, which is what makes packs durable before any
-row names them (write ordering, DESIGN.md).
+row names them (the write ordering of docs/design.md). It reads bytes only (``Source``):
+no torch.
 
 Threads: stage 1 (one job per chunk: BLAKE3, and the statistics' moments unless the staging
 copy took them: ``summaries``) runs up to
@@ -30,20 +31,21 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from ckptrepo import faults
-from ckptrepo import state as st
+from ckptrepo import dtypes, faults
 from ckptrepo.chunks.chunker import spans_of
 from ckptrepo.chunks.codecs import Encoding, PlaneHint, encode_with_base
-from ckptrepo.chunks.store import ChunkLocation, ChunkReader, PackSink, SealedPack
+from ckptrepo.chunks.store import ChunkReader, PackSink, SealedPack
 from ckptrepo.errors import CkptError, UsageError
 from ckptrepo.ids import hash_bytes, tensor_id
 from ckptrepo.ingest.basecache import BaseCache
+from ckptrepo.ingest.sources import Source
 from ckptrepo.ingest.stats import Moments, combine, moments_of_bytes
-from ckptrepo.ingest.writeahead import WriteAhead
+from ckptrepo.locations import ChunkLocation
+
+if TYPE_CHECKING:
+    from ckptrepo.ingest.writeahead import WriteAhead
 
 log = logging.getLogger("ckptrepo")
 
@@ -82,9 +84,9 @@ class IngestResult:
 
 @dataclass(frozen=True)
 class BaseTensor:
-    """The tensor a commit's tensor is delta-encoded against: its dtype, chunking and chunks."""
+    """The tensor a commit's tensor is delta-encoded against: its dtype name, chunking and chunks."""
 
-    dtype: torch.dtype
+    dtype: str
     chunk_size: int
     chunks: list[ChunkLocation]
 
@@ -116,7 +118,7 @@ class IngestOptions:
 
 
 def ingest(
-    tensors: dict[str, torch.Tensor],
+    sources: list[Source],
     sink: PackSink,
     known: KnownFn,
     pool: Executor,
@@ -129,9 +131,9 @@ def ingest(
 ) -> IngestResult:
     """Store every tensor's chunks that the store lacks; return their records and packs.
 
-    ``tensors`` must be CPU tensors that nobody mutates until this returns (the caller's
-    snapshot). ``likely_known`` (usually the parent commit's chunk ids) skips encoding
-    of chunks that will deduplicate; ``known`` is asked about every other chunk before
+    ``sources`` are bytes nobody mutates until this returns (the caller's snapshot).
+    ``likely_known`` (usually the parent commit's chunk ids) skips encoding of chunks that
+    will deduplicate; ``known`` is asked about every other chunk before
     it is written. With ``delta``, chunks are also tried as deltas against their base
     (a base that cannot be read is skipped, never fatal); a plan still being computed (a
     future) lets hashing start at once and is waited for before the first chunk is encoded.
@@ -150,7 +152,7 @@ def ingest(
         raise UsageError("a write-ahead holds raw chunks: it needs compression off")
     job = _Ingest(sink, known, pool, opts, likely_known, delta, hints, ahead)
     try:
-        return job.run(tensors, summaries)
+        return job.run(sources, summaries)
     except BaseException:
         job.drain()  # no job of this ingest may read the snapshot once it is released
         sink.abort()
@@ -165,8 +167,8 @@ _AHEAD_LOOKUP = 256  # chunks per store lookup when a write-ahead already writes
 
 
 _NO_MOMENTS = Moments()  # a placeholder, replaced by each chunk's own (frozen: shared safely)
-# (tensor index, chunk seq, offset in it, bytes, dtype, its moments if the staging copy took them)
-_Job = tuple[int, int, int, memoryview, torch.dtype, Moments | None]
+# (tensor index, chunk seq, offset in it, bytes, dtype name, its moments if the staging copy took them)
+_Job = tuple[int, int, int, memoryview, str, Moments | None]
 
 
 @dataclass
@@ -177,14 +179,14 @@ class _Hashed:
     seq: int
     offset: int  # of the chunk in its tensor's bytes
     raw: memoryview
-    dtype: torch.dtype
+    dtype: str
     chunk_id: str
     moments: Moments
 
 
 @dataclass
-class _Done:
-    """A chunk after stage 2: its encoding, ready to append to a pack."""
+class _Encoded:
+    """A chunk after stage 2: its encoded payload, which a pack turns into a ``ChunkLocation``."""
 
     chunk_id: str
     encoding: int
@@ -219,13 +221,13 @@ class _Ingest:
         if isinstance(delta, DeltaPlan):
             self._use_plan(delta)
         self.names: list[str] = []
-        self.dtypes: list[torch.dtype] = []
+        self.dtypes: list[str] = []
         self.bases: list[BaseTensor | None] = []
         self.hints: list[PlaneHint] = []
         self.known_hints = hints if hints is not None else {}
         self.queued: set[str] = set()
         self.hashing: deque[Future[list[_Hashed]]] = deque()
-        self.encoding: deque[Future[_Done]] = deque()
+        self.encoding: deque[Future[_Encoded]] = deque()
 
     def drain(self) -> None:
         """Cancel the jobs not started and wait for the others, ignoring their outcome."""
@@ -255,9 +257,9 @@ class _Ingest:
             ok = base is not None and base.dtype == dtype and base.chunk_size == self.opts.chunk_size
             self.bases.append(base if ok else None)
 
-    def run(self, tensors: dict[str, torch.Tensor], summaries: list[Moments | None] | None = None) -> IngestResult:
-        names = list(tensors)
-        self.names, self.dtypes = names, [t.dtype for t in tensors.values()]
+    def run(self, sources: list[Source], summaries: list[Moments | None] | None = None) -> IngestResult:
+        names = [s.name for s in sources]
+        self.names, self.dtypes = names, [s.dtype for s in sources]
         known = self.known_hints
         for name in names:
             hint = known.get(name)
@@ -267,15 +269,13 @@ class _Ingest:
         ids: list[list[str]] = []
         parts: list[list[Moments]] = []
         jobs: list[_Job] = []
-        views = st.tensors_bytes(tensors.values())
         chunk = self.opts.chunk_size
-        for i, name in enumerate(names):
-            t = tensors[name]
-            view = views[i]
-            spans = spans_of(len(view), t.element_size(), chunk)
+        for i, src in enumerate(sources):
+            view = src.data
+            spans = spans_of(len(view), dtypes.dtype(src.dtype).itemsize, chunk)
             ids.append([""] * len(spans))
             parts.append([_NO_MOMENTS] * len(spans))
-            jobs.extend((i, seq, off, view[off : off + ln], t.dtype, None) for seq, (off, ln) in enumerate(spans))
+            jobs.extend((i, seq, off, view[off : off + ln], src.dtype, None) for seq, (off, ln) in enumerate(spans))
         if summaries is not None:
             if len(summaries) != len(jobs):
                 raise ValueError(f"{len(summaries)} chunk summaries given for {len(jobs)} chunks")
@@ -327,24 +327,22 @@ class _Ingest:
         self._plan_bases()  # a pending plan is waited for even when nothing needed encoding
         while self.encoding:
             self._write(self.encoding.popleft().result(), result)
-        for i, name in enumerate(names):
-            t = tensors[name]
-            dtype = st.dtype_name(t.dtype)
-            shape = list(t.shape)
-            stats = combine(parts[i], t.numel())
+        for i, src in enumerate(sources):
+            shape = list(src.shape)
+            stats = combine(parts[i], src.numel)
             result.tensors.append(
                 TensorRecord(
-                    name=name,
-                    tensor_id=tensor_id(dtype, shape, self.opts.chunk_size, ids[i]),
-                    dtype=dtype,
+                    name=src.name,
+                    tensor_id=tensor_id(src.dtype, shape, self.opts.chunk_size, ids[i]),
+                    dtype=src.dtype,
                     shape=shape,
-                    nbytes=len(views[i]),
+                    nbytes=len(src.data),
                     chunk_size=self.opts.chunk_size,
                     chunk_ids=ids[i],
                     stats=stats,
                 )
             )
-            result.logical_bytes += len(views[i])
+            result.logical_bytes += len(src.data)
             result.nonfinite += stats["nan_count"] + stats["inf_count"]
         result.packs = self.sink.seal()
         if self.ahead is not None:
@@ -388,13 +386,13 @@ class _Ingest:
                     result.new_bytes += len(h.raw)  # already being written: only indexed
                     result.stored_bytes += len(h.raw)
                     continue
-                self._write(_Done(cid, Encoding.RAW, h.raw, len(h.raw)), result)
+                self._write(_Encoded(cid, Encoding.RAW, h.raw, len(h.raw)), result)
                 continue
             self.encoding.append(self.pool.submit(self._encode, h))
             if len(self.encoding) >= self.opts.window:
                 self._write(self.encoding.popleft().result(), result)
 
-    def _write(self, d: _Done, result: IngestResult) -> None:
+    def _write(self, d: _Encoded, result: IngestResult) -> None:
         self.sink.add(d.chunk_id, d.encoding, d.payload, d.raw_length, depth=d.depth, base_id=d.base_id)
         result.new_bytes += d.raw_length
         result.stored_bytes += len(d.payload)
@@ -428,11 +426,11 @@ class _Ingest:
             return None
         return loc, depth, data
 
-    def _encode(self, h: _Hashed) -> _Done:
+    def _encode(self, h: _Hashed) -> _Encoded:
         raw, cid, tensor = h.raw, h.chunk_id, h.tensor
         if not self.opts.compression:
-            return _Done(cid, Encoding.RAW, raw, len(raw))
-        itemsize = h.dtype.itemsize
+            return _Encoded(cid, Encoding.RAW, raw, len(raw))
+        itemsize = dtypes.dtype(h.dtype).itemsize
         # A tensor whose chunks lately lost as deltas (e.g. Adam's first moments) skips the
         # base fetch and the delta encode, except for a periodic retry.
         try_delta = len(raw) > 0 and self.hints[tensor].try_delta()
@@ -449,8 +447,8 @@ class _Ingest:
                     cache.put(base[0].chunk_id, base[2])
                 else:
                     cache.put(cid, raw)
-            return _Done(cid, int(encoding), payload, len(raw),
+            return _Encoded(cid, int(encoding), payload, len(raw),
                          depth=base[1], base_id=base[0].chunk_id, alone_length=alone)
         if cache is not None:
             cache.put(cid, raw)  # stored standalone: a keyframe for the next commits
-        return _Done(cid, int(encoding), payload, len(raw))
+        return _Encoded(cid, int(encoding), payload, len(raw))

@@ -23,16 +23,17 @@ from __future__ import annotations
 import contextlib
 import os
 
+from ckptrepo import knobs
 from ckptrepo.errors import UsageError
 
 PRIORITIES = ("normal", "idle")
-ENV = "CKPT_BACKGROUND_PRIORITY"
+ENV = "BACKGROUND_PRIORITY"  # knob CKPT_BACKGROUND_PRIORITY
 DEFAULT = "normal"
 
 
 def resolve(value: str | None) -> str:
     """``value``, else ``CKPT_BACKGROUND_PRIORITY``, else ``normal``; UsageError for anything else."""
-    chosen = value if value is not None else (os.environ.get(ENV) or DEFAULT)
+    chosen = value if value is not None else knobs.get_str(ENV, DEFAULT)
     if chosen not in PRIORITIES:
         raise UsageError(f"background priority {chosen!r} is unknown", hint=f"Use one of {', '.join(PRIORITIES)}.")
     return chosen

@@ -1,30 +1,50 @@
-"""A commit request: the arguments of ``Repo.commit`` checked, and what phase 1 hands to phase 2."""
+"""A commit request: the arguments of ``Repo.commit`` checked, and what phase 1 hands to phase 2.
+
+The ``check_*`` functions validate arguments before anything is staged (UsageError naming the
+argument and what to pass instead)."""
 
 from __future__ import annotations
 
 import getpass
 import json
 import math
-import os
-from collections.abc import Mapping
-from dataclasses import dataclass
-from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, TypedDict
 
-import torch
-
-from ckptrepo.errors import UsageError
+from ckptrepo import knobs
+from ckptrepo.db import catalog, refs
+from ckptrepo.errors import UsageError, did_you_mean
+from ckptrepo.lineage import revparse
 
 if TYPE_CHECKING:
+    import torch
+
+    from ckptrepo.db.engine import Sessions
+    from ckptrepo.ingest.sources import Source
     from ckptrepo.ingest.stats import Moments
     from ckptrepo.ingest.writeahead import WriteAhead
 
 
+class CommitMeta(TypedDict, total=False):
+    """What a commit records besides its state (``Repo.commit``'s keyword arguments)."""
+
+    message: str | None
+    step: int | None
+    epoch: int | None
+    metrics: Mapping[str, float] | None
+    config: Any
+    parents: list[str] | None
+    transfer_from: Any
+    code_version: str | None
+
+
 @dataclass
 class CommitRequest:
-    """A staged commit handed from phase 1 to phase 2 (revisions still unresolved)."""
+    """A staged commit handed from phase 1 to phase 2 (revisions still unresolved): its state as
+    staged torch ``tensors`` or as byte ``sources`` (phase 2 reads ``sources`` when given)."""
 
-    tensors: dict[str, torch.Tensor]
     skeleton: Any
     branch: str
     parents: list[str] | None
@@ -39,6 +59,8 @@ class CommitRequest:
     stall_s: float
     wait_s: float
     staged_at: float
+    tensors: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    sources: list[Source] | None = None
     ahead: WriteAhead | None = None  # raw chunks written ahead of phase 2 (ingest.writeahead)
     # Each chunk's moments, taken by the staging copy (``Slot.copy_summarized``), or None.
     summaries: list[Moments | None] | None = None
@@ -55,7 +77,7 @@ def transfer_spec(transfer_from: Any) -> tuple[str, dict[str, str] | None] | Non
 
 def author() -> str:
     try:
-        return os.environ.get("CKPT_AUTHOR") or getpass.getuser()
+        return knobs.get_str("AUTHOR", "") or getpass.getuser()
     except (KeyError, OSError):
         return ""
 
@@ -97,3 +119,44 @@ def check_json(what: str, value: Any) -> None:
     except (TypeError, ValueError) as exc:
         raise UsageError(f"{what} is not JSON-serialisable ({exc})",
                          hint="Pass plain dicts, lists, strings, numbers, booleans and None.") from exc
+
+
+def prepare(sessions: Sessions, *, branch: str, names: Collection[str], message: str | None = None, step: Any = None,
+            epoch: Any = None, metrics: Mapping[str, float] | None = None, config: Any = None,
+            parents: list[str] | None = None, transfer_from: Any = None,
+            code_version: str | None = None) -> dict[str, Any]:
+    """Validate a commit's arguments before anything is staged and return ``CommitRequest``'s
+    metadata fields (but ``skeleton``). ``names``: the entry names of the state, which a declared
+    transfer mapping's destinations must be among (its sources among the transfer source's).
+    UsageError / InvalidRefName for a bad argument; UnknownRevision for a parent or transfer
+    source that does not resolve. Revisions are resolved again when the commit is made."""
+    refs.check_ref_name(branch, "branch")
+    metrics_f = check_metrics(metrics)
+    step, epoch = check_int("step", step), check_int("epoch", epoch)
+    check_json("config", config)
+    transfer = transfer_spec(transfer_from)
+    with sessions() as s:  # unknown revisions fail here, before anything is staged
+        for rev in parents or []:
+            revparse.resolve(s, rev)
+        if transfer is not None:
+            source = revparse.resolve(s, transfer[0])
+            if transfer[1] is not None:
+                have = {entry.name for entry, _ in catalog.tensor_layout(s, source)}
+                _check_mapping(transfer[0], source, transfer[1], names, have)
+    return dict(branch=branch, parents=list(parents) if parents else None, transfer=transfer, message=message or "",
+                step=step, epoch=epoch, metrics=metrics_f, config=config, code_version=code_version,
+                created_at=datetime.now(timezone.utc))
+
+
+def _check_mapping(rev: str, source: str, mapping: Mapping[str, str], dst: Collection[str],
+                   src: Collection[str]) -> None:
+    """Every mapped name exists: destinations in the state being committed, sources in the source."""
+    for names, known, where in ((mapping.keys(), dst, "the state being committed"),
+                                (mapping.values(), src, f"commit {source[:10]} ({rev})")):
+        missing = [n for n in names if n not in known]
+        if missing:
+            raise UsageError(
+                f"the transfer mapping names {missing[0]!r}, which {where} has no tensor of"
+                + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),
+                hint=did_you_mean("tensor", missing[0], known, "`ckpt show REV`"),
+            )

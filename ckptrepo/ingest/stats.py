@@ -5,7 +5,7 @@ then merged per tensor (``combine``) with Chan's parallel update, so mean and st
 exact to floating-point rounding however many chunks a tensor has. Floats narrower than
 float32 (fp16, bf16, fp8) and integers are widened per chunk; NaN and ±Inf are counted
 and left out of the other statistics. Dtypes without numeric meaning (float4, bits*) get
-none. The arithmetic is numpy's, on the worker thread (see ``_as_numpy`` for why not torch),
+none. The arithmetic is numpy's, on the worker thread (see ``_values`` for why not torch),
 except for float32, bfloat16 and float64, which one pass of the byte-plane extension
 summarises (``_planes.moments``: shifted double accumulators). That pass uses AVX-512 where
 the CPU has it, else AVX2 + FMA, else a portable SSE2 or scalar loop (``CKPT_NO_AVX512``
@@ -19,6 +19,10 @@ AVX2 and ~1.2 GB/s for numpy; bfloat16 ~15 GB/s (AVX2: ~2-3); float64 ~14-15 GB/
 The staging copy of an asynchronous commit takes these moments in its own pass over memory
 (``copy_moments_many``, used by ``ingest.staging.Slot.copy_summarized``), so phase 2 only hashes
 those chunks.
+
+Dtypes are given as stored names (``"bfloat16"``) or torch dtypes, with equal results
+(``ckptrepo.dtypes``). Only ``moments`` and ``tensor_stats`` take tensors; the byte path never
+needs torch, so this module imports without it.
 """
 
 from __future__ import annotations
@@ -26,35 +30,22 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from ckptrepo.state import SUPPORTED_DTYPES
+from ckptrepo import dtypes
+from ckptrepo.dtypes import BYTE_FLOAT_TABLES, DType, DTypeLike
+
+if TYPE_CHECKING:
+    import torch
 
 try:
     import ckptrepo.chunks._planes as _native
 except ImportError:  # pragma: no cover - exercised when the extension is not compiled
     _native = None  # type: ignore[assignment]
 
-_NATIVE_KINDS = {torch.float32: 0, torch.float64: 1, torch.bfloat16: 2}
-
-
-def _lookup_table(dtype: torch.dtype) -> np.ndarray[Any, Any] | None:
-    """float32 value of each of the 256 bit patterns of a one-byte float dtype (float8 variants)."""
-    try:
-        return torch.arange(256, dtype=torch.uint8).view(dtype).to(torch.float32).numpy()
-    except (RuntimeError, NotImplementedError):
-        return None  # float4 and bits*: no numeric meaning torch can give
-
-
-_INTEGERS = {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32, torch.uint64}
-_TABLES = {
-    d: table
-    for d in SUPPORTED_DTYPES.values()
-    if d.is_floating_point and d.itemsize == 1 and (table := _lookup_table(d)) is not None
-}
+_NATIVE_KINDS = {"float32": 0, "float64": 1, "bfloat16": 2}
 
 
 @dataclass(frozen=True)
@@ -72,34 +63,29 @@ class Moments:
     real: bool = True  # False for complex tensors: only the L2 norm and abs-max apply
 
 
-def _as_numpy(x: torch.Tensor) -> np.ndarray[Any, Any] | None:
-    """``x`` (flat, CPU) as a float32/float64/complex numpy array, or None for dtypes without
-    numeric meaning (float4, bits*). Statistics use numpy only: torch kernels on ckptrepo's
-    worker threads would start OpenMP thread teams there, and with more OpenMP threads than
-    cores every later parallel region of the training thread pays a wake-up (measured: steps
-    23-31% slower for as long as the repository stays open)."""
-    d = x.dtype
-    if d in (torch.float32, torch.float64, torch.complex64, torch.complex128):
-        return x.numpy()
-    if d == torch.float16:
-        return x.numpy().astype(np.float32)
-    if d == torch.bfloat16:  # bf16 is the high half of a float32: widen by shifting, exactly
-        widened: np.ndarray[Any, Any] = x.view(torch.int16).numpy().view(np.uint16).astype(np.uint32) << 16
+def _values(raw: memoryview | bytes | bytearray, dt: DType) -> np.ndarray[Any, Any] | None:
+    """The elements whose bytes (host order) are ``raw`` as a flat float32/float64/complex numpy
+    array, or None for dtypes without numeric meaning (float4, bits*). Statistics use numpy
+    only: torch kernels on ckptrepo's worker threads would start OpenMP thread teams there, and
+    with more OpenMP threads than cores every later parallel region of the training thread pays
+    a wake-up (measured: steps 23-31% slower for as long as the repository stays open)."""
+    name = dt.name
+    if name in ("float32", "float64", "complex64", "complex128"):
+        return np.frombuffer(raw, dtype=name)
+    if name == "float16":
+        return np.frombuffer(raw, dtype=np.float16).astype(np.float32)
+    if name == "bfloat16":  # bf16 is the high half of a float32: widen by shifting, exactly
+        widened: np.ndarray[Any, Any] = np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16
         return widened.view(np.float32)
-    if d == torch.complex32:
-        return x.view(torch.int16).numpy().view(np.float16).astype(np.float32).view(np.complex64)
-    if d in _TABLES:
-        decoded: np.ndarray[Any, Any] = _TABLES[d][x.view(torch.uint8).numpy()]
+    if name == "complex32":  # two float16 halves, real first
+        return np.frombuffer(raw, dtype=np.float16).astype(np.float32).view(np.complex64)
+    table = BYTE_FLOAT_TABLES.get(name)
+    if table is not None:
+        decoded: np.ndarray[Any, Any] = table[np.frombuffer(raw, dtype=np.uint8)]
         return decoded
-    if d == torch.bool or d in _INTEGERS:
-        return x.numpy().astype(np.float64)
+    if dt.kind in ("int", "uint", "bool"):
+        return np.frombuffer(raw, dtype=dt.numpy).astype(np.float64)
     return None
-
-
-def _native_moments(x: torch.Tensor, kind: int) -> Moments:
-    """One C pass over a contiguous float32/float64/bfloat16 tensor (see module docstring)."""
-    flat = x.reshape(-1)
-    return _native_summary(flat.view(torch.int16).numpy() if kind == 2 else flat.numpy(), kind)
 
 
 def _native_summary(buffer: Any, kind: int) -> Moments:
@@ -117,40 +103,55 @@ def _summary(result: tuple[int, float, float, float, float, float, float, int, i
     return Moments(n=finite, mean=mean, m2=m2, sumsq=sumsq, lo=lo, hi=hi, nan=nan, inf=inf)
 
 
-def summarized(dtype: torch.dtype) -> bool:
-    """Whether ``copy_moments_many`` takes ``dtype`` (float32, float64, bfloat16, with the extension built)."""
-    return _native is not None and dtype in _NATIVE_KINDS
+def summarized(dtype: DTypeLike) -> bool:
+    """Whether ``copy_moments_many`` takes ``dtype`` (a stored name or a torch.dtype): float32,
+    float64, bfloat16, with the extension built."""
+    return _native is not None and dtypes.dtype(dtype).name in _NATIVE_KINDS
 
 
-def copy_moments_many(pairs: list[tuple[Any, Any, torch.dtype]]) -> list[Moments]:
-    """For each ``(src, dst, dtype)`` in order: copy the bytes of ``src`` into ``dst`` (buffers of
-    equal length) and return the moments of those elements, equal to ``moments_of_bytes``'s up
-    to rounding, in one pass over memory (the C pass, block by block: a block's moments bring it
-    into cache, its copy leaves from there with non-temporal stores). Only for the dtypes of
-    ``summarized``. One call releases the GIL once for all pairs: a thread copying its share of
-    a commit's chunks does not hand the GIL back and forth with the other copying thread at
-    every chunk (on a VM each hand-off may wake a halted virtual CPU)."""
-    return [_summary(r) for r in _native.copy_moments_many([(s, d, _NATIVE_KINDS[t]) for s, d, t in pairs])]
+def copy_moments_many(pairs: list[tuple[Any, Any, DTypeLike]]) -> list[Moments]:
+    """For each ``(src, dst, dtype)`` in order (``dtype`` a stored name or a torch.dtype): copy
+    the bytes of ``src`` into ``dst`` (buffers of equal length) and return the moments of those
+    elements, equal to ``moments_of_bytes``'s up to rounding, in one pass over memory (the C
+    pass, block by block: a block's moments bring it into cache, its copy leaves from there with
+    non-temporal stores). Only for the dtypes of ``summarized``. One call releases the GIL once
+    for all pairs: a thread copying its share of a commit's chunks does not hand the GIL back
+    and forth with the other copying thread at every chunk (on a VM each hand-off may wake a
+    halted virtual CPU)."""
+    jobs = [(s, d, _NATIVE_KINDS[dtypes.dtype(t).name]) for s, d, t in pairs]
+    return [_summary(r) for r in _native.copy_moments_many(jobs)]
 
 
-def moments_of_bytes(raw: memoryview, dtype: torch.dtype) -> Moments:
-    """``moments`` of the elements whose bytes are ``raw`` (a whole number of ``dtype``
-    elements); float32/float64/bfloat16 go to the C pass straight from the buffer, without
-    making a tensor (ingest calls this once per chunk)."""
-    kind = _NATIVE_KINDS.get(dtype)
-    if kind is not None and _native is not None and len(raw):
+def moments_of_bytes(raw: memoryview | bytes | bytearray, dtype: DTypeLike) -> Moments:
+    """``moments`` of the elements whose bytes are ``raw`` (a flat buffer holding a whole number
+    of ``dtype`` elements in the host's byte order), ``dtype`` a stored name or a torch.dtype,
+    either giving the same result. float32/float64/bfloat16 go to the C pass straight from the
+    buffer; the others are decoded with numpy (ingest calls this once per chunk, and without
+    torch). Empty ``raw``: ``Moments()``."""
+    dt = dtypes.dtype(dtype)
+    if not len(raw):
+        return Moments()
+    kind = _NATIVE_KINDS.get(dt.name)
+    if kind is not None and _native is not None:
         return _native_summary(raw, kind)
-    return moments(torch.frombuffer(raw, dtype=torch.uint8).view(dtype)) if len(raw) else Moments()
+    arr = _values(raw, dt)
+    if arr is None:
+        return Moments(real=not dt.is_complex)
+    return _array_moments(arr)
 
 
 def moments(x: torch.Tensor) -> Moments:
-    """Summary of the elements of ``x`` (any supported dtype, CPU, any shape)."""
-    kind = _NATIVE_KINDS.get(x.dtype)
-    if kind is not None and _native is not None and x.numel() and x.is_contiguous():
-        return _native_moments(x, kind)
-    arr = _as_numpy(x.reshape(-1)) if x.numel() else None
-    if arr is None:
+    """Summary of the elements of ``x`` (any supported dtype, any device, any shape): those of
+    its C-order bytes (``moments_of_bytes``)."""
+    if not x.numel():
         return Moments(real=not x.dtype.is_complex)
+    from ckptrepo.state import tensor_bytes  # the caller has torch: so may this
+
+    return moments_of_bytes(tensor_bytes(x), x.dtype)
+
+
+def _array_moments(arr: np.ndarray[Any, Any]) -> Moments:
+    """Summary of a flat float32/float64/complex array (``_values``)."""
     if np.iscomplexobj(arr):
         nan, inf, mag = _drop_nonfinite(np.abs(arr))
         hi = float(mag.max()) if mag.size else -math.inf

@@ -47,10 +47,11 @@ import torch
 from ckptrepo import faults
 from ckptrepo.chunks.chunker import chunk_step
 from ckptrepo.chunks.codecs import Encoding
-from ckptrepo.chunks.pack import PackEntry, header, pack_tail
-from ckptrepo.chunks.store import SealedPack, location, pack_key
+from ckptrepo.chunks.pack import header, pack_key, pack_tail
+from ckptrepo.chunks.store import SealedPack
 from ckptrepo.errors import UsageError
 from ckptrepo.ingest.staging import PAGE
+from ckptrepo.locations import ChunkLocation
 from ckptrepo.storage.appendfile import direct_io_enabled, open_direct, pwrite_all
 from ckptrepo.storage.base import Backend
 
@@ -65,7 +66,7 @@ class _File:
     base: int  # the arena offset written at file offset PAGE
     extents: list[tuple[int, int]]  # page-aligned arena ranges, in order
     path: Path | None = None
-    entries: list[PackEntry] = field(default_factory=list)
+    entries: list[ChunkLocation] = field(default_factory=list)
 
     @property
     def end(self) -> int:
@@ -197,7 +198,7 @@ class WriteAhead:
         start, pieces = where
         piece = pieces[bisect.bisect_right(pieces, (offset, len(self._files))) - 1]
         f = self._files[piece[1]]
-        f.entries.append(PackEntry(chunk_id, PAGE + start + offset - f.base, length, length, int(Encoding.RAW)))
+        f.entries.append(ChunkLocation(chunk_id, "", PAGE + start + offset - f.base, length, length, int(Encoding.RAW)))
         return True
 
     def seal(self) -> list[SealedPack]:
@@ -233,7 +234,7 @@ class WriteAhead:
             faults.point("pack.after_put")
             f.path = None
             size = index_offset + len(tail)
-            sealed.append(SealedPack(pack_id, size, [location(pack_id, e) for e in f.entries]))
+            sealed.append(SealedPack(pack_id, size, [e.in_pack(pack_id) for e in f.entries]))
         return sealed
 
     def close(self) -> None:

@@ -7,21 +7,22 @@ chunk size), both by their keys in the database (one key per id), and the statis
 at ingest; results name tensors by id. ``diff(exact=True)`` reads only the chunk pairs whose
 ids differ, through the repository's verifying ``ChunkReader``: the difference over
 identical chunks is zero, and their share of the norms is recovered from the stored L2
-norms (``ckptrepo.lineage.exact``). Result types are in ``reports``.
+norms (``ckptrepo.lineage.exact``). Result types are in ``ckptrepo.types``.
 
 Query budget: ``diff`` runs two queries whatever the number of tensors; ``history`` two: the
 first-parent chain (one index range per line, ``ckptrepo.db.lines``) and the tensor's runs
 along it (``entry_runs``: one key range per line, joined with tensors where it changes), plus
 one query for close name matches when the tensor is nowhere on the chain.
-Functions take the ``Repo`` and open their own short read session; they never write.
+Functions take a session factory (and for an exact diff a reader and a pool) and open their own
+short read session; they never write.
 """
 
 from __future__ import annotations
 
-import difflib
 import functools
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
+from concurrent.futures import Executor
 from dataclasses import replace
 from datetime import datetime, timezone
 from operator import itemgetter
@@ -30,23 +31,30 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from sqlalchemy import Integer, Text, and_, bindparam, case, cast, func, select
 from sqlalchemy.orm import Session, aliased
 
-from ckptrepo.chunks.store import ChunkLocation
 from ckptrepo.db import catalog, lines
-from ckptrepo.db.engine import fetch_tuples, serial_plans
+from ckptrepo.db.engine import Sessions, fetch_tuples, serial_plans
 from ckptrepo.db.models import Chunk, Commit, Entry, EntryRun, Id, Metric, Tensor, TensorChunk, utc_datetime
-from ckptrepo.errors import UnknownTensor, UsageError
+from ckptrepo.errors import UnknownTensor, UsageError, did_you_mean
 from ckptrepo.ids import short
 from ckptrepo.lineage import revparse
-from ckptrepo.lineage.exact import ChunkPair, ExactDelta, ExactRequest, compare
-from ckptrepo.lineage.reports import STAT_FIELDS, Diff, HistoryPoint, MetricPoint, TensorDelta
-from ckptrepo.types import TensorInfo, TensorStats
+from ckptrepo.lineage.exact import ChunkPair, ExactRequest
+from ckptrepo.locations import ChunkLocation
+from ckptrepo.types import (
+    STAT_FIELDS,
+    Diff,
+    ExactDelta,
+    HistoryPoint,
+    MetricPoint,
+    TensorDelta,
+    TensorInfo,
+    TensorStats,
+)
 
 if TYPE_CHECKING:
-    from ckptrepo.repository import Repo
+    from ckptrepo.chunks.store import ChunkReader
 
 __all__ = [
-    "Diff", "ExactDelta", "HistoryPoint", "MetricPoint", "TensorDelta", "diff", "history", "metric_names",
-    "metrics_along",
+    "diff", "history", "metric_names", "metrics_along",
 ]
 
 _TENSOR_FIELDS = ("id", "dtype", "shape", "nbytes", "chunk_size", "n_chunks", *STAT_FIELDS)
@@ -100,20 +108,6 @@ def _compare(a: _Side | None, b: _Side | None, differing: int) -> tuple[str, int
     return "changed", differing + abs(n_a - n_b) if a.chunk_size == b.chunk_size else n, n
 
 
-def _close_matches(name: str, candidates: Iterable[str]) -> list[str]:
-    pool = sorted(set(candidates))
-    within = [c for c in pool if name.lower() in c.lower()]
-    return (within + [c for c in difflib.get_close_matches(name, pool, n=5, cutoff=0.6) if c not in within])[:5]
-
-
-def unknown_name_hint(what: str, name: str, candidates: Iterable[str], listing: str) -> str:
-    """A hint naming close matches of ``name`` among ``candidates``, else how to list them."""
-    matches = _close_matches(name, candidates)
-    if matches:
-        return f"Did you mean {', '.join(repr(m) for m in matches)}?"
-    return f"No {what} has a similar name; {listing} lists them."
-
-
 def _check_limit(limit: int | None) -> None:
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise UsageError(f"limit {limit!r} is not a positive number of commits")
@@ -128,16 +122,19 @@ def _first_parent_chain(head: str, limit: int | None) -> Any:
 # -- diff --------------------------------------------------------------------------------------
 
 
-def diff(repo: Repo, a: str, b: str, *, exact: bool = False) -> Diff:
+def diff(reading: Sessions, a: str, b: str, *, exact: bool = False, reader: ChunkReader | None = None,
+         pool: Executor | None = None) -> Diff:
     """Compare every tensor name of revisions ``a`` and ``b`` (see the module docstring).
 
     Unrelated commits compare fine: matching is by name. With ``exact``, changed tensors of
     equal shape and dtype also get an ``ExactDelta``, reading only the chunk pairs that differ
     (all chunks when the chunk sizes differ); tensors holding NaN/Inf, dtypes without numeric
     values, and shape or dtype changes get a ``note`` instead. UnknownRevision for a bad
-    revision; IntegrityError when a chunk read fails its hash check.
+    revision; IntegrityError when a chunk read fails its hash check. ``reading``: sessions
+    whose snapshot holds no pending layout (``db.pending.reading``); ``reader`` and ``pool``
+    read the chunks of an exact diff.
     """
-    with repo._reading() as s:
+    with reading() as s:
         a_id, b_id = revparse.resolve(s, a), revparse.resolve(s, b)
         sides: dict[str, list[_Side | None]] = {}
         differing: dict[str, int] = {}
@@ -162,7 +159,11 @@ def diff(repo: Repo, a: str, b: str, *, exact: bool = False) -> Diff:
         status, changed, n = _compare(sa, sb, differing.get(name, 0))
         out.append(TensorDelta(name, status, sa.info if sa else None, sb.info if sb else None, changed, n))
     if exact:
-        out = _with_exact(out, sides, compare(repo._reader, repo._pool, requests))
+        from ckptrepo.lineage.exact import compare  # torch: only an exact diff reads tensors
+
+        if reader is None or pool is None:
+            raise UsageError("an exact diff needs a chunk reader and a worker pool")
+        out = _with_exact(out, sides, compare(reader, pool, requests))
     return Diff(a_id, b_id, exact, tuple(out))
 
 
@@ -305,17 +306,16 @@ def _tensor_row(x: _Side) -> Tensor:
 # -- history -----------------------------------------------------------------------------------
 
 
-def history(repo: Repo, name: str, *, along: str = "main", limit: int | None = None) -> list[HistoryPoint]:
+def history(reading: Sessions, name: str, *, along: str = "main", limit: int | None = None) -> list[HistoryPoint]:
     """Tensor ``name`` in each commit of ``along``'s first-parent chain, newest first (the head
     of ``along`` first, like ``log``), each compared with its first parent; at most ``limit``
     commits. Reads no tensor bytes. UnknownRevision for a bad revision; UnknownTensor (with
     close matches from the head commit) when no commit of the chain has the tensor.
     """
-    repo._check_open()
     _check_limit(limit)
     # One commit further than is shown: the last one shown is compared with its first parent.
     walked = None if limit is None else limit + 1
-    with repo._reading() as s:
+    with reading() as s:
         head = revparse.resolve(s, along)
         # The driver's tuples, not ORM or Core rows: one per commit of the chain, 10,000 for a long
         # run. Sorted head first here: the queries promise no order, and rows mostly come in order.
@@ -330,7 +330,7 @@ def history(repo: Repo, name: str, *, along: str = "main", limit: int | None = N
             which = f"None of the last {limit} commits" if limit is not None and len(rows) > limit else "No commit"
             raise UnknownTensor(
                 f"{which} on the first-parent chain of {along!r} has a tensor named {name!r}.",
-                hint=unknown_name_hint("tensor", name, names, f"`ckpt show {along}`"),
+                hint=did_you_mean("tensor", name, names, f"`ckpt show {along}`"),
                 commit=short(head), name=name,
             )
     shown = rows[:limit]
@@ -453,13 +453,12 @@ def _history_statements(limited: bool) -> tuple[Any, Any]:
 
 
 def metrics_along(
-    repo: Repo, names: Sequence[str], *, along: str = "main", limit: int | None = None
+    sessions: Sessions, names: Sequence[str], *, along: str = "main", limit: int | None = None
 ) -> list[MetricPoint]:
     """The metrics ``names`` along ``along``'s first-parent chain, newest first, at most ``limit``
     commits; every commit of the chain is listed, with the requested metrics it records (maybe none)."""
-    repo._check_open()
     _check_limit(limit)
-    with repo._sessions() as s:
+    with sessions() as s:
         chain = _first_parent_chain(revparse.resolve(s, along), limit)
         q = (
             select(chain.c.depth, chain.c.id, chain.c.step, chain.c.created_at, Metric.name, Metric.value)
@@ -476,8 +475,7 @@ def metrics_along(
     return points
 
 
-def metric_names(repo: Repo) -> list[str]:
+def metric_names(sessions: Sessions) -> list[str]:
     """Every metric name any commit records, sorted."""
-    repo._check_open()
-    with repo._sessions() as s:
+    with sessions() as s:
         return list(s.scalars(select(Metric.name).distinct().order_by(Metric.name)))

@@ -15,40 +15,19 @@ import math
 from collections.abc import Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+from ckptrepo.locations import ChunkLocation
+from ckptrepo.types import ExactDelta
 
-from ckptrepo import state as st
-from ckptrepo.chunks.store import ChunkLocation, ChunkReader
-from ckptrepo.db.catalog import ChunkRecord
-from ckptrepo.db.models import Tensor
-from ckptrepo.restore import read_tensors
+if TYPE_CHECKING:  # torch is imported by the functions that read chunks: a diff --stat never does
+    import torch
+
+    from ckptrepo.chunks.store import ChunkReader
+    from ckptrepo.db.models import Tensor
 
 ChunkPair = tuple[ChunkLocation, ChunkLocation]
 Sums = tuple[float, float, float, float, float]
-
-
-@dataclass(frozen=True)
-class ExactDelta:
-    """Exact comparison of two same-shape, same-dtype tensors a -> b, over float64 values
-    (complex128 for complex dtypes).
-
-    ``l2_diff`` = ‖b−a‖; ``rel_change`` = ‖b−a‖/‖a‖ (None when ‖a‖ = 0); ``cosine`` =
-    Re⟨a,b⟩/(‖a‖‖b‖) (None when a norm is 0); ``max_abs_diff`` = max |b−a|. ``chunks_read``
-    and ``bytes_read`` count the chunk reads it took (both sides).
-    """
-
-    l2_diff: float
-    rel_change: float | None
-    cosine: float | None
-    max_abs_diff: float
-    chunks_read: int = 0
-    bytes_read: int = 0
-
-    @classmethod
-    def identical(cls, norm: float | None) -> ExactDelta:
-        """The comparison of a tensor with itself (nothing read)."""
-        return cls(0.0, 0.0 if norm else None, 1.0 if norm else None, 0.0)
 
 
 @dataclass(frozen=True)
@@ -66,10 +45,12 @@ class ExactRequest:
     l2_b: float
     pairs: Sequence[ChunkPair] = ()
     shared: bool = False
-    whole: tuple[tuple[Tensor, list[ChunkRecord]], tuple[Tensor, list[ChunkRecord]]] | None = None
+    whole: tuple[tuple[Tensor, list[ChunkLocation]], tuple[Tensor, list[ChunkLocation]]] | None = None
 
 
 def _widen(x: torch.Tensor) -> torch.Tensor:
+    import torch
+
     if x.dtype.is_complex:
         return (x.to(torch.complex64) if x.dtype == torch.complex32 else x).to(torch.complex128).reshape(-1)
     return x.to(torch.float64).reshape(-1)
@@ -77,6 +58,8 @@ def _widen(x: torch.Tensor) -> torch.Tensor:
 
 def sums(xa: torch.Tensor, xb: torch.Tensor) -> Sums:
     """(Σ|b−a|², max|b−a|, Σ|a|², Σ|b|², Σ Re(conj(a)·b)) over two tensors of equal size."""
+    import torch
+
     xa, xb = _widen(xa), _widen(xb)
     if xa.numel() == 0:
         return 0.0, 0.0, 0.0, 0.0, 0.0
@@ -90,6 +73,10 @@ def sums(xa: torch.Tensor, xb: torch.Tensor) -> Sums:
 
 
 def _read_chunk(reader: ChunkReader, loc: ChunkLocation, dtype: str) -> torch.Tensor:
+    import torch
+
+    from ckptrepo import state as st
+
     buf = torch.empty(loc.raw_length, dtype=torch.uint8)
     if loc.raw_length:
         reader.read_into(loc, buf.numpy().data)
@@ -121,6 +108,8 @@ def exact_delta(parts: Sequence[Sums], *, l2_a: float, l2_b: float, shared: bool
 def compare(reader: ChunkReader, pool: Executor, requests: Sequence[ExactRequest]) -> dict[str, ExactDelta]:
     """An ``ExactDelta`` per request name. Chunk pairs of every request are submitted to ``pool``
     first, then collected; IntegrityError (from the reader) when a chunk fails its hash check."""
+    from ckptrepo.restore.tensors import read_tensors
+
     jobs: dict[str, list[Future[Sums]]] = {
         r.name: [pool.submit(_pair_job, reader, r.dtype, p) for p in r.pairs] for r in requests if r.whole is None
     }

@@ -35,8 +35,8 @@ from ckptrepo.db import lines
 from ckptrepo.db.engine import fetch_tuples
 from ckptrepo.db.models import Commit, Edge, Id
 from ckptrepo.errors import UsageError
+from ckptrepo.types import EDGE_KINDS
 
-EDGE_KINDS = ("parent", "merge", "transfer")
 FIRST_BAND = 64  # generations in the first band of a banded search; each next band is twice as deep
 _A, _B, _STALE = 1, 2, 4
 _IN_BATCH = 500

@@ -1,7 +1,7 @@
 """Lineage queries on a repository: ancestors, descendants, paths, merge bases, best commits, filtered logs.
 
-Each function takes an open ``Repo`` (``Repo``'s methods of the same names delegate here),
-resolves revisions itself and reads in one short session of its own; nothing is written.
+Each function takes ``sessions`` (a factory of read sessions: ``Repo``'s methods of the same
+names delegate here), resolves revisions itself and reads in one short session; nothing is written.
 Revisions that do not resolve raise UnknownRevision (or AmbiguousRevision); bad arguments
 UsageError, before any query runs. Results are full commit ids or public ``Commit`` values.
 Graph semantics are ``lineage.graph``'s; ``where`` expressions are ``lineage.where``'s.
@@ -11,22 +11,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ckptrepo.db import views
+from ckptrepo.db.engine import Sessions
 from ckptrepo.db.models import Commit as CommitRow
 from ckptrepo.db.models import Metric
 from ckptrepo.errors import UsageError
 from ckptrepo.lineage import graph, revparse
 from ckptrepo.lineage import where as where_lang
-from ckptrepo.lineage.graph import EDGE_KINDS
-from ckptrepo.types import Commit
-
-if TYPE_CHECKING:
-    from ckptrepo.repository import Repo
+from ckptrepo.types import EDGE_KINDS, Commit
 
 
 def _depth(max_depth: int | None) -> int | None:
@@ -35,49 +31,45 @@ def _depth(max_depth: int | None) -> int | None:
     return max_depth
 
 
-def ancestors(repo: Repo, rev: str, *, kinds: Collection[str] = EDGE_KINDS,
+def ancestors(sessions: Sessions, rev: str, *, kinds: Collection[str] = EDGE_KINDS,
               max_depth: int | None = None) -> list[str]:
     """Full ids of the commits ``rev`` descends from through edges of ``kinds`` (``rev`` itself
     excluded), at most ``max_depth`` edges away when given; nearest first (breadth-first,
     first parents first: ``graph.ancestor_ids``)."""
-    repo._check_open()
     kinds, max_depth = graph.check_kinds(kinds), _depth(max_depth)
-    with repo._sessions() as s:
+    with sessions() as s:
         return graph.ancestor_ids(s, revparse.resolve(s, rev), kinds, max_depth)
 
 
-def descendants(repo: Repo, rev: str, *, kinds: Collection[str] = EDGE_KINDS,
+def descendants(sessions: Sessions, rev: str, *, kinds: Collection[str] = EDGE_KINDS,
                 max_depth: int | None = None) -> list[str]:
     """Full ids of the commits that descend from ``rev`` through edges of ``kinds`` (``rev``
     excluded), at most ``max_depth`` edges away when given; nearest first (breadth-first,
     siblings by id: ``graph.descendant_ids``)."""
-    repo._check_open()
     kinds, max_depth = graph.check_kinds(kinds), _depth(max_depth)
-    with repo._sessions() as s:
+    with sessions() as s:
         return graph.descendant_ids(s, revparse.resolve(s, rev), kinds, max_depth)
 
 
-def path(repo: Repo, a: str, b: str, *, kinds: Collection[str] = EDGE_KINDS) -> list[str]:
+def path(sessions: Sessions, a: str, b: str, *, kinds: Collection[str] = EDGE_KINDS) -> list[str]:
     """Full ids along a shortest chain from ``a`` to ``b`` (both included): down through parents
     to a common ancestor, then up through children (``graph.shortest_path``). ``[a]`` when they
     name the same commit; ``[]`` when the two share no ancestor."""
-    repo._check_open()
     kinds = graph.check_kinds(kinds)
-    with repo._sessions() as s:
+    with sessions() as s:
         return graph.shortest_path(s, revparse.resolve(s, a), revparse.resolve(s, b), kinds)
 
 
-def merge_base(repo: Repo, a: str, b: str, *, kinds: Collection[str] = EDGE_KINDS) -> list[str]:
+def merge_base(sessions: Sessions, a: str, b: str, *, kinds: Collection[str] = EDGE_KINDS) -> list[str]:
     """Full ids of the best common ancestors of ``a`` and ``b`` (git's merge bases; a commit is
     its own ancestor), highest generation first: one normally, several after criss-cross
     merges, ``[]`` when unrelated."""
-    repo._check_open()
     kinds = graph.check_kinds(kinds)
-    with repo._sessions() as s:
+    with sessions() as s:
         return graph.merge_bases(s, revparse.resolve(s, a), revparse.resolve(s, b), kinds)
 
 
-def best(repo: Repo, metric: str, *, maximize: bool = False, branch: str | None = None,
+def best(sessions: Sessions, metric: str, *, maximize: bool = False, branch: str | None = None,
          subtree: str | None = None, limit: int = 1) -> list[Commit]:
     """The ``limit`` commits with the lowest (``maximize``: highest) value of ``metric``, best first.
 
@@ -86,10 +78,9 @@ def best(repo: Repo, metric: str, *, maximize: bool = False, branch: str | None 
     its ancestors (any revision works); ``subtree``: only ``subtree`` and its descendants; both:
     commits in both. UsageError for a metric no commit records.
     """
-    repo._check_open()
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise UsageError(f"limit must be a positive integer, got {limit!r}")
-    with repo._sessions() as s:
+    with sessions() as s:
         where_lang.check_metrics(s, {metric})
         value = Metric.value
         q = (select(CommitRow).join(Metric, Metric.commit_id == CommitRow.id)
@@ -104,27 +95,25 @@ def best(repo: Repo, metric: str, *, maximize: bool = False, branch: str | None 
         return _public(s, rows)
 
 
-def log(repo: Repo, rev: str | None = None, *, where: str | None = None, limit: int | None = None,
+def log(sessions: Sessions, rev: str | None = None, *, where: str | None = None, limit: int | None = None,
         offset: int = 0) -> list[Commit]:
     """``rev`` and its ancestors (every commit when None), newest first, only those matching the
     expression ``where`` (``lineage.where``: UsageError when malformed or naming an unknown
     field or metric); ``offset`` skipped, at most ``limit`` (see ``graph.log_commits``)."""
-    repo._check_open()
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise UsageError(f"limit must be a positive integer, got {limit!r}")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise UsageError(f"offset must be a non-negative integer, got {offset!r}")
     node = where_lang.parse(where) if where is not None else None
-    with repo._sessions() as s:
+    with sessions() as s:
         start = revparse.resolve(s, rev) if rev is not None else None
         condition = where_lang.compile_checked(s, node, where or "") if node is not None else None
         return _public(s, graph.log_commits(s, start, limit, offset, condition))
 
 
-def commits(repo: Repo, ids: Sequence[str]) -> list[Commit]:
+def commits(sessions: Sessions, ids: Sequence[str]) -> list[Commit]:
     """The commits with these full ids, in the order given; ids that name no commit are left out."""
-    repo._check_open()
-    with repo._sessions() as s:
+    with sessions() as s:
         return views.commits_by_id(s, ids)
 
 

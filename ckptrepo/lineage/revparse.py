@@ -25,13 +25,12 @@ from sqlalchemy.orm import Session
 from ckptrepo.db import lines
 from ckptrepo.db.engine import fetch_tuples
 from ckptrepo.db.models import Commit, Edge, Ref
-from ckptrepo.errors import AmbiguousRevision, InvalidRefName, UnknownRevision
+from ckptrepo.db.refs import MIN_PREFIX
+from ckptrepo.errors import AmbiguousRevision, UnknownRevision
 from ckptrepo.ids import ID_HEX_LEN, is_hex, short
 
-MIN_PREFIX = 4
 _BASE_RE = re.compile(r"^(?P<name>[^~^@\s]+)(?:@step=(?P<step>-?\d+))?")
 _SUFFIX_RE = re.compile(r"([~^])(\d*)")
-_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/-]*$")
 
 
 @dataclass(frozen=True)
@@ -59,21 +58,6 @@ def parse(rev: str) -> RevSpec:
         pos = m.end()
     step = match.group("step")
     return RevSpec(match.group("name"), int(step) if step is not None else None, tuple(hops))
-
-
-def check_ref_name(name: str, kind: str) -> None:
-    """Refuse names that could not be told apart from revision expressions or paths."""
-    reason = None
-    if not _NAME_RE.match(name):
-        reason = "use letters, digits and . _ - / and start with a letter or digit"
-    elif ".." in name or name.endswith(("/", ".")) or "//" in name:
-        reason = "no '..', '//' or trailing '/' or '.'"
-    elif len(name) > 255:
-        reason = "longer than 255 characters"
-    elif is_hex(name) and len(name) >= MIN_PREFIX:
-        reason = "it looks like a commit id"
-    if reason:
-        raise InvalidRefName(kind=kind, name=name, reason=reason)
 
 
 def resolve(session: Session, rev: str) -> str:

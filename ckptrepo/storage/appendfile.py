@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ckptrepo.config import env_int
+from ckptrepo import knobs
 from ckptrepo.errors import UsageError
 
 ALIGN = 4096
@@ -46,12 +46,12 @@ DEFAULT_INFLIGHT = 2
 
 def write_buffer_bytes() -> int:
     """Bytes per direct-I/O write request (``CKPT_WRITE_BUFFER``, default 2 MiB)."""
-    return env_int("WRITE_BUFFER", DEFAULT_BUFFER)
+    return knobs.get_int("WRITE_BUFFER", DEFAULT_BUFFER)
 
 
 def writes_in_flight() -> int:
     """Direct-I/O writes one file keeps in flight (``CKPT_WRITES_IN_FLIGHT``, default 2)."""
-    return env_int("WRITES_IN_FLIGHT", DEFAULT_INFLIGHT)
+    return knobs.get_int("WRITES_IN_FLIGHT", DEFAULT_INFLIGHT)
 
 
 class _BufferPool:
@@ -96,7 +96,7 @@ _POOL = _BufferPool(2 * (DEFAULT_INFLIGHT + 1) * DEFAULT_BUFFER)  # a pack being
 
 def direct_io_enabled() -> bool:
     """Whether new files try ``O_DIRECT`` (Linux, unless ``CKPT_DIRECT_IO=0``)."""
-    return hasattr(os, "O_DIRECT") and os.environ.get("CKPT_DIRECT_IO", "1") != "0"
+    return hasattr(os, "O_DIRECT") and knobs.get_bool("DIRECT_IO", True)
 
 
 def open_direct(path: str) -> int | None:

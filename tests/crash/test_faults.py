@@ -100,12 +100,13 @@ def test_full_disk_surfaces_as_an_error_and_changes_nothing(repo: ckptrepo.Repo,
     before = _snapshot(repo)
     real = repo._backend
     full = _FullDisk(real, fail_from)
-    repo._backend = full
+    writer = repo._writer
+    writer._backend = writer.snapshots()._backend = full  # where the commit engine writes packs
     try:
         with pytest.raises((OSError, errors.CkptError)) as caught:
             repo.commit(_state(1), metrics={"counter": 1}).wait()
     finally:
-        repo._backend = real
+        writer._backend = writer.snapshots()._backend = real
     assert full.calls == fail_from
     text = f"{caught.value} {caught.value.__cause__}"
     assert "No space left" in text or "ENOSPC" in text or str(errno.ENOSPC) in text

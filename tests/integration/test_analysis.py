@@ -15,12 +15,11 @@ from typing import Any
 
 import pytest
 import torch
-from ckptrepo.cli.app import app
 from safetensors.torch import save_file
 from typer.testing import CliRunner, Result
 
 from ckptrepo import Repo, errors
-from ckptrepo.lineage import analysis
+from ckptrepo.cli.app import app
 
 CHUNK = 4096
 
@@ -97,7 +96,7 @@ def test_diff_stat_reads_no_bytes_and_compares_chunks_and_stats(repo: Repo, pair
     a, b, _, _ = pair
     reads = _Reads(repo, monkeypatch)
     statements = _statements(repo)
-    d = analysis.diff(repo, a, b)
+    d = repo.diff(a, b)
     assert reads.calls == []
     assert sum(" entries" in s for s in statements) <= 2  # not one query per tensor
     by = {t.name: t for t in d.tensors}
@@ -126,7 +125,7 @@ def test_diff_exact_matches_torch_and_reads_only_differing_chunks(repo: Repo, pa
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     a, b, sa, sb = pair
     reads = _Reads(repo, monkeypatch)
-    d = analysis.diff(repo, a, b, exact=True)
+    d = repo.diff(a, b, exact=True)
     by = {t.name: t for t in d.tensors}
     # w: 1 of 4 chunk pairs, w_all: 2 of 2, ints: 1 of 6, half: 1 of 2 -> 5 pairs, 10 reads.
     assert len(reads.calls) == 10
@@ -156,7 +155,7 @@ def test_diff_exact_with_other_chunk_size_reads_whole_tensors(repo: Repo) -> Non
     y = x.clone()
     y[0] = 5.0
     second = repo.commit({"w": y}, blocking=True).wait()
-    (t,) = analysis.diff(repo, first.id, second.id, exact=True).tensors
+    (t,) = repo.diff(first.id, second.id, exact=True).tensors
     assert (t.chunks_changed, t.n_chunks) == (4, 4)
     assert t.exact is not None and t.exact.chunks_read == 4 + 2
     assert t.exact.l2_diff == pytest.approx(float((y.double() - x.double()).norm()))
@@ -167,11 +166,11 @@ def test_diff_of_unrelated_commits_and_bad_revisions(repo: Repo) -> None:
     first = repo.commit({"a": torch.ones(3), "b": torch.zeros(2)}, blocking=True).wait()
     other = repo.commit({"a": torch.ones(3), "c": torch.zeros(2)}, branch="other", blocking=True).wait()
     assert other.parents == ()
-    d = analysis.diff(repo, "main", "other")
+    d = repo.diff("main", "other")
     assert (d.a, d.b) == (first.id, other.id)
     assert [(t.name, t.status) for t in d.tensors] == [("a", "unchanged"), ("b", "removed"), ("c", "added")]
     with pytest.raises(errors.UnknownRevision):
-        analysis.diff(repo, "main", "nope")
+        repo.diff("main", "nope")
 
 
 def test_history_along_first_parent_chain(repo: Repo) -> None:
@@ -186,7 +185,7 @@ def test_history_along_first_parent_chain(repo: Repo) -> None:
            repo.commit({"w": x, **keep}, step=50, blocking=True).wait().id]
     repo.commit({"w": torch.zeros(4096), **keep}, branch="side", parents=[ids[1]], blocking=True).wait()
     statements = _statements(repo)
-    points = analysis.history(repo, "w", along="main")
+    points = repo.history("w", along="main")
     # One query for the chain, one for the tensor's runs along it: no lookup per commit.
     assert sum(" entry_runs" in s for s in statements) == 1 and not any(" entries" in s for s in statements)
     assert [p.commit_id for p in points] == ids[::-1]
@@ -202,29 +201,29 @@ def test_history_along_first_parent_chain(repo: Repo) -> None:
     assert points[0].created_at > points[-1].created_at
     json.dumps([p.to_json() for p in points], allow_nan=False)
 
-    limited = analysis.history(repo, "w", along="main", limit=2)
+    limited = repo.history("w", along="main", limit=2)
     assert [p.status for p in limited] == ["added", "removed"]  # compared with parents beyond the limit too
-    side = analysis.history(repo, "w", along="side")
+    side = repo.history("w", along="side")
     assert [p.status for p in side] == ["changed", "unchanged", "added"]
-    assert [p.status for p in analysis.history(repo, "w", along="main~3")] == ["unchanged", "added"]
+    assert [p.status for p in repo.history("w", along="main~3")] == ["unchanged", "added"]
 
 
 def test_history_unknown_tensor_lists_close_matches(repo: Repo) -> None:
     repo.commit({"layer.0.weight": torch.ones(2), "layer.0.bias": torch.ones(2)}, blocking=True).wait()
     with pytest.raises(errors.UnknownTensor) as info:
-        analysis.history(repo, "layer.0.weigth")
+        repo.history("layer.0.weigth")
     assert "layer.0.weight" in info.value.hint
     with pytest.raises(errors.UnknownRevision):
-        analysis.history(repo, "layer.0.weight", along="nope")
+        repo.history("layer.0.weight", along="nope")
 
 
 def test_metrics_along(repo: Repo) -> None:
     for step, loss in ((1, 3.0), (2, 2.0), (3, 1.5)):
         repo.commit({"w": torch.ones(1) * step}, step=step, metrics={"loss": loss, "acc": step / 10},
                     blocking=True).wait()
-    points = analysis.metrics_along(repo, ["loss"], along="main")
+    points = repo.metrics_along(["loss"], along="main")
     assert [(p.step, p.values) for p in points] == [(3, {"loss": 1.5}), (2, {"loss": 2.0}), (1, {"loss": 3.0})]
-    assert analysis.metric_names(repo) == ["acc", "loss"]
+    assert repo.metric_names() == ["acc", "loss"]
 
 
 # -- CLI -----------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import torch
 from sqlalchemy import select
 
 import ckptrepo
+import ckptrepo.ingest.staging
 from ckptrepo import errors, faults
 from ckptrepo.ingest import pipeline
 from ckptrepo.ingest.writeahead import WriteAhead
@@ -38,7 +39,7 @@ def _slow_ingest(monkeypatch: pytest.MonkeyPatch, seconds: float) -> threading.E
         time.sleep(seconds)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr("ckptrepo.repository.ingest", slow)
+    monkeypatch.setattr("ckptrepo.ingest.writer.ingest", slow)
     return started
 
 
@@ -122,8 +123,8 @@ def test_a_dtype_refused_in_phase_2_surfaces_and_changes_nothing(repo: ckptrepo.
     good = repo.commit({"w": torch.randn(1000)}).wait()
     real = pipeline.moments_of_bytes
 
-    def refuse_half(raw: Any, dtype: torch.dtype) -> Any:
-        if dtype == torch.float16:
+    def refuse_half(raw: Any, dtype: str) -> Any:
+        if dtype == "float16":
             raise errors.UnsupportedState(path="h", reason="no statistics for float16")
         return real(raw, dtype)
 
@@ -308,7 +309,7 @@ def test_into_a_fresh_arena_files_are_written_as_soon_as_their_bytes_are_copied(
         real_write(self, f)
 
     staged: dict[str, torch.Tensor] = {}
-    real_copy = ckptrepo.repository.Slot.copy
+    real_copy = ckptrepo.ingest.staging.Slot.copy
 
     def copy(self: Any, tensors: Any, out: Any, progress: Any = None) -> None:
         staged.update(out)
@@ -316,7 +317,7 @@ def test_into_a_fresh_arena_files_are_written_as_soon_as_their_bytes_are_copied(
 
     monkeypatch.setattr(faults, "point", point)
     monkeypatch.setattr(WriteAhead, "_write", write)
-    monkeypatch.setattr(ckptrepo.repository.Slot, "copy", copy)
+    monkeypatch.setattr(ckptrepo.ingest.staging.Slot, "copy", copy)
     with ckptrepo.Repo.init(tmp_path, chunk_size=64 * 1024, pack_target=256 * 1024) as repo:
         handle = repo.commit(state, step=0)
         for v in state.values():
@@ -365,7 +366,7 @@ def test_reserve_maps_the_staging_memory_before_the_first_commit(
     with ckptrepo.Repo.init(tmp_path, chunk_size=64 * 1024) as repo:
         nbytes = repo.reserve(state)
         assert nbytes >= (300 * 200 + 200) * 4
-        slot = repo._staging._free[0]
+        slot = repo._writer.snapshots().staging._free[0]
         arena = slot.arena
         assert arena is not None and not slot.fresh
         assert repo.stats().commits == 0  # nothing stored
@@ -551,7 +552,7 @@ def test_statistics_taken_by_the_copy_are_those_phase_2_takes(
         summaries.append(kwargs.get("summaries"))
         return real_ingest(*args, **kwargs)
 
-    monkeypatch.setattr("ckptrepo.repository.ingest", ingest)
+    monkeypatch.setattr("ckptrepo.ingest.writer.ingest", ingest)
     found = {}
     for flag in ("1", "0"):
         monkeypatch.setenv("CKPT_COPY_STATS", flag)

@@ -29,9 +29,9 @@ def _state() -> dict[str, torch.Tensor]:
 
 
 def test_resolve_defaults_env_and_bad_values(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(priority.ENV, raising=False)
+    monkeypatch.delenv("CKPT_" + priority.ENV, raising=False)
     assert priority.resolve(None) == "normal"
-    monkeypatch.setenv(priority.ENV, "idle")
+    monkeypatch.setenv("CKPT_" + priority.ENV, "idle")
     assert priority.resolve(None) == "idle"
     assert priority.resolve("normal") == "normal"
     with pytest.raises(UsageError, match="background priority 'low'"):
@@ -64,7 +64,7 @@ def test_normal_priority_lowers_nothing(tmp_path: Path) -> None:
 @pytest.mark.parametrize("prio", ["normal", "idle"])
 def test_the_repack_between_commits_runs_on_idle_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                          prio: str) -> None:
-    from ckptrepo import repack as packer
+    from ckptrepo.maintenance import repack as packer
 
     monkeypatch.setenv("CKPT_IDLE_REPACK_SPARE", "0")  # the spare-CPU gate opens whatever else runs here
     seen: list[tuple[int, int]] = []

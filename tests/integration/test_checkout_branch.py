@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 import torch
-from ckptrepo.cli import session
-from ckptrepo.cli.app import app
 from safetensors.torch import save_file
 from typer.testing import CliRunner, Result
 
 from ckptrepo import Repo, errors
+from ckptrepo.cli import session
+from ckptrepo.cli.app import app
 
 Run = Callable[..., Result]
 
@@ -111,7 +111,7 @@ def test_log_start(tmp_path: Path) -> None:
         assert session.log_start(repo, None) == "main"
         assert session.log_start(repo, None, all_commits=True) is None
         assert session.log_start(repo, "main~0") == "main~0"
-        session.set_current_branch(repo, "nothing-yet")
+        repo.switch("nothing-yet")
         with pytest.raises(errors.UsageError, match="no commits yet"):
             session.log_start(repo, None)
 

@@ -7,14 +7,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from ckptrepo.cli.app import app
 from sqlalchemy import select
 from typer.testing import CliRunner
 
 import ckptrepo
+import ckptrepo.ingest.writer
 from ckptrepo import errors
 from ckptrepo.chunks.codecs import Encoding
 from ckptrepo.chunks.store import pack_key
+from ckptrepo.cli.app import app
 from ckptrepo.db.models import Chunk, Entry, TensorChunk
 
 
@@ -160,9 +161,9 @@ def test_with_a_base_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, poli
     for i in range(1, 5):
         states.append(_drift(states[-1], i))
     with ckptrepo.Repo.init(tmp_path / "w", chunk_size=64 * 1024, delta_base=policy, max_delta_depth=3) as repo:
-        assert repo._base_cache.budget == 8 << 20
+        assert repo._writer._base_cache.budget == 8 << 20
         ids = [repo.commit(s, blocking=True).wait().id for s in states]
-        assert repo._base_cache.nbytes > 0 and repo.stats().delta_chunks > 0
+        assert repo._writer._base_cache.nbytes > 0 and repo.stats().delta_chunks > 0
         for cid, state in zip(ids, states, strict=True):
             restored = repo.checkout(cid)
             assert all(_same(restored[k], state[k]) for k in state)
@@ -212,9 +213,9 @@ def test_encoding_hints_carry_over_to_later_commits(repo: ckptrepo.Repo, monkeyp
         state = _drift(state, seed)
         calls.clear()
         commit = repo.commit(state, blocking=True).wait()
-    assert calls == [] and "w" in repo._plane_hints  # the third commit encoded its delta only
+    assert calls == [] and "w" in repo._writer._hints  # the third commit encoded its delta only
     assert _same(repo.checkout(commit.id)["w"], state["w"])
-    repo._plane_hints.clear()
+    repo._writer._hints.clear()
     calls.clear()
     repo.commit(_drift(state, 9), blocking=True).wait()
     assert calls == [1]  # without hints the chunk is measured standalone first
@@ -231,7 +232,7 @@ def test_a_failing_delta_plan_fails_the_commit_and_leaves_the_repository_as_it_w
     def broken(*_args: object, **_kwargs: object) -> None:
         raise errors.InvalidInput(path="(delta plan)", reason="injected")
 
-    monkeypatch.setattr(ckptrepo.repository, "delta_plan", broken)
+    monkeypatch.setattr(ckptrepo.ingest.writer, "delta_plan", broken)
     with pytest.raises(errors.InvalidInput, match="injected"):
         repo.commit(_drift(_state(), 1), message="b", blocking=True).wait()
     assert repo.resolve("main") == first.id and {c.id for c in _chunks(repo)} == before

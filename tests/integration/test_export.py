@@ -12,8 +12,8 @@ from torch import nn
 
 import ckptrepo
 from ckptrepo import errors
-from ckptrepo.export import flat_entries
 from ckptrepo.formats import read_state, write_state
+from ckptrepo.restore.export import flat_entries
 from ckptrepo.state import flatten
 
 

@@ -15,15 +15,16 @@ from typing import Any
 
 import pytest
 import torch
-from ckptrepo.cli.app import app
 from sqlalchemy import select
 from sqlalchemy.orm import aliased
 from typer.testing import CliRunner
 
 import ckptrepo
 from ckptrepo import faults
+from ckptrepo.cli.app import app
 from ckptrepo.db.models import Chunk, TensorChunk
 from ckptrepo.errors import ConcurrentChange, UnknownRef, UnreachableCommits, UsageError
+from ckptrepo.ingest import writer
 
 CHUNK = 64 * 1024
 
@@ -196,22 +197,23 @@ def test_a_gc_interrupted_after_its_transaction_leaves_only_unreferenced_packs(r
     _restores(repo, {a: _state(0)})
 
 
-def test_a_commit_that_deduplicated_against_collected_chunks_fails_cleanly(tmp_path: Path, db_url: str) -> None:
+def test_a_commit_that_deduplicated_against_collected_chunks_fails_cleanly(
+        tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     with ckptrepo.Repo.init(tmp_path / "c", db_url=db_url, chunk_size=CHUNK) as repo, \
             ckptrepo.Repo.open(tmp_path / "c") as other:
         s0, s1 = _state(0), _state(1)
         a = _abandoned_branch(repo, s0, s1)
-        original = repo._commit_row
+        original = writer.commit_row
 
         def gc_in_between(*args: Any, **kwargs: Any) -> Any:
             # Another process's gc runs after this commit looked up s1's chunks and before it records them.
             other.gc(grace=0)
             return original(*args, **kwargs)
 
-        repo._commit_row = gc_in_between  # type: ignore[method-assign]
-        with pytest.raises(ConcurrentChange, match="commit conflicted with a gc"):
-            repo.commit(s1, step=2, blocking=True).wait()
-        del repo._commit_row
+        with monkeypatch.context() as patched:
+            patched.setattr(writer, "commit_row", gc_in_between)
+            with pytest.raises(ConcurrentChange, match="commit conflicted with a gc"):
+                repo.commit(s1, step=2, blocking=True).wait()
         assert [c.id for c in repo.log("main")] == [a]
         again = repo.commit(s1, step=2, blocking=True).wait()
         _restores(repo, {a: s0, again.id: s1})

@@ -20,17 +20,17 @@ from typing import Any
 
 import pytest
 import torch
-from ckptrepo.cli.app import app
-from ckptrepo.cli.lineage_render import graph_rows
 from sqlalchemy import func, insert, inspect, select, update
 from typer.testing import CliRunner, Result
 
 import ckptrepo
 from ckptrepo import errors
+from ckptrepo.cli.app import app
+from ckptrepo.cli.lineage_render import graph_rows
 from ckptrepo.db import lines
 from ckptrepo.db.engine import fetch_tuples, write_connection
 from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Metric, Tensor, TensorChunk
-from ckptrepo.lineage import analysis, graph, queries
+from ckptrepo.lineage import graph
 from ckptrepo.types import Parent
 
 
@@ -105,7 +105,7 @@ def test_generations_are_as_planned(hand: Hand) -> None:
 
 
 def test_ancestors(hand: Hand) -> None:
-    anc = lambda rev, **kw: hand.labels(queries.ancestors(hand.repo, rev, **kw))  # noqa: E731
+    anc = lambda rev, **kw: hand.labels(hand.repo.ancestors(rev, **kw))  # noqa: E731
     # Nearest first, breadth-first, first parents first.
     assert anc(hand["r5"]) == ["m", "r3", "f2", "r2", "f1", "r1", "r0"]
     assert anc("main") == anc(hand["r5"])
@@ -138,7 +138,7 @@ def test_ancestors_along_one_line(hand: Hand) -> None:
         conn.execute(update(Commit).where(Commit.id == hand["r3"]).values(generation=2))
     with hand.repo._sessions() as s:
         assert graph._line_of_parents(s, hand["r3"], graph.EDGE_KINDS, None) is None
-    assert hand.labels(queries.ancestors(hand.repo, hand["r3"])) == ["r2", "r1", "r0"]
+    assert hand.labels(hand.repo.ancestors(hand["r3"])) == ["r2", "r1", "r0"]
 
 
 def test_first_parent_recorded_with_each_commit(hand: Hand) -> None:
@@ -163,7 +163,7 @@ def _levels(found: list[str], *levels: set[str]) -> bool:
 
 
 def test_descendants(hand: Hand) -> None:
-    desc = lambda rev, **kw: hand.labels(queries.descendants(hand.repo, rev, **kw))  # noqa: E731
+    desc = lambda rev, **kw: hand.labels(hand.repo.descendants(rev, **kw))  # noqa: E731
     assert _levels(desc(hand["r1"]), {"r2", "f1"}, {"r3", "f2", "t1"}, {"m", "t2"}, {"r5"})
     assert _levels(desc(hand["r1"], kinds=["parent"]), {"r2", "f1"}, {"r3", "f2"}, {"m"}, {"r5"})
     assert _levels(desc(hand["r1"], max_depth=1), {"r2", "f1"})
@@ -177,7 +177,7 @@ def test_descendants(hand: Hand) -> None:
 
 
 def test_merge_base(hand: Hand) -> None:
-    mb = lambda a, b, **kw: hand.labels(queries.merge_base(hand.repo, a, b, **kw))  # noqa: E731
+    mb = lambda a, b, **kw: hand.labels(hand.repo.merge_base(a, b, **kw))  # noqa: E731
     assert mb("main", "feat") == ["f2"]  # feat was merged into main
     assert mb("feat", "main") == ["f2"]
     assert mb(hand["f2"], hand["r3"]) == ["r1"]
@@ -196,7 +196,7 @@ def test_merge_base(hand: Hand) -> None:
 
 
 def test_path(hand: Hand) -> None:
-    path = lambda a, b, **kw: hand.labels(queries.path(hand.repo, a, b, **kw))  # noqa: E731
+    path = lambda a, b, **kw: hand.labels(hand.repo.path(a, b, **kw))  # noqa: E731
     assert path(hand["f2"], hand["r3"]) == ["f2", "f1", "r1", "r2", "r3"]
     assert path(hand["r3"], hand["f2"]) == ["r3", "r2", "r1", "f1", "f2"]
     assert path("main", hand["r1"]) == ["r5", "m", "r3", "r2", "r1"]  # first parents win the tie
@@ -212,21 +212,21 @@ def test_path(hand: Hand) -> None:
 
 def test_unknown_revisions_and_bad_arguments(hand: Hand) -> None:
     for call in (
-        lambda: queries.ancestors(hand.repo, "nope"),
-        lambda: queries.descendants(hand.repo, "main~40"),
-        lambda: queries.path(hand.repo, "main", "nope"),
-        lambda: queries.merge_base(hand.repo, "nope", "main"),
-        lambda: queries.best(hand.repo, "val_loss", branch="nope"),
-        lambda: queries.log(hand.repo, "nope", where="step > 1"),
+        lambda: hand.repo.ancestors("nope"),
+        lambda: hand.repo.descendants("main~40"),
+        lambda: hand.repo.path("main", "nope"),
+        lambda: hand.repo.merge_base("nope", "main"),
+        lambda: hand.repo.best("val_loss", branch="nope"),
+        lambda: hand.repo.log("nope", where="step > 1"),
     ):
         with pytest.raises(errors.UnknownRevision):
             call()
     for call in (
-        lambda: queries.ancestors(hand.repo, "main", kinds=["parent", "child"]),
-        lambda: queries.ancestors(hand.repo, "main", kinds=[]),
-        lambda: queries.descendants(hand.repo, "main", max_depth=0),
-        lambda: queries.best(hand.repo, "val_loss", limit=0),
-        lambda: queries.log(hand.repo, limit=0),
+        lambda: hand.repo.ancestors("main", kinds=["parent", "child"]),
+        lambda: hand.repo.ancestors("main", kinds=[]),
+        lambda: hand.repo.descendants("main", max_depth=0),
+        lambda: hand.repo.best("val_loss", limit=0),
+        lambda: hand.repo.log(limit=0),
     ):
         with pytest.raises(errors.UsageError):
             call()
@@ -236,7 +236,7 @@ def test_unknown_revisions_and_bad_arguments(hand: Hand) -> None:
 
 
 def _where(hand: Hand, text: str, rev: str | None = None) -> set[str]:
-    return set(hand.labels([c.id for c in queries.log(hand.repo, rev, where=text)]))
+    return set(hand.labels([c.id for c in hand.repo.log(rev, where=text)]))
 
 
 ALL = {label for label, *_ in PLAN}
@@ -278,7 +278,7 @@ def test_where_time_and_rev(hand: Hand) -> None:
     assert _where(hand, f"created_at < '{local}'") == {x for x, c in commits.items() if c.created_at < at}
     assert _where(hand, "time < 2000-01-01") == set()
     assert _where(hand, "val_loss < 2.3", rev="main") == {"r2", "f1", "f2", "r3", "m"}
-    assert [hand.labels([c.id])[0] for c in queries.log(hand.repo, "main", where="val_loss < 2.3", limit=2,
+    assert [hand.labels([c.id])[0] for c in hand.repo.log("main", where="val_loss < 2.3", limit=2,
                                                          offset=1)] == ["r3", "f2"]
 
 
@@ -295,7 +295,7 @@ def _counts(hand: Hand) -> dict[str, int]:
 def test_where_errors_change_nothing(hand: Hand, text: str) -> None:
     before = _counts(hand)
     with pytest.raises(errors.UsageError) as info:
-        queries.log(hand.repo, where=text)
+        hand.repo.log(where=text)
     assert info.value.exit_code == 2
     assert _counts(hand) == before
     assert {"commits", "edges", "metrics"} <= set(inspect(hand.repo._engine).get_table_names())
@@ -303,7 +303,7 @@ def test_where_errors_change_nothing(hand: Hand, text: str) -> None:
 
 def test_unknown_name_lists_fields_and_metrics(hand: Hand) -> None:
     with pytest.raises(errors.UsageError) as info:
-        queries.log(hand.repo, where="val_los < 2 and step > 1")
+        hand.repo.log(where="val_los < 2 and step > 1")
     assert "'val_los'" in info.value.message and "val_loss" in info.value.message
     assert "step" in info.value.hint and "acc, val_loss" in info.value.hint
 
@@ -312,7 +312,7 @@ def test_unknown_name_lists_fields_and_metrics(hand: Hand) -> None:
 
 
 def test_best(hand: Hand) -> None:
-    best = lambda metric, **kw: hand.labels([c.id for c in queries.best(hand.repo, metric, **kw)])  # noqa: E731
+    best = lambda metric, **kw: hand.labels([c.id for c in hand.repo.best(metric, **kw)])  # noqa: E731
     assert best("val_loss") == ["m"]
     assert best("val_loss", limit=3) == ["m", "f2", "r2"]
     assert best("val_loss", maximize=True, limit=2) == ["u0", "r0"]
@@ -321,9 +321,9 @@ def test_best(hand: Hand) -> None:
     assert best("val_loss", branch="main", subtree=hand["f1"], limit=10) == ["m", "f2", "f1"]
     assert best("acc", maximize=True) == ["f2"]
     assert best("acc", subtree="ft") == []
-    assert queries.best(hand.repo, "val_loss")[0].metrics["val_loss"] == 1.8
+    assert hand.repo.best("val_loss")[0].metrics["val_loss"] == 1.8
     with pytest.raises(errors.UsageError, match="unknown field or metric 'loss'"):
-        queries.best(hand.repo, "loss")
+        hand.repo.best("loss")
 
 
 # -- random DAGs against brute force ------------------------------------------------------------
@@ -446,7 +446,7 @@ def test_descendants_where_paths_multiply(tmp_path: Path, db_url: str) -> None:
                                                                repeat=True)).all()
             assert len(repeated) > s.scalar(select(func.count()).select_from(Edge))
         for start in (ids[0], ids[17], ids[-2]):
-            assert queries.descendants(repo, start) == _bfs_up(start, children)
+            assert repo.descendants(start) == _bfs_up(start, children)
 
 
 def _history_by_entries(repo: ckptrepo.Repo, along: str, name: str, limit: int | None) -> list[tuple[Any, ...]]:
@@ -491,33 +491,33 @@ def test_history_rows(tmp_path: Path, db_url: str) -> None:
             if v is not None:
                 state["w"] = torch.full((2, 5000), v)  # several chunks: ``differing`` counts positions
             repo.commit(state, branch="main", message=str(i), step=i, blocking=True).wait()
-        points = analysis.history(repo, "w", along="main")
+        points = repo.history("w", along="main")
         assert [p.status for p in points] == ["unchanged", "changed", "unchanged", "added", "absent", "removed",
                                               "changed", "unchanged", "added", "absent"]
         repo.branch("fork", "main~6")
         repo.commit({"w": torch.full((2, 5000), 9.0)}, branch="fork", step=100, blocking=True).wait()
-        along_fork = analysis.history(repo, "w", along="fork")
+        along_fork = repo.history("w", along="fork")
         assert [p.step for p in along_fork] == [100, 3, 2, 1, 0]
         assert [p.status for p in along_fork] == ["changed", "changed", "unchanged", "added", "absent"]
         repo.branch("gap", "main~2")  # "w" is 3.0 there; the fork drops it, then brings the same tensor back
         repo.commit({"other": torch.zeros(3)}, branch="gap", step=200, blocking=True).wait()
         repo.commit({"w": torch.full((2, 5000), 3.0), "other": torch.zeros(3)}, branch="gap", step=201,
                     blocking=True).wait()
-        assert [p.status for p in analysis.history(repo, "w", along="gap", limit=4)] == [
+        assert [p.status for p in repo.history("w", along="gap", limit=4)] == [
             "added", "removed", "unchanged", "added"]
         for along, name, limit in itertools.product(("main", "fork", "gap", "gap~1", "main~3"),
                                                     ("w", "other"), (None, 1, 2, 3, 5, 20)):
             expected = _history_by_entries(repo, along, name, limit)
             if all(tid is None for _, _, tid, *_ in expected):
                 with pytest.raises(errors.UnknownTensor):
-                    analysis.history(repo, name, along=along, limit=limit)
+                    repo.history(name, along=along, limit=limit)
                 continue
             found = [(p.commit_id, p.status, p.tensor.tensor_id if p.tensor else None,
                       p.previous.tensor_id if p.previous else None, p.chunks_changed, p.n_chunks)
-                     for p in analysis.history(repo, name, along=along, limit=limit)]
+                     for p in repo.history(name, along=along, limit=limit)]
             assert found == expected, (along, name, limit)
         with pytest.raises(errors.UnknownTensor):
-            analysis.history(repo, "absent", along="gap")
+            repo.history("absent", along="gap")
         with repo._sessions() as s:
             placed = dict(s.execute(select(Commit.id, Commit.line_id)).all())
         assert placed[repo.resolve("fork")] == repo.resolve("fork") != placed[repo.resolve("main~6")]
@@ -578,7 +578,7 @@ def test_random_dags_match_brute_force(tmp_path: Path, db_url: str, kinds: tuple
                     page = graph.log_commits(s, head, limit, offset)
                     assert [c.id for c in page] == [c.id for c in full[offset : offset + limit]]
                 wanted = set(s.scalars(select(Metric.commit_id).where(Metric.name == "loss", Metric.value < 0.5)))
-                page = queries.log(repo, head, where="loss < 0.5 and step >= 10", limit=40, offset=5)
+                page = repo.log(head, where="loss < 0.5 and step >= 10", limit=40, offset=5)
                 expect = [c.id for c in full if c.id in wanted and ids.index(c.id) >= 10][5:45]
                 assert [c.id for c in page] == expect
 

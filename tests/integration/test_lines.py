@@ -15,7 +15,7 @@ import ckptrepo
 from ckptrepo.db import lines, migrate
 from ckptrepo.db.engine import fetch_tuples, make_engine, session_factory, write_transaction
 from ckptrepo.db.models import Commit, Edge, Entry, EntryRun, Ref, Tensor
-from ckptrepo.lineage import graph, queries
+from ckptrepo.lineage import graph
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -161,7 +161,7 @@ def test_linear_commits_answer_ancestors_and_log_from_the_chain(tmp_path: Path, 
         for rev in ("fork", "main~1", merged):
             full = [c.id for c in repo.log(rev)]
             assert len(full) == len(set(full)) and full[0] == repo.resolve(rev)
-            assert set(full[1:]) == set(queries.ancestors(repo, rev))
+            assert set(full[1:]) == set(repo.ancestors(rev))
             times = [repo.get_commit(cid).created_at for cid in full]
             assert times == sorted(times, reverse=True)
             for limit, offset in ((1, 0), (3, 2), (50, 0)):

@@ -15,6 +15,7 @@ import ckptrepo
 from ckptrepo import faults
 from ckptrepo.db import catalog, pending
 from ckptrepo.errors import FormatError
+from ckptrepo.locations import ChunkLocation
 
 
 def _pending(repo: ckptrepo.Repo) -> int:
@@ -163,8 +164,8 @@ def test_a_failed_indexing_leaves_the_layouts_pending(tmp_path: Path) -> None:
 
 
 def test_payload_round_trip_and_damage() -> None:
-    chunks = [catalog.ChunkRow("a" * 64, "p" * 64, 0, 10, 12, 1, 1, "b" * 64, 11),
-              catalog.ChunkRow("c" * 64, "p" * 64, 10, 4, 4, 0)]
+    chunks = [ChunkLocation("a" * 64, "p" * 64, 0, 10, 12, 1, 1, "b" * 64, 11),
+              ChunkLocation("c" * 64, "p" * 64, 10, 4, 4, 0)]
     stats = {"numel": 3, "mean": 0.1, "std": float("nan"), "min": -math.inf, "max": math.inf, "nan_count": 1}
     tensors = [catalog.TensorRow("t" * 64, "float32", [3], 12, 65536, ["a" * 64, "c" * 64], stats)]
     back = pending.decode(pending.encode(chunks, tensors, {"x.w": "t" * 64}))

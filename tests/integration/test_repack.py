@@ -13,17 +13,17 @@ from typing import Any
 
 import pytest
 import torch
-from ckptrepo.cli.app import app
 from sqlalchemy import select
 from typer.testing import CliRunner
 
 import ckptrepo
 from ckptrepo import errors, faults
-from ckptrepo import repack as packer
 from ckptrepo.chunks.codecs import Encoding
+from ckptrepo.cli.app import app
 from ckptrepo.db import catalog
 from ckptrepo.db.models import Chunk, Pack
 from ckptrepo.ingest import spare
+from ckptrepo.maintenance import repack as packer
 
 CHUNK = 64 * 1024
 
@@ -133,7 +133,7 @@ def test_idle_repack_runs_between_commits(tmp_path: Path, db_url: str, monkeypat
         # A commit makes a running one give way; what it recorded is complete, the rest waits.
         for i in range(3, 6):
             repo.commit(_state(i), step=i)
-        repo._committer.drain()
+        repo._writer._committer.drain()
         for i in range(6):
             assert _same(repo.checkout(f"main@step={i}"), _state(i))
         report = repo.verify(full=True)
@@ -339,13 +339,13 @@ def test_close_waits_for_a_background_repack_before_shutting_its_pools(
                               background_priority="idle")
     repo.commit(_state(0), step=0).wait()
     assert started.wait(60)
-    stop_committer = repo._committer.close
+    stop_committer = repo._writer._committer.close
 
     def close_committer() -> None:  # the repack goes on only once close() is past this point
         stop_committer()
         threading.Timer(0.2, release.set).start()
 
-    monkeypatch.setattr(repo._committer, "close", close_committer)
+    monkeypatch.setattr(repo._writer._committer, "close", close_committer)
     repo.close()
     assert outcome == ["encoded"]
 

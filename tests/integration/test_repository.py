@@ -238,7 +238,7 @@ def test_branch_moved_meanwhile_keeps_the_commit_reachable(repo: ckptrepo.Repo, 
     # A second writer (another Repo object on the same repository) moves main meanwhile.
     other = ckptrepo.Repo.open(repo.repo_dir)
     try:
-        import ckptrepo.repository as repository
+        import ckptrepo.ingest.writer as repository
 
         real = repository.ingest
 

@@ -9,9 +9,10 @@ from hypothesis import strategies as hst
 
 from ckptrepo.chunks import codecs
 from ckptrepo.chunks.codecs import Encoding, decode, decode_delta, encode_with_base
-from ckptrepo.chunks.store import ChunkLocation, ChunkReader, PackSink
+from ckptrepo.chunks.store import ChunkReader, PackSink
 from ckptrepo.errors import IntegrityError
 from ckptrepo.ids import hash_bytes
+from ckptrepo.locations import ChunkLocation
 from ckptrepo.storage import MemoryBackend
 
 WIDTHS = [1, 2, 3, 4, 8, 16]

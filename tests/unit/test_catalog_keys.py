@@ -13,6 +13,7 @@ from ckptrepo.db import catalog
 from ckptrepo.db.engine import session_factory, write_transaction
 from ckptrepo.db.models import Chunk, Entry, Tensor, TensorChunk
 from ckptrepo.errors import ConcurrentChange
+from ckptrepo.locations import ChunkLocation
 
 NOW = datetime(2026, 11, 27, tzinfo=timezone.utc)
 COMMIT = {"message": "", "author": "", "host": "", "branch": None, "step": None, "epoch": None, "config": None,
@@ -42,7 +43,7 @@ def _record(engine: Engine, commit: int, tensors: dict[str, list[int]], new_chun
     with write_transaction(session_factory(engine)) as s:
         return catalog.record_commit(
             s, packs=[catalog.PackRow(pack, 10, len(new_chunks))],
-            chunks=[catalog.ChunkRow(_hex(x), pack, x, 1, 1, 0, 1 if x in bases else 0,
+            chunks=[ChunkLocation(_hex(x), pack, x, 1, 1, 0, 1 if x in bases else 0,
                                      _hex(bases[x]) if x in bases else None) for x in new_chunks],
             tensors=rows, commit={"id": _hex(commit), "created_at": NOW, **COMMIT},
             entries={name: _tid(c) for name, c in tensors.items()},

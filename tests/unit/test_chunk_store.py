@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,9 +14,10 @@ import torch
 from ckptrepo.chunks.chunker import chunk_spans
 from ckptrepo.chunks.codecs import Encoding, encode
 from ckptrepo.chunks.pack import read_index
-from ckptrepo.chunks.store import ChunkLocation, ChunkReader, PackSink, SealedPack, pack_key
+from ckptrepo.chunks.store import ChunkReader, PackSink, SealedPack, pack_key
 from ckptrepo.errors import IntegrityError, StorageError, UsageError
 from ckptrepo.ids import hash_bytes
+from ckptrepo.locations import ChunkLocation
 from ckptrepo.storage import Backend, LocalBackend, MemoryBackend
 
 
@@ -196,15 +196,15 @@ def test_bad_locations(backend: Backend) -> None:
     loc = stored_chunk(backend)
     reader = ChunkReader(backend)
     with pytest.raises(IntegrityError):
-        reader.read(dataclasses.replace(loc, offset=loc.offset + 1))
+        reader.read(loc._replace(offset=loc.offset + 1))
     with pytest.raises(IntegrityError):
-        reader.read_into(dataclasses.replace(loc, length=loc.length - 1), memoryview(bytearray(loc.raw_length)))
+        reader.read_into(loc._replace(length=loc.length - 1), memoryview(bytearray(loc.raw_length)))
     with pytest.raises(IntegrityError, match=r"delta base \w+ is missing"):
-        reader.read(dataclasses.replace(loc, encoding=Encoding.DELTA, base_id="cd" * 32, depth=1))
+        reader.read(loc._replace(encoding=Encoding.DELTA, base_id="cd" * 32, depth=1))
     with pytest.raises(IntegrityError):
-        reader.read(dataclasses.replace(loc, encoding=7))
+        reader.read(loc._replace(encoding=7))
     with pytest.raises(StorageError):
-        reader.read(dataclasses.replace(loc, pack_id="ef" * 32))
+        reader.read(loc._replace(pack_id="ef" * 32))
     with pytest.raises(UsageError):
         reader.read_into(loc, memoryview(bytearray(loc.raw_length + 1)))
 

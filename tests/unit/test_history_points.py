@@ -9,8 +9,7 @@ import pytest
 
 from ckptrepo.db.models import utc_datetime
 from ckptrepo.lineage.analysis import _utc_datetimes
-from ckptrepo.lineage.reports import HistoryPoint
-from ckptrepo.types import TensorInfo, TensorStats
+from ckptrepo.types import HistoryPoint, TensorInfo, TensorStats
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=timezone.utc)
 

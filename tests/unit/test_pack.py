@@ -9,8 +9,9 @@ from pathlib import Path
 import blake3
 import pytest
 
-from ckptrepo.chunks.pack import PackEntry, PackWriter, parse_index, read_index
+from ckptrepo.chunks.pack import PackWriter, parse_index, read_index
 from ckptrepo.errors import IntegrityError, UsageError
+from ckptrepo.locations import ChunkLocation
 from ckptrepo.storage import Backend, LocalBackend, MemoryBackend
 
 ID_A = "11" * 32
@@ -21,7 +22,7 @@ def u64(value: int) -> bytes:
     return value.to_bytes(8, "little")
 
 
-def two_chunk_pack(staging: Path) -> tuple[str, Path, list[PackEntry]]:
+def two_chunk_pack(staging: Path) -> tuple[str, Path, list[ChunkLocation]]:
     writer = PackWriter(staging)
     writer.add(ID_A, 0, b"abc", 3)
     writer.add(ID_B, 2, memoryview(b"xyz12"), 10, depth=1, base_id=ID_A)
@@ -50,8 +51,8 @@ def test_exact_bytes(tmp_path: Path) -> None:
     trailer = expected[-52:]
     assert pack_id == blake3.blake3(b"CKPTPACK\x01\x00" + index + trailer).hexdigest()
     assert entries == [
-        PackEntry(ID_A, 10, 3, 3, 0, 0, None),
-        PackEntry(ID_B, 13, 5, 10, 2, 1, ID_A),
+        ChunkLocation(ID_A, pack_id, 10, 3, 3, 0, 0, None),
+        ChunkLocation(ID_B, pack_id, 13, 5, 10, 2, 1, ID_A),
     ]
 
 
@@ -111,10 +112,11 @@ def test_add_validates_before_writing(tmp_path: Path, kwargs: dict[str, object])
 
 
 def test_parse_index_round_trip_and_from_tail(tmp_path: Path) -> None:
-    _, path, entries = two_chunk_pack(tmp_path)
+    pack_id, path, entries = two_chunk_pack(tmp_path)
     data = path.read_bytes()
-    assert parse_index(data) == entries
-    assert parse_index(data[18:], file_size=len(data)) == entries
+    assert parse_index(data, pack_id=pack_id) == entries
+    assert parse_index(data[18:], file_size=len(data), pack_id=pack_id) == entries
+    assert [e.pack_id for e in parse_index(data)] == ["", ""]  # the index does not know its own pack's id
     with pytest.raises(UsageError):
         parse_index(data[19:], file_size=len(data))
 
@@ -145,10 +147,10 @@ def test_read_index_reads_only_header_and_tail(backend: Backend) -> None:
     writer = PackWriter(backend.staging_dir())
     for i in range(8):
         writer.add(f"{i:064x}", 0, bytes([i]) * (1 << 20), 1 << 20)
-    _, path, entries = writer.finish()
+    pack_id, path, entries = writer.finish()
     backend.put_file("packs/p.pack", path)
     counting = CountingBackend(backend)
-    assert read_index(counting, "packs/p.pack") == entries  # type: ignore[arg-type]
+    assert read_index(counting, "packs/p.pack", pack_id=pack_id) == entries  # type: ignore[arg-type]
     assert sum(length for _, length in counting.ranges) < 80_000
 
 
@@ -156,9 +158,9 @@ def test_read_index_with_an_index_larger_than_the_first_read(backend: Backend) -
     writer = PackWriter(backend.staging_dir())
     for i in range(2000):
         writer.add(f"{i:064x}", 1, b"p", 7)
-    _, path, entries = writer.finish()
+    pack_id, path, entries = writer.finish()
     backend.put_file("big.pack", path)
-    assert read_index(backend, "big.pack") == entries
+    assert read_index(backend, "big.pack", pack_id=pack_id) == entries
     assert len(entries) * 90 > 64 << 10
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import math
 import os
 import platform
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from hypothesis import strategies as hst
 
 from ckptrepo.ingest import stats
 from ckptrepo.ingest.stats import Moments, combine, moments
+from ckptrepo.state import SUPPORTED_DTYPES, dtype_name, tensor_bytes
 
 needs_native = pytest.mark.skipif(stats._native is None, reason="the byte-plane extension is not built")
 
@@ -88,6 +92,102 @@ def test_moments_of_bytes_equal_moments_of_the_tensor(dtype: torch.dtype) -> Non
     raw = x.view(torch.uint8).numpy().data if dtype.itemsize > 1 else x.numpy().view(np.uint8).data
     assert stats.moments_of_bytes(raw, dtype) == moments(x)
     assert stats.moments_of_bytes(memoryview(b""), dtype) == Moments()
+
+
+def _decoded_by_torch(x: torch.Tensor) -> np.ndarray[Any, Any] | None:
+    """The values of ``x`` (flat) widened by torch's own conversions, as ingest widens them from
+    bytes: fp16/bf16/fp8 to float32, complex32 to complex64, integers and bool to float64; None
+    for dtypes without numeric meaning (float4, bits*)."""
+    name = dtype_name(x.dtype)
+    if name in ("float32", "float64", "complex64", "complex128"):
+        return x.numpy()
+    if name == "complex32":
+        return x.to(torch.complex64).numpy()
+    if name in ("float16", "bfloat16") or name.startswith("float8"):
+        return x.float().numpy()
+    if name == "bool" or name.startswith(("int", "uint")):
+        return x.to(torch.float64).numpy()
+    return None
+
+
+def _samples(name: str) -> list[torch.Tensor]:
+    """Flat tensors of ``name``: every bit pattern at random (NaNs, infinities, subnormals) and,
+    where torch converts to it, ordinary values."""
+    d = SUPPORTED_DTYPES[name]
+    raw = torch.randint(0, 256, (4000 * d.itemsize,), dtype=torch.uint8, generator=torch.Generator().manual_seed(7))
+    if d == torch.bool:
+        raw %= 2
+    out = [raw.view(d)]
+    with contextlib.suppress(RuntimeError, TypeError):  # no conversion into float4 or bits*
+        out.append((torch.randn(3001, dtype=torch.float64, generator=torch.Generator().manual_seed(3)) * 40).to(d))
+    return out
+
+
+def _same(a: Moments, b: Moments) -> bool:
+    """Equal field by field, a NaN equal to a NaN (the C pass's sums of float64 values near the
+    top of the range overflow to inf - inf)."""
+    return all(x == y or (isinstance(x, float) and math.isnan(x) and math.isnan(y))
+               for x, y in zip(dataclasses.astuple(a), dataclasses.astuple(b), strict=True))
+
+
+@contextlib.contextmanager
+def _without_native() -> Iterator[None]:
+    """Within the block, statistics take the numpy path (what builds without the extension use)."""
+    saved = stats._native
+    stats._native = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        stats._native = saved
+
+
+@pytest.mark.parametrize("name", list(SUPPORTED_DTYPES))
+def test_names_and_torch_dtypes_give_equal_moments(name: str) -> None:
+    """Ingest passes stored names where it used to pass torch dtypes: nothing changes."""
+    d = SUPPORTED_DTYPES[name]
+    assert stats.summarized(name) == stats.summarized(d)
+    for x in _samples(name):
+        raw = tensor_bytes(x)
+        assert _same(stats.moments_of_bytes(raw, name), stats.moments_of_bytes(raw, d))
+        with _without_native():
+            assert stats.moments_of_bytes(raw, name) == stats.moments_of_bytes(raw, d)
+        assert stats.moments_of_bytes(memoryview(b""), name) == stats.moments_of_bytes(memoryview(b""), d) == Moments()
+
+
+@pytest.mark.parametrize("name", list(SUPPORTED_DTYPES))
+def test_moments_of_bytes_equal_those_of_torchs_own_conversion(name: str) -> None:
+    """The byte path (numpy only: fp8 tables, bf16 shift, fp16 and complex32 widening, integers
+    to float64) sees exactly the values torch's conversions give, so the same statistics."""
+    d = SUPPORTED_DTYPES[name]
+    for x in _samples(name):
+        arr = _decoded_by_torch(x)
+        expected = Moments(real=not d.is_complex) if arr is None else stats._array_moments(arr)
+        with _without_native():
+            assert stats.moments_of_bytes(tensor_bytes(x), name) == expected
+            assert moments(x) == expected
+        if arr is None:
+            assert not stats.summarized(name) and moments(x) == expected
+        assert _same(moments(x), stats.moments_of_bytes(tensor_bytes(x), name))  # with the extension, if built
+
+
+def test_moments_of_a_non_contiguous_tensor_are_those_of_its_values() -> None:
+    x = torch.randn(40, 30, dtype=torch.float64)
+    assert moments(x.t()) == moments(x.t().contiguous())
+    assert moments(x[:, ::3]) == moments(x[:, ::3].contiguous())
+    c = torch.randn(8, 4, dtype=torch.complex64)
+    assert moments(c.conj()) == moments(c.conj().resolve_conj())
+
+
+@needs_native
+def test_copy_moments_many_takes_names_or_torch_dtypes() -> None:
+    xs = [torch.randn(1000).to(d) for d in (torch.float32, torch.float64, torch.bfloat16)]
+    srcs = [tensor_bytes(x) for x in xs]
+    by_name, by_dtype = [bytearray(len(s)) for s in srcs], [bytearray(len(s)) for s in srcs]
+    names = [dtype_name(x.dtype) for x in xs]
+    a = stats.copy_moments_many([(s, memoryview(o), n) for s, o, n in zip(srcs, by_name, names, strict=True)])
+    b = stats.copy_moments_many([(s, memoryview(o), x.dtype) for s, o, x in zip(srcs, by_dtype, xs, strict=True)])
+    assert a == b == [stats.moments_of_bytes(s, x.dtype) for s, x in zip(srcs, xs, strict=True)]
+    assert by_name == by_dtype == [bytearray(s) for s in srcs]
 
 
 _KERNEL_CODE = """

@@ -33,8 +33,9 @@ from __future__ import annotations
 import re
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,17 +43,17 @@ import blake3
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, aliased
 
-from ckptrepo.chunks.pack import ENTRY, HEADER, TRAILER, PackEntry, read_index
-from ckptrepo.chunks.store import ChunkLocation, ChunkReader, location, pack_key
-from ckptrepo.config import default_workers
+from ckptrepo import knobs
+from ckptrepo.chunks.pack import ENTRY, HEADER, TRAILER, pack_key, read_index
 from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Pack, Ref, Tensor, TensorChunk
 from ckptrepo.errors import CkptError
 from ckptrepo.ids import short
+from ckptrepo.locations import ChunkLocation
 from ckptrepo.storage import Backend, local_staging
 from ckptrepo.types import Problem, VerifyCounts, VerifyReport
 
 if TYPE_CHECKING:
-    from ckptrepo.repository import Repo
+    from ckptrepo.chunks.store import ChunkReader
 
 __all__ = ["Problem", "VerifyCounts", "VerifyReport", "verify"]
 
@@ -61,17 +62,18 @@ _PACK_KEY = re.compile(r"packs/([0-9a-f]{2})/([0-9a-f]{64})\.pack")
 _MAX_REASONS = 3
 
 
-def verify(repo: Repo, *, full: bool = False) -> VerifyReport:
-    """Check ``repo``'s database and store against each other (see the module docstring).
+def verify(reading: Callable[[], AbstractContextManager[Session]], backend: Backend, reader: ChunkReader, *,
+           full: bool = False) -> VerifyReport:
+    """Check the database (sessions from ``reading``: ``db.pending.reading``, so that no pending
+    layout is left) and the store ``backend`` against each other, reading chunks through
+    ``reader`` when ``full`` (see the module docstring).
 
     Never raises for what it finds: problems are in the report. Raises only when the
-    database or store cannot be read at all (StorageError, database errors) or the
-    repository is closed (UsageError).
+    database or store cannot be read at all (StorageError, database errors).
     """
-    repo._check_open()
     started = time.monotonic()
-    run = _Run(repo._backend, repo._reader, full)
-    with repo._reading() as s:
+    run = _Run(backend, reader, full)
+    with reading() as s:
         _snapshot(s)
         run.check_lineage(s)
         run.check_tensors(s)
@@ -201,7 +203,7 @@ class _Run:
         packs = s.execute(select(Pack.id, Pack.size, Pack.n_chunks).order_by(Pack.id)).all()
         base = aliased(Chunk)
         # Threads start on first use: a structural verify never starts any.
-        with ThreadPoolExecutor(max_workers=default_workers(), thread_name_prefix="ckpt-verify") as pool:
+        with ThreadPoolExecutor(max_workers=knobs.workers(), thread_name_prefix="ckpt-verify") as pool:
             for pid, size, n_chunks in packs:
                 self.pack_ids.add(pid)
                 self.counts["packs"] += 1
@@ -218,7 +220,8 @@ class _Run:
                 if self.full:
                     self._read_chunks(pool, good)
 
-    def _read_pack(self, pid: str, recorded_size: int, recorded_count: int) -> tuple[dict[str, list[PackEntry]], int]:
+    def _read_pack(self, pid: str, recorded_size: int,
+                   recorded_count: int) -> tuple[dict[str, list[ChunkLocation]], int]:
         """The pack's index by chunk id and where its payload area ends; _BadPack if unusable."""
         key = pack_key(pid)
         if not self.backend.exists(key):
@@ -228,7 +231,7 @@ class _Run:
             if size != recorded_size:
                 raise _BadPack("damaged_pack", f"pack {short(pid)} is {size} bytes, the database records "
                                                f"{recorded_size}")
-            entries = read_index(self.backend, key)
+            entries = read_index(self.backend, key, pack_id=pid)
             payload_end = size - len(entries) * ENTRY.size - TRAILER.size
             # The id covers header, index and trailer (pack format): a pack under the wrong name
             # would hand out chunks the database does not expect there.
@@ -241,12 +244,12 @@ class _Run:
         if len(entries) != recorded_count:
             raise _BadPack("damaged_pack", f"pack {short(pid)} indexes {len(entries)} chunks, the database "
                                            f"records {recorded_count}")
-        index: dict[str, list[PackEntry]] = defaultdict(list)
+        index: dict[str, list[ChunkLocation]] = defaultdict(list)
         for e in entries:
             index[e.chunk_id].append(e)
         return index, payload_end
 
-    def _check_chunks(self, pid: str, rows: Sequence[tuple[Chunk, str | None]], index: dict[str, list[PackEntry]],
+    def _check_chunks(self, pid: str, rows: Sequence[tuple[Chunk, str | None]], index: dict[str, list[ChunkLocation]],
                       payload_end: int) -> list[tuple[int, ChunkLocation]]:
         """Compare each chunk row (with its delta base's id) with the pack's index; return the
         keys and locations of those that agree."""
@@ -258,7 +261,7 @@ class _Run:
             candidates = index.get(row.id, [])
             if row.base_key is not None and base_id is None:
                 why = f"its delta base (chunk key {row.base_key}) has no chunk row"
-            elif any(location(pid, e) == loc for e in candidates):
+            elif loc in candidates:
                 if HEADER.size <= row.offset and row.offset + row.length <= payload_end:
                     good.append((row.key, loc))
                     continue
@@ -266,7 +269,7 @@ class _Run:
             elif not candidates:
                 why = "the pack's index does not hold it"
             else:
-                why = "; ".join(_differences(loc, location(pid, candidates[0])))
+                why = "; ".join(_differences(loc, candidates[0]))
             self.pending.append(_Pending("bad_chunk", row.id, f"chunk {short(row.id)} in pack {short(pid)}: {why}",
                                          {row.key}, pid, row.id))
         return good

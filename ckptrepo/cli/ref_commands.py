@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from ckptrepo import Repo, errors
-from ckptrepo.ids import short
-from ckptrepo.types import RefInfo
+from ckptrepo.types import RefInfo, short_id
 
 from . import render
 from .options import AtRevArg, BranchNameArg, DeleteOpt, ForceOpt, JsonOpt, TagForceOpt, TagNameArg
-from .session import branch_head, current, current_branch
+from .session import branch_head, current
 
 
 def branch(name: BranchNameArg = None, rev: AtRevArg = None, force: ForceOpt = False, delete: DeleteOpt = False,
@@ -24,11 +23,11 @@ def branch(name: BranchNameArg = None, rev: AtRevArg = None, force: ForceOpt = F
         raise errors.UsageError(f"{flag} needs a branch NAME", hint=f"Run `ckpt branch {flag} NAME`.")
     with current().open() as repo:
         if name is None:
-            _list(repo, repo.branches(), as_json, empty="no branches yet", current=current_branch(repo))
+            _list(repo, repo.branches(), as_json, empty="no branches yet", current=repo.head)
             return
         if delete:
             _check_no_rev(rev)
-            if name == current_branch(repo):
+            if name == repo.head:
                 raise errors.UsageError(f"branch {name!r} is the current branch",
                                         hint="Switch to another one first: `ckpt checkout BRANCH`.")
             ref = repo.delete_branch(name, force=force)
@@ -66,7 +65,7 @@ def _default_at(repo: Repo, rev: str | None) -> str | None:
     """``rev``, else the current branch's head when it has one (else the library's default)."""
     if rev is not None:
         return rev
-    return branch_head(repo, current_branch(repo))
+    return branch_head(repo, repo.head)
 
 
 def _list(repo: Repo, refs: list[RefInfo], as_json: bool, *, empty: str, current: str | None = None) -> None:
@@ -85,6 +84,6 @@ def _done(ref: RefInfo, as_json: bool, *, deleted: bool) -> None:
     if as_json:
         render.emit_json({**ref.to_json(), **({"deleted": True} if deleted else {})})
     elif deleted:
-        render.out.print(f"deleted {ref.kind} {ref.name} (was {short(ref.commit_id)})", markup=False)
+        render.out.print(f"deleted {ref.kind} {ref.name} (was {short_id(ref.commit_id)})", markup=False)
     else:
-        render.out.print(f"{ref.kind} {ref.name} -> {short(ref.commit_id)}", markup=False)
+        render.out.print(f"{ref.kind} {ref.name} -> {short_id(ref.commit_id)}", markup=False)

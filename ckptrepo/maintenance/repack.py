@@ -9,7 +9,7 @@ encoded chunk is copied as it is. With ``compact_below``, also every live chunk 
 whose chunk rows cover less than that fraction of its bytes (what ``gc`` leaves in packs it
 keeps whole), copied as it is.
 
-Write ordering, per batch of about one pack (the commit path's, DESIGN.md):
+Write ordering, per batch of about one pack (the commit path's: docs/design.md):
 
 1. The new pack is made durable in the store (``PackSink``: temporary file, fsync, rename,
    directory fsync; on an object store a completed PUT) before any row names it.
@@ -40,64 +40,31 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, cast
 
 from sqlalchemy import Table, bindparam, exists, func, select, update
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
-from ckptrepo import faults
-from ckptrepo import state as st
+from ckptrepo import dtypes, faults
 from ckptrepo.chunks.codecs import Encoding, PlaneHint, encode_with_base
-from ckptrepo.chunks.store import ChunkLocation, ChunkReader, PackSink, SealedPack, pack_key
+from ckptrepo.chunks.pack import pack_key
+from ckptrepo.chunks.store import ChunkReader, PackSink, SealedPack
 from ckptrepo.config import RepoConfig
 from ckptrepo.db import catalog
 from ckptrepo.db import pending as layouts
 from ckptrepo.db.engine import insert_ignore, write_transaction
 from ckptrepo.db.models import Chunk, Commit, Entry, Pack, Tensor, TensorChunk
 from ckptrepo.errors import ConcurrentChange, UsageError
-from ckptrepo.restore import location
+from ckptrepo.locations import ChunkLocation
 from ckptrepo.storage import Backend
+from ckptrepo.types import RepackReport
 
 _IN_BATCH = 500
 _CHUNKS = cast(Table, Chunk.__table__)
 _PACKS = cast(Table, Pack.__table__)
 _BASE = aliased(Chunk, name="base")  # a delta's base row, for its id
-
-
-@dataclass(frozen=True)
-class RepackReport:
-    """What one ``repack`` did (or, with ``dry_run``, would do).
-
-    ``packs_read``: deferred or sparse packs whose chunks were moved (``deferred_packs`` /
-    ``sparse_packs`` of them); ``chunks_encoded``: RAW chunks encoded (``delta_chunks`` of
-    them as deltas), ``chunks_copied``: chunks moved as they were; ``bytes_before``: what
-    the moved chunks occupied, ``bytes_after``: what they occupy now (both payload bytes);
-    ``packs_written``/``pack_bytes_written``: the new packs; ``packs_retired``: old packs
-    left without chunks, deleted by a ``gc`` once older than its grace period.
-    ``stopped``: a background run gave way to a commit before it was done (the rest waits
-    for the next run). ``cpu_s``: CPU time of the whole process during the run.
-    """
-
-    dry_run: bool
-    deferred_packs: int = 0
-    sparse_packs: int = 0
-    packs_read: int = 0
-    chunks_encoded: int = 0
-    delta_chunks: int = 0
-    chunks_copied: int = 0
-    bytes_before: int = 0
-    bytes_after: int = 0
-    packs_written: int = 0
-    pack_bytes_written: int = 0
-    packs_retired: int = 0
-    stopped: bool = False
-    seconds: float = 0.0
-    cpu_s: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass
@@ -270,7 +237,7 @@ def _owners(s: Session, config: RepoConfig, items: list[_Item]) -> None:
     for cid, (gen, commit, name, seq, tid, dtype, parent) in best.items():
         item = by_id[cid]
         item.order = (gen, commit, name, seq)
-        item.itemsize = st.dtype_from_name(dtype).itemsize or 1
+        item.itemsize = dtypes.dtype(dtype).itemsize or 1
         item.hint_key = tid
         if parent is not None and config.delta:
             wanted[parent][name].append((item, seq, dtype))
@@ -280,7 +247,7 @@ def _owners(s: Session, config: RepoConfig, items: list[_Item]) -> None:
         for entry, row in layout:
             for item, seq, dtype in names[entry.name]:
                 if row.dtype == dtype and row.chunk_size == config.chunk_size and seq < len(chunks[row.id]):
-                    item.base = location(chunks[row.id][seq])
+                    item.base = chunks[row.id][seq]
 
 
 def _with_dependents(s: Session, ids: Sequence[str]) -> set[str]:

@@ -11,7 +11,6 @@ from sqlalchemy.exc import ArgumentError
 
 from ckptrepo import Repo, upgrade_database
 from ckptrepo.config import RepoConfig
-from ckptrepo.demo import main as run_demo
 
 from . import render
 from .options import (
@@ -91,6 +90,8 @@ def db_upgrade(as_json: JsonOpt = False) -> None:
 
 def demo(directory: DemoDirOpt = None, steps: DemoStepsOpt = 400) -> None:
     """Train a small model on the CPU with commits, branch it, restore it, show log and stats (under a minute)."""
+    from ckptrepo.demo import main as run_demo  # torch: only the demo trains a model
+
     run_demo(directory, steps=steps, console=render.out)
 
 

@@ -13,18 +13,10 @@ from concurrent.futures import Executor, wait
 import torch
 
 from ckptrepo import state as st
-from ckptrepo.chunks.store import ChunkLocation, ChunkReader
-from ckptrepo.db.catalog import ChunkRecord
+from ckptrepo.chunks.store import ChunkReader
 from ckptrepo.db.models import Tensor
 from ckptrepo.errors import IntegrityError
-
-
-def location(chunk: ChunkRecord) -> ChunkLocation:
-    """The chunk layer's view of a chunk-index row."""
-    return ChunkLocation(
-        chunk_id=chunk.id, pack_id=chunk.pack_id, offset=chunk.offset, length=chunk.length,
-        raw_length=chunk.raw_length, encoding=chunk.encoding, depth=chunk.depth, base_id=chunk.base_id,
-    )
+from ckptrepo.locations import ChunkLocation
 
 
 def _workers(pool: Executor) -> int:
@@ -44,7 +36,7 @@ def _read_run(reader: ChunkReader, run: list[tuple[str, ChunkLocation, memoryvie
 def read_tensors(
     reader: ChunkReader,
     pool: Executor,
-    items: Sequence[tuple[str, Tensor, list[ChunkRecord]]],
+    items: Sequence[tuple[str, Tensor, list[ChunkLocation]]],
     *,
     commit_id: str,
 ) -> dict[str, torch.Tensor]:
@@ -60,7 +52,7 @@ def read_tensors(
 def iter_tensors(
     reader: ChunkReader,
     pool: Executor,
-    items: Sequence[tuple[str, Tensor, list[ChunkRecord]]],
+    items: Sequence[tuple[str, Tensor, list[ChunkLocation]]],
     *,
     commit_id: str,
     jobs_per_worker: int = 4,
@@ -82,7 +74,7 @@ def iter_tensors(
         view = buf.numpy().data if row.nbytes else memoryview(bytearray())
         offset = 0
         for chunk in chunks:
-            work.append((name, location(chunk), view[offset : offset + chunk.raw_length]))
+            work.append((name, chunk, view[offset : offset + chunk.raw_length]))
             offset += chunk.raw_length
         ends.append(len(work))
     # A few jobs per worker, each a run of chunks: per-chunk futures would cost the GIL more

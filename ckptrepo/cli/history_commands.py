@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from ckptrepo.lineage import queries
-
 from . import lineage_render, render
 from .options import AllCommitsOpt, GraphOpt, JsonOpt, LimitOpt, OptionalRevArg, RevArg, WhereOpt
 from .session import current, log_start
@@ -21,7 +19,7 @@ def log(
     commit with --all; with --where only those matching the expression, with --graph beside
     their lineage graph."""
     with current().open() as repo:
-        commits = queries.log(repo, log_start(repo, rev, all_commits=all_commits), where=where, limit=max_count)
+        commits = repo.log(log_start(repo, rev, all_commits=all_commits), where=where, limit=max_count)
     if as_json:
         render.emit_json([commit.to_json() for commit in commits])
     elif not commits:

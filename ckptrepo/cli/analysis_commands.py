@@ -1,7 +1,7 @@
 """Commands that analyse tensors across commits: ``diff``, ``history`` and ``plot history|metrics``.
 
-Thin over ``ckptrepo.lineage.analysis`` (reading) and ``ckptrepo.plot`` (drawing). Without
-``--along``/``--branch`` they follow the current branch (``.ckpt/HEAD``), like ``log``.
+Thin over ``Repo``'s analysis (reading) and ``ckptrepo.plot`` (drawing). Without
+``--along``/``--branch`` they follow the current branch (``Repo.head``), like ``log``.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from ckptrepo import Repo, errors, plot
-from ckptrepo.lineage import analysis
 
 from . import render
 from .options import (
@@ -26,7 +25,7 @@ from .options import (
     StatsOpt,
     TensorArg,
 )
-from .session import branch_head, current, current_branch
+from .session import branch_head, current
 
 DEFAULT_STATS = ",".join(plot.DEFAULT_STATS)
 
@@ -40,7 +39,7 @@ def diff(
     stored statistics moved) or unchanged; --stat reads no tensor bytes.
     --exact also measures each change, reading only the chunks that differ."""
     with current().open() as repo:
-        result = analysis.diff(repo, a, b, exact=exact)
+        result = repo.diff(a, b, exact=exact)
     if as_json:
         render.emit_json(result.to_json(changed_only=changed_only))
         return
@@ -58,7 +57,7 @@ def history(tensor: TensorArg, along: AlongOpt = None, max_count: HistoryLimitOp
     what changed against the parent commit. Reads no tensor bytes."""
     with current().open() as repo:
         rev = _along(repo, along)
-        points = analysis.history(repo, tensor, along=rev, limit=max_count)
+        points = repo.history(tensor, along=rev, limit=max_count)
     if as_json:
         render.emit_json({"tensor": tensor, "along": rev, "points": [p.to_json() for p in points]})
         return
@@ -80,7 +79,7 @@ def plot_history(
     plot.require()
     with current().open() as repo:
         rev = _along(repo, along)
-        points = analysis.history(repo, tensor, along=rev, limit=max_count)
+        points = repo.history(tensor, along=rev, limit=max_count)
     plot.plot_history(points, output, name=tensor, along=rev, stats=stats)
     _wrote(output, len(points), as_json)
 
@@ -103,12 +102,12 @@ def plot_metrics(
     plot.require()
     with current().open() as repo:
         revs = list(dict.fromkeys(branch)) if branch else [_along(repo, None)]
-        series = {rev: analysis.metrics_along(repo, wanted, along=rev, limit=max_count) for rev in revs}
+        series = {rev: repo.metrics_along(wanted, along=rev, limit=max_count) for rev in revs}
         for name in wanted:
             if not any(name in p.values for points in series.values() for p in points):
                 raise errors.UsageError(
                     f"no commit along {', '.join(revs)} records metric {name!r}",
-                    hint=analysis.unknown_name_hint("metric", name, analysis.metric_names(repo), "`ckpt log`"),
+                    hint=errors.did_you_mean("metric", name, repo.metric_names(), "`ckpt log`"),
                 )
     plot.plot_metrics(series, wanted, output)
     _wrote(output, sum(len(p) for p in series.values()), as_json)
@@ -118,7 +117,7 @@ def _along(repo: Repo, along: str | None) -> str:
     """``--along``, else the current branch (UsageError when that branch has no commits yet)."""
     if along is not None:
         return along
-    name = current_branch(repo)
+    name = repo.head
     if branch_head(repo, name) is None:
         raise errors.UsageError(
             f"the current branch {name!r} has no commits yet",

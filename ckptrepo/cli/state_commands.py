@@ -8,10 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from ckptrepo import Repo, errors
-from ckptrepo import state as st
-from ckptrepo.formats import SAFETENSORS_SUFFIXES, TORCH_SUFFIXES, read_state, read_states
-from ckptrepo.ids import short
-from ckptrepo.lineage.analysis import unknown_name_hint
+from ckptrepo.formats import SAFETENSORS_SUFFIXES, TORCH_SUFFIXES
+from ckptrepo.types import short_id
 
 from . import render
 from .options import (
@@ -28,7 +26,7 @@ from .options import (
     StepOpt,
     TransferFromOpt,
 )
-from .session import branch_head, current, current_branch, set_current_branch
+from .session import branch_head, current
 
 # Inputs at least this large get a spinner on stderr while they are read and persisted.
 PROGRESS_MIN_BYTES = 64 << 20
@@ -63,15 +61,11 @@ def commit(
     path = paths[0]
     transfer = _transfer_spec(transfer_from) if transfer_from is not None else None
     with current().open() as repo, render.phases(enabled=_input_bytes(path) >= PROGRESS_MIN_BYTES) as phase:
-        branch = branch or current_branch(repo)
-        phase(f"reading {path.name}")
-        # Mapped: the blocking commit below reads the file's pages as it hashes them.
-        state = read_state(path, mapped=True)
-        if isinstance(transfer, tuple):
-            _check_mapping(repo, *transfer, st.flatten(state).tensors)
-        phase("hashing, compressing and writing")
-        handle = repo.commit(
-            state,
+        branch = branch or repo.head
+        # A safetensors file is mapped: the commit reads its pages as it hashes them.
+        phase(f"committing {path.name}: reading, hashing, compressing and writing")
+        result = repo.commit_file(
+            path,
             branch=branch,
             message=message,
             step=step,
@@ -79,9 +73,7 @@ def commit(
             metrics={m.name: m.value for m in metric} if metric else None,
             parents=parent or None,
             transfer_from=transfer,
-            blocking=True,
         )
-        result = handle.wait()
     if as_json:
         render.emit_json(result.to_json())
     else:
@@ -100,9 +92,11 @@ def _commit_many(paths: list[Path], message: str | None, branch: str | None, as_
         )
     if len(set(paths)) != len(paths):
         raise errors.UsageError("an input is named twice", hint="Name each file or folder once.")
+    from ckptrepo.formats import read_states
+
     done: list[dict[str, Any]] = []
     with current().open() as repo, render.phases(enabled=True) as phase:
-        branch = branch or current_branch(repo)
+        branch = branch or repo.head
         files = read_states(paths)
         try:
             for i, (path, state) in enumerate(files):
@@ -114,7 +108,7 @@ def _commit_many(paths: list[Path], message: str | None, branch: str | None, as_
                 if not as_json:
                     render.out.print(render.commit_summary(result))
         except errors.CkptError as exc:
-            last = f" (the last: {short(done[-1]['id'])})" if done else ""
+            last = f" (the last: {short_id(done[-1]['id'])})" if done else ""
             exc.hint = (  # type: ignore[misc]
                 f"{len(done)} of {len(paths)} inputs were committed before it{last}; commit the rest "
                 f"once it is fixed." + (f" {exc.hint}" if exc.hint else "")
@@ -170,35 +164,35 @@ def _switch(repo: Repo, name: str, as_json: bool) -> None:
             f"`ckpt checkout {name} -o FILE`; `ckpt branch` lists branches.",
         )
     try:
-        previous: str | None = current_branch(repo)
+        previous: str | None = repo.head
     except errors.UsageError:
         previous = None  # a damaged HEAD: switching rewrites it
-    set_current_branch(repo, name)
+    repo.switch(name)
     _switched(name, head, created=False, previous=previous, as_json=as_json)
 
 
 def _start_branch(repo: Repo, name: str, at: str | None, as_json: bool) -> None:
     if at is None:
-        at = current_branch(repo)
+        at = repo.head
         if branch_head(repo, at) is None:
             raise errors.UsageError(
                 f"the current branch {at!r} has no commits yet, so -b has nowhere to start",
                 hint="Commit first, or name where the branch starts: `ckpt checkout -b NEW REV`.",
             )
     ref = repo.branch(name, at=at)  # RefExists when it is there already: checkout -b never moves a branch
-    set_current_branch(repo, name)
+    repo.switch(name)
     _switched(name, ref.commit_id, created=True, previous=None, as_json=as_json)
 
 
 def _switched(name: str, commit_id: str, *, created: bool, previous: str | None, as_json: bool) -> None:
     if as_json:
-        render.emit_json({"branch": name, "commit_id": commit_id, "short_id": short(commit_id), "created": created})
+        render.emit_json({"branch": name, "commit_id": commit_id, "short_id": short_id(commit_id), "created": created})
     elif created:
-        render.out.print(f"switched to a new branch {name} at {short(commit_id)}", markup=False)
+        render.out.print(f"switched to a new branch {name} at {short_id(commit_id)}", markup=False)
     elif previous == name:
-        render.out.print(f"already on {name} ({short(commit_id)})", markup=False)
+        render.out.print(f"already on {name} ({short_id(commit_id)})", markup=False)
     else:
-        render.out.print(f"switched to branch {name} ({short(commit_id)})", markup=False)
+        render.out.print(f"switched to branch {name} ({short_id(commit_id)})", markup=False)
 
 
 def _export(rev: str, output: Path, as_json: bool) -> None:
@@ -212,23 +206,9 @@ def _export(rev: str, output: Path, as_json: bool) -> None:
         commit_id = repo.export(rev, output)
     written = output.stat().st_size
     if as_json:
-        render.emit_json({"id": commit_id, "short_id": short(commit_id), "path": str(output), "bytes": written})
+        render.emit_json({"id": commit_id, "short_id": short_id(commit_id), "path": str(output), "bytes": written})
     else:
-        render.out.print(f"wrote {short(commit_id)} to {output} ({render.size(written)})", markup=False)
-
-
-def _check_mapping(repo: Repo, rev: str, mapping: dict[str, str], dst: Mapping[str, Any]) -> None:
-    """Every mapped name exists: destinations in the state being committed, sources in ``rev``."""
-    src = {t.name for t in repo.tensors(rev)}
-    for names, known, where in ((mapping.keys(), dst, "the state being committed"),
-                                (mapping.values(), src, f"commit {short(repo.resolve(rev))} ({rev})")):
-        missing = [n for n in names if n not in known]
-        if missing:
-            raise errors.UsageError(
-                f"--transfer-from mapping names {missing[0]!r}, which {where} has no tensor of"
-                + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),
-                hint=unknown_name_hint("tensor", missing[0], known, "`ckpt show REV`"),
-            )
+        render.out.print(f"wrote {short_id(commit_id)} to {output} ({render.size(written)})", markup=False)
 
 
 def _transfer_spec(text: str) -> str | tuple[str, dict[str, str]]:

@@ -44,52 +44,23 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import CTE, delete, func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError as DbIntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ckptrepo import faults
-from ckptrepo.chunks.store import pack_key
+from ckptrepo.chunks.pack import pack_key
 from ckptrepo.db import pending
 from ckptrepo.db.engine import write_transaction
-from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Metric, Pack, Ref, Tensor, TensorChunk
+from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Metric, Pack, Tensor, TensorChunk
+from ckptrepo.db.refs import live_commits
 from ckptrepo.errors import CkptError, ConcurrentChange, UsageError
+from ckptrepo.maintenance import DEFAULT_GRACE_S
 from ckptrepo.storage import Backend, local_staging
 from ckptrepo.types import GcReport
 
-DEFAULT_GRACE_S = 3600.0
-"""Objects younger than this are never deleted: longer than any commit's phase 2 should take."""
-
 _PACK_KEY = re.compile(r"packs/([0-9a-f]{2})/([0-9a-f]{64})\.pack")
 _BATCH = 2000
-
-
-def live_commits(exclude_ref: tuple[str, str] | None = None) -> CTE:
-    """Ids of every commit some ref reaches (all edge kinds), as a recursive CTE with column ``id``.
-
-    ``exclude_ref`` = ``(kind, name)`` leaves that ref out of the roots.
-    """
-    roots = select(Ref.commit_id.label("id"))
-    if exclude_ref is not None:
-        roots = roots.where((Ref.kind != exclude_ref[0]) | (Ref.name != exclude_ref[1]))
-    live = roots.cte("live_commits", recursive=True)
-    return live.union(select(Edge.parent_id.label("id")).where(Edge.child_id == live.c.id))
-
-
-def reachable_from(commit_id: str) -> CTE:
-    """``commit_id`` and all its ancestors (all edge kinds), as a recursive CTE with column ``id``."""
-    start = select(Commit.id.label("id")).where(Commit.id == commit_id).cte("reach", recursive=True)
-    return start.union(select(Edge.parent_id.label("id")).where(Edge.child_id == start.c.id))
-
-
-def orphaned_by_removing(s: Session, kind: str, name: str) -> int:
-    """How many commits no ref would reach any more if ref ``(kind, name)`` were deleted."""
-    ref = s.get(Ref, (kind, name))
-    if ref is None:
-        return 0
-    mine = reachable_from(ref.commit_id)
-    others = live_commits(exclude_ref=(kind, name))
-    return int(s.scalar(select(func.count()).select_from(mine).where(mine.c.id.not_in(select(others.c.id)))) or 0)
 
 
 def _batches(ids: Sequence[Any]) -> Iterable[Sequence[Any]]:

@@ -18,10 +18,20 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ckptrepo.ids import short
-from ckptrepo.lineage.reports import Diff, HistoryPoint, TensorDelta
-from ckptrepo.repack import RepackReport
-from ckptrepo.types import Commit, GcReport, Problem, RefInfo, RepoStats, TensorInfo, VerifyReport
+from ckptrepo.types import (
+    Commit,
+    Diff,
+    GcReport,
+    HistoryPoint,
+    Problem,
+    RefInfo,
+    RepackReport,
+    RepoStats,
+    TensorDelta,
+    TensorInfo,
+    VerifyReport,
+    short_id,
+)
 
 # file=None: rich writes to whatever sys.stdout / sys.stderr is at print time.
 out = Console(highlight=False)
@@ -178,7 +188,7 @@ def ref_table(refs_: Sequence[RefInfo], commits: Mapping[str, Commit], *, curren
         marked = ("* " if ref.name == current else "  ") + ref.name if current is not None else ref.name
         table.add_row(
             Text(marked, style="bold green" if ref.name == current else ""),
-            short(ref.commit_id),
+            short_id(ref.commit_id),
             optional(commit.step) if commit else "",
             Text(commit.message) if commit else Text(""),
         )
@@ -289,7 +299,7 @@ def problem_table(problems: Sequence[Problem]) -> Table:
     for p in problems:
         style = "red" if p.severity == "error" else "yellow"
         extra = f" ({size(p.size)}, {seconds(p.age_s or 0.0)} old)" if p.size is not None else ""
-        shown = ", ".join(short(c) for c in p.commits[:3])
+        shown = ", ".join(short_id(c) for c in p.commits[:3])
         if len(p.commits) > 3:
             shown += f" +{len(p.commits) - 3} more"
         table.add_row(Text(p.severity, style=style), p.kind, Text(p.detail + extra), shown)
@@ -341,7 +351,7 @@ def diff_note(t: TensorDelta) -> str:
 def diff_summary(d: Diff) -> Text:
     """``diff A..B (stat): N changed, ...`` plus the legend of the status marks."""
     counts = d.counts
-    text = Text("diff ").append(short(d.a), style="yellow").append("..").append(short(d.b), style="yellow")
+    text = Text("diff ").append(short_id(d.a), style="yellow").append("..").append(short_id(d.b), style="yellow")
     text.append(f" ({'exact' if d.exact else 'stat'}): ")
     text.append(", ".join(f"{counts[k]} {k} ({_STATUS_MARK[k]})" for k in ("changed", "added", "removed",
                                                                           "unchanged")))
@@ -398,7 +408,7 @@ def history_table(points: Sequence[HistoryPoint]) -> Table:
         s = p.tensor.stats if p.tensor else None
         changed = p.status == "changed"
         table.add_row(
-            short(p.commit_id), optional(p.step), Text(_STATUS_MARK[p.status], style=_STATUS_STYLE[p.status]),
+            short_id(p.commit_id), optional(p.step), Text(_STATUS_MARK[p.status], style=_STATUS_STYLE[p.status]),
             _chunks(p.chunks_changed, p.n_chunks) if changed else "",
             *(num(getattr(s, f)) if s else "" for f in ("mean", "std", "l2_norm", "abs_max")),
             _relative(p.previous.stats.l2_norm, s.l2_norm) if changed and p.previous and s else "",

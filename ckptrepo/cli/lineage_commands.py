@@ -1,6 +1,6 @@
 """Lineage commands: ``ckpt lineage ancestors|descendants|path|merge-base`` and ``ckpt best``.
 
-Thin functions over ``ckptrepo.lineage.queries``; ``--json`` prints a list of commits
+Thin functions over ``Repo``'s lineage queries; ``--json`` prints a list of commits
 (``Commit.to_json``), in the order of the query.
 """
 
@@ -12,8 +12,7 @@ import typer
 
 from ckptrepo import Repo
 from ckptrepo.errors import NoPath
-from ckptrepo.lineage import graph, queries
-from ckptrepo.types import Commit
+from ckptrepo.types import EDGE_KINDS, Commit
 
 from . import lineage_render, render
 from .options import (
@@ -33,9 +32,10 @@ from .session import current
 
 
 def _kinds(kind: list[str] | None) -> tuple[str, ...]:
+    """``--kind`` values (each may list several, comma-separated); every kind when none is given."""
     if not kind:
-        return graph.EDGE_KINDS
-    return graph.check_kinds(k for value in kind for k in value.split(","))
+        return EDGE_KINDS
+    return tuple(k for value in kind for k in value.split(","))
 
 
 def _print(commits: Sequence[Commit], as_json: bool, empty: str) -> None:
@@ -51,14 +51,14 @@ def _print(commits: Sequence[Commit], as_json: bool, empty: str) -> None:
 def ancestors(rev: RevArg, kind: KindOpt = None, depth: DepthOpt = None, as_json: JsonOpt = False) -> None:
     """List the commits REV descends from, nearest first (REV itself left out)."""
     with current().open() as repo:
-        found = queries.commits(repo, queries.ancestors(repo, rev, kinds=_kinds(kind), max_depth=depth))
+        found = repo.commits(repo.ancestors(rev, kinds=_kinds(kind), max_depth=depth))
     _print(found, as_json, "no ancestors")
 
 
 def descendants(rev: RevArg, kind: KindOpt = None, depth: DepthOpt = None, as_json: JsonOpt = False) -> None:
     """List the commits that descend from REV, nearest first (REV itself left out)."""
     with current().open() as repo:
-        found = queries.commits(repo, queries.descendants(repo, rev, kinds=_kinds(kind), max_depth=depth))
+        found = repo.commits(repo.descendants(rev, kinds=_kinds(kind), max_depth=depth))
     _print(found, as_json, "no descendants")
 
 
@@ -75,17 +75,17 @@ def path(a: PathAArg, b: PathBArg, kind: KindOpt = None, as_json: JsonOpt = Fals
 
 
 def _chain(repo: Repo, a: str, b: str, kinds: tuple[str, ...]) -> list[Commit]:
-    ids = queries.path(repo, a, b, kinds=kinds)
+    ids = repo.path(a, b, kinds=kinds)
     if not ids:
         raise NoPath(a=a, b=b)
-    return queries.commits(repo, ids)
+    return repo.commits(ids)
 
 
 def merge_base(a: PathAArg, b: PathBArg, kind: KindOpt = None, as_json: JsonOpt = False) -> None:
     """Show the best common ancestors of A and B (several after criss-cross merges). Without
     --json, exit 1 when there is none, like git; with --json, print []."""
     with current().open() as repo:
-        found = queries.commits(repo, queries.merge_base(repo, a, b, kinds=_kinds(kind)))
+        found = repo.commits(repo.merge_base(a, b, kinds=_kinds(kind)))
     _print(found, as_json, "no common ancestor")
     if not found and not as_json:
         raise typer.Exit(1)
@@ -102,7 +102,7 @@ def best(
     """Show the commits with the best value of a metric (lowest unless --max), among all commits,
     a branch's history (--branch) and/or a subtree (--subtree: REV and its descendants)."""
     with current().open() as repo:
-        found = queries.best(repo, metric, maximize=maximize, branch=branch, subtree=subtree, limit=max_count)
+        found = repo.best(metric, maximize=maximize, branch=branch, subtree=subtree, limit=max_count)
     if as_json:
         render.emit_json([{**c.to_json(), "value": c.metrics[metric]} for c in found])
     elif not found:

@@ -1,0 +1,61 @@
+"""What phase 2 ingests: named tensors as raw bytes, with no torch object in sight.
+
+A ``Source`` is one tensor of a commit: its entry name, stored dtype name, shape and its
+values' C-order bytes (a flat ``'B'`` memoryview that the caller keeps unchanged until the
+commit is durable: a staging slot's view, a memory-mapped file's, or a blocking commit's own
+tensor). Torch tensors become sources through ``from_tensors``; a safetensors file's entries
+are sources already (``formats.safetensors_file``), so such a file is committed without
+importing torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ckptrepo.entries import escape, flat_skeleton
+
+if TYPE_CHECKING:
+    import torch
+
+
+class Source(NamedTuple):
+    """One tensor to ingest: entry name, stored dtype name (``"float32"``), shape, bytes."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    data: memoryview
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def from_tensors(tensors: Mapping[str, torch.Tensor]) -> list[Source]:
+    """Sources over ``tensors`` (entry name -> tensor), in order: aliased for contiguous CPU
+    tensors, copied once otherwise (``state.tensors_bytes``)."""
+    from ckptrepo import state as st
+
+    views = st.tensors_bytes(tensors.values())
+    return [Source(name, st.dtype_name(t.dtype), tuple(t.shape), view)
+            for (name, t), view in zip(tensors.items(), views, strict=True)]
+
+
+def from_safetensors(path: Path) -> tuple[Any, list[Source]] | None:
+    """The skeleton and sources of a plain safetensors file (a flat dict of tensors, as
+    ``formats.read_state`` reads it), memory-mapped, without torch; None for any other input
+    (another suffix, a folder, a file carrying a ckptrepo skeleton), which the caller reads as a
+    state of tensors. InvalidInput (naming the file) when it is damaged; it must not change while
+    its sources are in use."""
+    from ckptrepo.formats.safetensors_file import read_flat
+
+    if path.suffix.lower() != ".safetensors" or not path.is_file():
+        return None
+    flat = read_flat(path, mapped=True)
+    if flat.skeleton is not None:
+        return None
+    sources = [Source(escape(x.name), x.dtype, tuple(x.shape), x.data) for x in flat.tensors]
+    return flat_skeleton([x.name for x in flat.tensors]), sources

@@ -1,0 +1,489 @@
+"""The commit engine: every commit of a repository goes through one ``CommitWriter``.
+
+A commit is made in three steps, the write ordering of docs/design.md:
+
+1. ``write_packs``: chunk, hash, deduplicate and encode the state's bytes (``Source`` s) and
+   make every new pack durable in the store. Nothing in the database names them yet.
+2. ``record``: one write transaction inserts the chunk locations, tensors, the commit and its
+   edges and moves the branch by compare-and-swap. The commit is visible when it commits, and
+   not before: a failure or crash before leaves at most unreferenced packs (``gc`` reclaims).
+3. The commit (``types.Commit``) is built from what the transaction inserted.
+
+``plan`` resolves a request's parents first (the branch head, given revisions, a transfer
+source) and reads the first parent's layout, which both steps use. A distributed commit runs
+``write_packs`` on every rank for its share of the bytes and ``plan`` / ``record`` on one.
+
+``submit`` is the whole commit of a state of torch tensors: phase 1 on the caller's thread
+(the snapshot into staging memory, ``ingest.snapshot``), phase 2 (the three steps above) on the
+committer thread (``ingest.committer``), in call order, at most ``max_inflight`` in flight.
+``commit_now`` commits sources on the caller's thread (blocking commits, imported files).
+
+Caches kept across commits of this process, none of which changes what a commit stores, only
+what it costs: the layout of the commit recorded last (the next commit's first parent, usually:
+not read back), the names of tensors the last commit found unchanged (not written ahead), what
+encoding learnt per tensor name (``PlaneHint``), recent chunks as delta bases (``BaseCache``),
+and the new chunks of the layouts this process left pending (``db.pending``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import time
+from collections.abc import Collection, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from sqlalchemy.exc import IntegrityError as DbIntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from ckptrepo import faults, knobs
+from ckptrepo import types as t
+from ckptrepo.chunks.codecs import PlaneHint
+from ckptrepo.chunks.store import ChunkReader, PackSink
+from ckptrepo.config import RepoConfig
+from ckptrepo.db import catalog, pending, refs, views
+from ckptrepo.db.engine import write_transaction
+from ckptrepo.errors import CommitFailed, CommitReadFailed, ConcurrentChange, ForkedProcess, RefConflict, UsageError
+from ckptrepo.ids import hash_json, short
+from ckptrepo.ingest import priority, request
+from ckptrepo.ingest.basecache import DEFAULT_BUDGET, BaseCache
+from ckptrepo.ingest.bases import delta_plan
+from ckptrepo.ingest.committer import Committer
+from ckptrepo.ingest.handle import CommitHandle
+from ckptrepo.ingest.idle import IdleRepack
+from ckptrepo.ingest.pipeline import DeltaPlan, IngestOptions, IngestResult, ingest
+from ckptrepo.ingest.request import CommitRequest
+from ckptrepo.ingest.sources import Source, from_tensors
+from ckptrepo.ingest.spare import SpareCpuGate
+from ckptrepo.lineage import revparse
+from ckptrepo.storage.base import Backend
+
+if TYPE_CHECKING:
+    import torch
+
+    from ckptrepo.ingest.snapshot import Snapshots
+    from ckptrepo.ingest.stats import Moments
+    from ckptrepo.ingest.writeahead import WriteAhead
+
+_MAX_PENDING_CHUNKS = 1_000_000  # chunk ids of pending layouts kept for deduplication
+_MAX_HINTS = 100_000  # per-name encoding hints kept across commits (a few hundred bytes each)
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class WriterOptions(TypedDict, total=False):
+    """How a process commits (``Repo.open``'s options; each defaults to its knob, ``knobs``).
+
+    ``max_inflight`` (default 1) bounds commits staged but not yet durable; ``staging_budget``
+    (bytes, default unbounded) their staged bytes: ``commit()`` waits when either is used up.
+    ``background_priority`` (``normal`` or ``idle``) is the CPU priority of asynchronous commits'
+    phase 2 (``ingest.priority``). ``idle_repack`` (default on; with ``encode="auto"``): between
+    asynchronous commits, idle-priority threads encode what they stored raw (``ingest.idle``).
+    """
+
+    max_inflight: int | None
+    staging_budget: int | None
+    background_priority: str | None
+    idle_repack: bool | None
+
+
+@dataclass
+class CommitPlan:
+    """A request's parents resolved (``plan``): the branch head it expects, its parents (first
+    parent first), the transfer source and mapping, the first parent's layout, the chunk ids
+    likely to deduplicate (the first parent's and the transfer source's), and whether its
+    tensor-level rows may be left pending (``lazy``, ``db.pending``)."""
+
+    head: str | None
+    parent_ids: list[str]
+    transfer: tuple[str, dict[str, str] | None] | None
+    parent: catalog.CommitLayout | None
+    likely: frozenset[str]
+    lazy: bool
+
+
+class CommitWriter:
+    """The commit engine of one open repository (see the module docstring).
+
+    Dependencies are explicit: ``sessions`` (the database), ``backend`` (the store), ``reader``
+    (delta bases), ``config`` (chunking, encoding) and ``pool`` (normal-priority workers, shared
+    with the repository's reads). It owns the threads it makes: the committer thread, the
+    background and idle-priority workers, the write-ahead threads and the background repack.
+    Thread-safe for ``submit`` and ``commit_now`` from several threads (they serialise on the
+    committer). In a process forked from the owner, every call raises ForkedProcess.
+    """
+
+    def __init__(self, sessions: sessionmaker[Session], backend: Backend, reader: ChunkReader, config: RepoConfig,
+                 pool: ThreadPoolExecutor, *, defers_layouts: bool, max_inflight: int | None = None,
+                 staging_budget: int | None = None, background_priority: str | None = None,
+                 idle_repack: bool | None = None) -> None:
+        self._sessions, self._backend, self._reader, self._config = sessions, backend, reader, config
+        self._pool = pool
+        self.background_priority = priority.resolve(background_priority)
+        workers = knobs.workers()
+        lower = functools.partial(priority.lower_this_thread, self.background_priority)
+        idle = functools.partial(priority.lower_this_thread, "idle")
+        # Threads only asynchronous commits use (they may be lowered for good, see ingest.priority).
+        self._background_pool = pool if self.background_priority == "normal" else ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="ckpt-bg", initializer=lower)
+        self._idle_pool = self._background_pool if self.background_priority == "idle" else ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="ckpt-idle", initializer=idle)
+        self._ahead_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckpt-ahead")
+        # The background repack starts only after a window with spare CPU (ingest.spare).
+        self._committer = Committer(initializer=lower, idle_gate=SpareCpuGate())
+        self._idle = IdleRepack(sessions, backend, reader, config, self._idle_pool,
+                                idle_delay=self._committer.idle_delay)
+        self._idle_repack = (idle_repack if idle_repack is not None else knobs.get_bool("IDLE_REPACK", True)) and (
+            config.compression and config.encode == "auto")
+        self._max_inflight = max_inflight if max_inflight is not None else knobs.get_int("MAX_INFLIGHT", 1)
+        self._staging_budget = staging_budget if staging_budget is not None else (
+            knobs.get_int("STAGING_BUDGET", 0) or None)
+        if self._max_inflight < 1:
+            raise UsageError(f"max_inflight must be at least 1, not {self._max_inflight}")
+        self._snapshots: Snapshots | None = None  # made by the first asynchronous commit (imports torch)
+        self._defers_layouts = defers_layouts and knobs.get_bool("DEFER_LAYOUTS", True)
+        self._base_cache = BaseCache(knobs.get_int("DELTA_CACHE", DEFAULT_BUDGET))
+        self._hints: dict[str, PlaneHint] = {}
+        self._unchanged: frozenset[str] = frozenset()  # tensor names the last commit found unchanged
+        # The layout of the commit recorded last, which the next one is likely to have as first parent.
+        self._last_recorded: catalog.CommitLayout | None = None
+        self._last_keyless = False  # that layout was left pending: it holds no keys
+        self._pending_chunks: set[str] = set()  # new chunks of the layouts this process left pending
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def inherited(self) -> bool:
+        """True in a process forked from the one that made this writer."""
+        return self._committer.inherited
+
+    @property
+    def owner(self) -> int:
+        return self._committer.owner
+
+    def check_usable(self) -> None:
+        """ForkedProcess in a process forked from the owner."""
+        if self.inherited:
+            raise ForkedProcess(what="repository", owner=self.owner, pid=os.getpid())
+
+    def settle(self) -> None:
+        """Wait for pending commits and for a background repack to end (gc, repack and verify
+        see the repository at rest)."""
+        self._committer.drain()
+        self._idle.wait()
+
+    def close(self) -> None:
+        """Wait for pending commits (their failures stay on their handles) and stop every thread.
+        In a forked child only forget them: they are the parent's."""
+        if self._committer.inherited:
+            self._committer.close()  # forgets it: the exit of this process does not wait for it
+            return
+        self._committer.close()  # asks a background repack to stop
+        self._idle.close()  # it still uses the pools shut down below
+        if self._snapshots is not None:
+            self._snapshots.clear()
+        self._base_cache.clear()
+        for pool in {id(p): p for p in (self._background_pool, self._idle_pool, self._ahead_pool)}.values():
+            if pool is not self._pool:
+                pool.shutdown(wait=True)
+
+    # -- committing ------------------------------------------------------------------------
+
+    def snapshots(self) -> Snapshots:
+        """The staging slots of asynchronous commits (made on first use: it imports torch)."""
+        if self._snapshots is None:
+            from ckptrepo.ingest.snapshot import Snapshots
+
+            self._snapshots = Snapshots(self._backend, self._config, max_inflight=self._max_inflight,
+                                        staging_budget=self._staging_budget, pool=self._pool,
+                                        ahead_pool=self._ahead_pool)
+        return self._snapshots
+
+    def raise_unseen_failure(self) -> None:
+        """CommitFailed, once, for a background commit that failed and nobody ``wait()``-ed for."""
+        failure = self._committer.take_failure()
+        if failure is None:
+            return
+        detail = str(failure) or type(failure).__name__
+        if isinstance(failure, CommitReadFailed):
+            raise CommitFailed(detail=detail, hint="That commit is durable; do not redo it.") from failure
+        raise CommitFailed(detail=detail) from failure
+
+    def defers(self, *, blocking: bool) -> bool:
+        """Whether a commit stores its new chunks raw, leaving their encoding to ``repack``."""
+        mode = self._config.encode
+        return self._config.compression and (mode == "deferred" or (mode == "auto" and not blocking))
+
+    def submit(self, tensors: Mapping[str, torch.Tensor], meta: dict[str, Any], *, blocking: bool,
+               entered: float) -> CommitHandle:
+        """Commit a flattened state of torch tensors (``meta``: ``CommitRequest``'s metadata
+        fields; ``entered``: ``time.perf_counter()`` when the caller's ``commit()`` began).
+
+        Asynchronous: snapshot the tensors into staging memory (phase 1, this thread), queue
+        phase 2 and return its handle. ``blocking``: commit on this thread and return once
+        durable; CPU tensors are read in place (the caller is blocked and cannot mutate them),
+        CUDA tensors are staged first."""
+        self.check_usable()
+        self.raise_unseen_failure()
+        cuda = any(x.is_cuda for x in tensors.values())
+        if blocking and not cuda:
+            staged_at = time.perf_counter()
+            req = CommitRequest(tensors={name: x.detach() for name, x in tensors.items()},
+                                stall_s=staged_at - entered, wait_s=0.0, staged_at=staged_at, **meta)
+            return self.commit_now(req)
+        defer = self.defers(blocking=blocking)
+        snapshots = self.snapshots()
+        raw = not blocking and (defer or not self._config.compression)
+        snap = snapshots.take(dict(tensors), raw=raw, unchanged=self._unchanged, summarize=not blocking)
+        staged_at = time.perf_counter()
+        req = CommitRequest(tensors=snap.staged, stall_s=staged_at - entered, wait_s=snap.waited, staged_at=staged_at,
+                            ahead=snap.ahead, summaries=snap.summaries, **meta)
+        if blocking:  # CUDA tensors: staged first, then committed on this thread
+            try:
+                return self.commit_now(req)
+            finally:
+                snap.release()
+        try:
+            snapshots.start_write_ahead(snap)  # once phase 2 is queued, it closes the write-ahead in any case
+            future = self._committer.submit(lambda: self._persist(req, self._background_pool, defer=defer),
+                                            finally_=snap.release)
+        except BaseException:
+            snap.abandon()
+            raise
+        if defer and self._idle_repack:
+            self._committer.submit_idle(self._idle.run)
+        return CommitHandle(future, staged=True, on_failure_seen=self._committer.acknowledge)
+
+    def commit_now(self, req: CommitRequest) -> CommitHandle:
+        """Commit ``req`` on this thread (a blocking commit), in call order after the pending
+        background commits, on the normal-priority pool; returns a finished handle or raises."""
+        self.check_usable()
+        self._committer.drain()
+        done: Future[t.Commit] = Future()
+        done.set_result(self._persist(req, self._pool, defer=self.defers(blocking=True)))
+        return CommitHandle(done, staged=True)
+
+    def reserve(self, tensors: dict[str, torch.Tensor]) -> int:
+        """Prepare the staging memory for states laid out like ``tensors`` (``Repo.reserve``)."""
+        self.check_usable()
+        return self.snapshots().reserve(tensors)
+
+    def _persist(self, req: CommitRequest, pool: ThreadPoolExecutor, *, defer: bool) -> t.Commit:
+        """Phase 2 of one commit: ``plan``, ``write_packs``, ``record``. On any failure nothing of
+        it is visible. The request's write-ahead is closed before this returns."""
+        try:
+            plan = self.plan(req, defer=defer)
+            sources = req.sources if req.sources is not None else from_tensors(req.tensors)
+            result = self.write_packs(sources, plan, pool, defer=defer, ahead=req.ahead, summaries=req.summaries)
+            return self.record(result, plan, req)
+        finally:
+            if req.ahead is not None:
+                req.ahead.close()
+
+    # -- the three steps -------------------------------------------------------------------
+
+    def plan(self, req: CommitRequest, *, defer: bool) -> CommitPlan:
+        """Resolve ``req``'s parents and read the first parent's layout. UsageError when the
+        branch head is not among given parents; UnknownRevision for a revision gone since."""
+        with self._sessions() as s:
+            head = refs.branch_head(s, req.branch)
+            parent_ids = [revparse.resolve(s, p) for p in req.parents] if req.parents else []
+            if req.parents is None and head is not None:
+                parent_ids = [head]
+            if head is not None and head not in parent_ids:
+                raise UsageError(
+                    f"branch {req.branch!r} is at {short(head)}, which is not among the given parents",
+                    hint="Commit on another branch, or include the branch head as a parent.",
+                )
+            transfer = (revparse.resolve(s, req.transfer[0]), req.transfer[1]) if req.transfer else None
+        # The first parent's layout (``record_commit`` derives rows from it): not read again when
+        # this process recorded that commit last, as a training loop's commits do. Such a commit,
+        # asynchronous and with at most that parent, may leave its own layout pending
+        # (``db.pending``); any other reads layouts from the catalog, pending ones indexed first.
+        last, parent = self._last_recorded, None
+        follows = not parent_ids or (last is not None and last.commit_id == parent_ids[0])
+        lazy = defer and self._defers_layouts and transfer is None and len(parent_ids) <= 1 and follows
+        if not lazy:
+            self._index_layouts()
+            last = self._last_recorded
+        with self._sessions() as s:
+            if parent_ids:
+                reuse = last is not None and last.commit_id == parent_ids[0]
+                parent = last if reuse else catalog.commit_layout(s, parent_ids[0])
+            # The chunks that will likely deduplicate: those of the first parent and transfer source.
+            lists = [parent.chunk_lists] if parent is not None else []
+            if transfer is not None:
+                lists.append(catalog.chunk_lists_of(s, [transfer[0]]))
+        likely = frozenset(cid for by_tensor in lists for ids in by_tensor.values() for cid in ids)
+        return CommitPlan(head, parent_ids, transfer, parent, likely, lazy)
+
+    def write_packs(self, sources: list[Source], plan: CommitPlan, pool: ThreadPoolExecutor, *, defer: bool,
+                    ahead: WriteAhead | None = None, summaries: list[Moments | None] | None = None) -> IngestResult:
+        """Step 1: store every chunk of ``sources`` the store lacks in packs, durable in the store
+        when this returns (``ingest``); nothing in the database names them yet. ``defer``: new
+        chunks are written raw into packs marked deferred, for ``repack`` to encode. ``ahead``
+        and ``summaries``: a snapshot's write-ahead and the statistics its copy took."""
+        cfg = self._config
+        bases: Future[DeltaPlan] | None = None
+        if cfg.compression and cfg.delta and not defer:
+            names = [src.name for src in sources]
+            first = plan.parent_ids[0] if plan.parent_ids else None
+
+            def plan_bases() -> DeltaPlan:
+                with self._sessions() as s:
+                    return delta_plan(s, names, first, plan.transfer, reader=self._reader, cache=self._base_cache,
+                                      max_depth=cfg.max_delta_depth, policy=cfg.delta_base)
+
+            bases = pool.submit(plan_bases)  # queued before the hashing jobs: read while they run
+        opts = IngestOptions(chunk_size=cfg.chunk_size, compression=cfg.compression and not defer,
+                             zstd_level=cfg.zstd_level)
+        if len(self._hints) > _MAX_HINTS:
+            self._hints.clear()
+        result = ingest(sources, PackSink(self._backend, cfg.pack_target), self._known, pool, opts, plan.likely,
+                        bases, self._hints, ahead=ahead, summaries=summaries)
+        result.deferred = defer
+        new = result.new_chunk_ids
+        self._unchanged = frozenset(r.name for r in result.tensors if r.chunk_ids and new.isdisjoint(r.chunk_ids))
+        return result
+
+    def record(self, result: IngestResult, plan: CommitPlan, req: CommitRequest) -> t.Commit:
+        """Step 2: one transaction makes the commit visible and moves its branch by
+        compare-and-swap. RefConflict when the branch moved meanwhile (the commit is then kept
+        on a ``conflicts/`` branch); ConcurrentChange when a gc of another process removed a
+        chunk or tensor it shares; CommitReadFailed when it is durable but could not be read."""
+        new = result.new_chunk_ids
+        parent, lazy = plan.parent, plan.lazy
+        if lazy and not all(x in new or x in plan.likely for r in result.tensors for x in r.chunk_ids):
+            # It shares chunks the store had beyond its parent's: recorded with its rows now, so
+            # that their foreign keys hold them against a gc of another process.
+            lazy, keyless = False, self._last_keyless
+            self._index_layouts()
+            if parent is not None and keyless:  # read back with the keys its indexing gave it
+                with self._sessions() as s:
+                    parent = catalog.commit_layout(s, parent.commit_id)
+        edges = [catalog.EdgeRow(pid, "parent" if i == 0 else "merge", i) for i, pid in enumerate(plan.parent_ids)]
+        entries = {r.name: r.tensor_id for r in result.tensors}
+        transfer = plan.transfer
+        if transfer is not None and transfer[0] not in plan.parent_ids:
+            # A declared mapping is recorded as given; without one, which tensors are byte-identical.
+            mapping = transfer[1] if transfer[1] is not None else self._identical_tensors(entries, transfer[0])
+            edges.append(catalog.EdgeRow(transfer[0], "transfer", len(edges), mapping))
+        row = commit_row(result, entries, edges, req)
+        row["persist_s"] = time.perf_counter() - req.staged_at
+        now = _now()
+        # Write-ordering step 2: one transaction inserts the chunk index, tensors, the commit, its
+        # edges and moves the branch (or, lazy, the commit, its edges and its layout as one pending
+        # row, which names only packs made durable above); nothing of it is visible before.
+        try:
+            with write_transaction(self._sessions) as s:
+                conflict, kept, layout = self._insert(s, result, row, edges, entries, req, plan.head, now, parent,
+                                                      lazy=lazy)
+        except DbIntegrityError as exc:
+            # A foreign key names a row that is gone: a gc in another process removed chunks or
+            # tensors this commit deduplicated against after it looked them up.
+            raise ConcurrentChange(what="commit", other="gc", detail=str(exc.orig).splitlines()[0]) from exc
+        self._last_recorded, self._last_keyless = layout, lazy
+        if lazy:
+            if len(self._pending_chunks) > _MAX_PENDING_CHUNKS:
+                self._pending_chunks.clear()  # only costs deduplication against the oldest
+            self._pending_chunks.update(new)
+        try:
+            faults.point("db.after_commit")
+            # Built from what was inserted (a read-back took four queries): equal to get_commit's.
+            commit = views.recorded_commit(row, [(e.parent_id, e.kind, e.mapping) for e in edges], req.metrics,
+                                           [kept if conflict is not None else req.branch])
+        except Exception as exc:
+            raise CommitReadFailed(commit=short(row["id"]), detail=str(exc)) from exc
+        if conflict is not None:
+            raise RefConflict(branch=req.branch, actual=short(conflict) if conflict else "(deleted)",
+                              expected=short(plan.head) if plan.head else "(no branch)",
+                              hint=f"The commit is kept on branch {kept!r}; merge it or commit again on top "
+                                   f"of {req.branch}.")
+        return commit
+
+    def _insert(self, s: Session, result: IngestResult, row: dict[str, Any], edges: list[catalog.EdgeRow],
+                entries: dict[str, str], req: CommitRequest, head: str | None, now: datetime,
+                parent: catalog.CommitLayout | None, *, lazy: bool) -> tuple[str | None, str, catalog.CommitLayout]:
+        """Insert one commit's rows and move its branch, inside the caller's transaction. ``lazy``:
+        the tensor-level rows are left pending (``db.pending``); the layout returned then holds
+        no keys. Returns ``(conflict, kept, layout)``: the branch head found instead of ``head``
+        (None when the branch moved as expected), the ``conflicts/`` branch that then keeps the
+        commit, and the commit's layout (``catalog.record_commit``)."""
+        kept = ""
+        packs = [catalog.PackRow(p.pack_id, p.size, len(p.locations), result.deferred) for p in result.packs]
+        alone = result.alone_lengths
+        chunks = [loc._replace(alone_length=alone.get(loc.chunk_id)) for p in result.packs for loc in p.locations]
+        tensors = [catalog.TensorRow(r.tensor_id, r.dtype, r.shape, r.nbytes, r.chunk_size, r.chunk_ids, r.stats)
+                   for r in result.tensors]
+        if lazy:
+            catalog.record_head(s, packs=packs, commit=row, edges=edges, metrics=req.metrics, now=now)
+            pending.defer_layout(s, row["id"], chunks, tensors, entries)
+            layout = catalog.CommitLayout(row["id"], dict(entries), {r.tensor_id: r.chunk_ids for r in result.tensors},
+                                          {}, {})
+        else:
+            layout = catalog.record_commit(s, packs=packs, chunks=chunks, tensors=tensors, commit=row, entries=entries,
+                                           edges=edges, metrics=req.metrics, now=now, parent=parent)
+        conflict = refs.move_branch(s, req.branch, row["id"], head, now)
+        if conflict is not None:
+            # The branch moved under us: keep the commit reachable under its own branch rather
+            # than lose it, and tell the caller.
+            kept = f"conflicts/{req.branch}/{short(row['id'])}"
+            refs.move_branch(s, kept, row["id"], None, now)
+        faults.point("db.before_commit")
+        return conflict, kept, layout
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _known(self, ids: list[str]) -> set[str]:
+        """Which of ``ids`` the store has: in the chunk index, or among the new chunks of this
+        process's pending layouts (a commit sharing those records its rows at once: ``record``)."""
+        with self._sessions() as s:
+            have = catalog.existing_chunks(s, ids)
+        return have | self._pending_chunks.intersection(ids) if self._pending_chunks else have
+
+    def _index_layouts(self) -> None:
+        """Index the pending layouts (before a commit that reads layouts or records its rows); a
+        layout kept from a commit that left its own pending (no keys) is dropped, to be read back
+        with its keys."""
+        if not self._defers_layouts:
+            return
+        pending.index_pending(self._sessions)
+        self._pending_chunks.clear()
+        if self._last_keyless:
+            self._last_recorded, self._last_keyless = None, False
+
+    def _identical_tensors(self, entries: dict[str, str], source: str) -> dict[str, str]:
+        """{name here: name in ``source``} for this commit's tensors byte-identical to one of the source's."""
+        with self._sessions() as s:
+            by_id: dict[str, str] = {}
+            for entry, tensor in catalog.tensor_layout(s, source):
+                by_id.setdefault(tensor.id, entry.name)
+        return {name: by_id[tid] for name, tid in entries.items() if tid in by_id}
+
+
+def commit_row(result: IngestResult, entries: dict[str, str], edges: Collection[catalog.EdgeRow],
+               req: CommitRequest) -> dict[str, Any]:
+    """The ``commits`` row of a commit: its id hashes its content (entries, skeleton, edges) and
+    metadata (message, step, epoch, metrics, config, time, author, host)."""
+    author = request.author()
+    host = socket.gethostname()
+    identity = {
+        "entries": sorted(entries.items()), "skeleton": req.skeleton,
+        "edges": [[e.parent_id, e.kind, e.position, e.mapping] for e in edges],
+        "message": req.message, "step": req.step, "epoch": req.epoch, "metrics": sorted(req.metrics.items()),
+        "config": req.config, "created_at": req.created_at.isoformat(), "author": author, "host": host,
+    }
+    return {
+        "id": hash_json(identity), "message": req.message, "created_at": req.created_at, "author": author,
+        "host": host, "branch": req.branch, "step": req.step, "epoch": req.epoch, "config": req.config,
+        "code_version": req.code_version, "skeleton": req.skeleton, "n_tensors": len(entries),
+        "logical_bytes": result.logical_bytes, "new_bytes": result.new_bytes,
+        "stored_bytes": result.stored_bytes, "stall_s": req.stall_s, "wait_s": req.wait_s, "persist_s": 0.0,
+        "nonfinite": result.nonfinite,
+    }

@@ -1,0 +1,1 @@
+"""Reading commits back: chunk locations -> verified bytes -> tensors (``tensors``) or files (``export``)."""

@@ -1,0 +1,25 @@
+"""What reading a commit back needs from the catalog, read in one snapshot."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ckptrepo.db import catalog
+from ckptrepo.db.engine import Sessions
+from ckptrepo.db.models import Commit, Tensor
+from ckptrepo.lineage import revparse
+from ckptrepo.locations import ChunkLocation
+
+
+def layout_of(reading: Sessions, rev: str,
+              names: list[str] | None = None) -> tuple[str, Any, dict[str, tuple[Tensor, list[ChunkLocation]]]]:
+    """``(commit id, skeleton, {entry name: (tensor row, ordered chunk locations)})`` of the commit
+    ``rev`` names, for all its entries or those ``names`` it has. ``reading``: sessions whose
+    snapshot holds no pending layout (``db.pending.reading``). UnknownRevision for a bad ``rev``."""
+    with reading() as s:
+        cid = revparse.resolve(s, rev)
+        row = s.get(Commit, cid)
+        assert row is not None  # resolve found it in this snapshot
+        layout = catalog.tensor_layout(s, cid, names)
+        chunks = catalog.chunk_locations(s, [tr for _, tr in layout])
+    return cid, row.skeleton, {e.name: (tr, chunks[tr.id]) for e, tr in layout}
