@@ -30,8 +30,6 @@ from ckptrepo.ingest.handle import CommitHandle
 from ckptrepo.ingest.request import CommitRequest, prepare
 from ckptrepo.lineage import analysis, queries, revparse
 from ckptrepo.maintenance import DEFAULT_GRACE_S
-from ckptrepo.maintenance import gc as collector
-from ckptrepo.maintenance.verify import verify as verify_repository
 from ckptrepo.restore.layout import layout_of
 from ckptrepo.storage import open_backend
 from ckptrepo.types import EDGE_KINDS
@@ -419,6 +417,8 @@ class Repo:
         """Remove commits no ref reaches and every row, pack and file only they needed, after this
         repository's pending commits. Objects younger than ``grace`` seconds are kept (a commit of
         another process may be writing them); see ``maintenance.gc`` for the order of deletions."""
+        from ckptrepo.maintenance import gc as collector  # imported here: it loads numpy (packs)
+
         self._check_open()
         self._writer.settle()
         return collector.collect(self._sessions, self._backend, grace=grace, dry_run=dry_run)
@@ -444,6 +444,8 @@ class Repo:
     def verify(self, *, full: bool = False) -> t.VerifyReport:
         """Check database and packs against each other (``full``: read and hash-check every chunk),
         after this repository's pending commits; read-only but for indexing pending layouts."""
+        from ckptrepo.maintenance.verify import verify as verify_repository
+
         self._check_open()
         self._writer.settle()
         return verify_repository(self._reading, self._backend, self._reader, full=full)

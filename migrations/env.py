@@ -15,10 +15,10 @@ from sqlalchemy import Connection
 from sqlalchemy.types import TypeDecorator
 
 from ckptrepo.db.engine import make_engine
-from ckptrepo.db.models import Base, include_object
+from ckptrepo.db.models import include_object, schema_metadata
 
 config = context.config
-target_metadata = Base.metadata
+target_metadata = schema_metadata()
 
 
 def render_item(type_: str, obj: Any, autogen_context: Any) -> str | Literal[False]:

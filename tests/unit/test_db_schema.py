@@ -28,7 +28,7 @@ from ckptrepo.db.engine import (
     write_connection,
     write_transaction,
 )
-from ckptrepo.db.models import Base, Chunk, Commit, Edge, Pack, RepoMeta, Tensor, include_object
+from ckptrepo.db.models import Base, Chunk, Commit, Edge, Pack, RepoMeta, Tensor, include_object, schema_metadata
 from ckptrepo.errors import FormatError, RepositoryExists, SchemaOutdated, SchemaTooNew, UsageError
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
@@ -96,7 +96,7 @@ def test_migrations_match_models(engine: Engine) -> None:
     assert migrate.current_revision(engine) == migrate.head_revision() == HEAD == migrate.HEAD
     with engine.connect() as conn:
         opts = {"compare_type": True, "include_object": include_object(conn.dialect.name)}
-        diff = compare_metadata(MigrationContext.configure(conn, opts=opts), Base.metadata)
+        diff = compare_metadata(MigrationContext.configure(conn, opts=opts), schema_metadata())
     assert diff == []
     migrate.check_schema(engine)
 
@@ -124,7 +124,7 @@ def test_dialect_only_indexes(engine: Engine) -> None:
 def test_ids_compare_bytewise_on_postgresql(engine: Engine) -> None:
     # Every id column (the model's ``Id`` type, and the foreign keys that take its type) is
     # byte-ordered on PostgreSQL from 0006 on, and back to the default collation below it.
-    id_columns = {(t.name, c.name) for t in Base.metadata.sorted_tables for c in t.columns
+    id_columns = {(t.name, c.name) for t in schema_metadata().sorted_tables for c in t.columns
                   if isinstance(c.type, String) and c.type.length == 64 and t.name != "repo_meta"}
     assert len(id_columns) == 15
 
@@ -168,7 +168,7 @@ def test_downgrade_to_base_and_upgrade_again(engine: Engine) -> None:
         migrate.check_schema(engine)
     migrate.upgrade(engine)
     migrate.check_schema(engine)
-    assert set(inspect(engine).get_table_names()) >= set(Base.metadata.tables)
+    assert set(inspect(engine).get_table_names()) >= set(schema_metadata().tables)
 
 
 def test_check_schema_refuses_empty_database(db_url: str) -> None:
