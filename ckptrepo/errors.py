@@ -202,6 +202,14 @@ class CommitFailed(CkptError):
     hint = "The repository is as it was before that commit; fix the cause and commit again."
 
 
+class RankFailed(CkptError):
+    """The distributed commit failed on rank {rank}: {detail}"""
+
+    exit_code = 1
+    hint = ("No commit was made on any rank; packs the other ranks wrote are unreferenced and `ckpt gc` "
+            "reclaims them. Fix that rank and commit again.")
+
+
 def did_you_mean(what: str, name: str, candidates: Iterable[str], listing: str) -> str:
     """A hint naming up to five close matches of ``name`` among ``candidates`` (those containing
     it first), else saying how to list them (``listing``: a command or call)."""

@@ -31,14 +31,18 @@ def hash_json(value: Any) -> str:
     return hash_bytes(text.encode("ascii"))
 
 
-def tensor_id(dtype: str, shape: Sequence[int], chunk_size: int, chunk_ids: Sequence[str]) -> str:
-    """The id of a tensor: ``hash_json([dtype, shape, chunk_size, chunk_ids])``.
+def tensor_id(dtype: str, shape: Sequence[int], chunk_size: int, chunk_ids: Sequence[str],
+              boxes: Any = None) -> str:
+    """The id of a tensor: ``hash_json([dtype, shape, chunk_size, chunk_ids])``, with its
+    ``boxes`` appended to that list when it is stored as boxes (``models.Tensor.boxes``).
 
     A commit computes one per tensor on its background thread; for the names and ids ckptrepo
     makes (a dtype name of letters, digits and underscores; hex chunk ids) the canonical
     JSON is written directly, which costs half of ``json.dumps``; anything else goes through
     ``hash_json``. Both give the same text, hence the same id (tests/property/test_tensor_ids.py).
     """
+    if boxes is not None:
+        return hash_json([dtype, list(shape), chunk_size, list(chunk_ids), boxes])
     # Every chunk id is hex exactly when their concatenation is: one match instead of one each.
     if not (_PLAIN.fullmatch(dtype) and all(type(d) is int for d in shape)
             and _HEX_RUN.fullmatch("".join(chunk_ids))):

@@ -1,12 +1,7 @@
-"""The ``Repo`` facade: validates arguments, resolves revisions and delegates.
-
-A repository is a ``.ckpt`` folder holding ``config.json``, ``HEAD`` (the current branch), by
-default the SQLite database ``db.sqlite`` and the local pack store ``store/``. Commits go
-through the commit engine (``ingest.writer``); reads through the catalog (``db``), ``restore``
-and ``lineage``; upkeep through ``maintenance``. Every public method opens its own short
-session, so a ``Repo`` may be shared between threads. Importing this module, opening a
-repository and every method that returns no tensor run without torch.
-"""
+"""The ``Repo`` facade: validates arguments, resolves revisions and delegates to the commit engine
+(``ingest.writer``), the catalog (``db``), ``restore``, ``lineage``, ``dist`` and ``maintenance``.
+Every method opens its own short session (a ``Repo`` may be shared between threads); those that
+return no tensor run without torch. The folder's layout: ``folder``."""
 
 from __future__ import annotations
 
@@ -27,7 +22,7 @@ from ckptrepo.db.engine import database_url, make_engine, session_factory, write
 from ckptrepo.errors import ForkedProcess, UnknownRevision, UnknownTensor, UsageError
 from ckptrepo.ids import short
 from ckptrepo.ingest.handle import CommitHandle
-from ckptrepo.ingest.request import CommitRequest, prepare
+from ckptrepo.ingest.request import prepare
 from ckptrepo.lineage import analysis, queries, revparse
 from ckptrepo.maintenance import DEFAULT_GRACE_S
 from ckptrepo.restore.layout import layout_of
@@ -39,6 +34,8 @@ if TYPE_CHECKING:  # imported where used: reading the lineage needs neither the 
     from typing_extensions import Unpack
 
     from ckptrepo.chunks.store import ChunkReader
+    from ckptrepo.dist.reader import CommitReader
+    from ckptrepo.dist.writer import ShareWriter
     from ckptrepo.ingest.request import CommitMeta
     from ckptrepo.ingest.writer import CommitWriter, WriterOptions
 
@@ -96,12 +93,8 @@ class Repo:
              encode: str = "auto", **options: Unpack[WriterOptions]) -> Repo:
         """Create a repository in ``PATH/.ckpt`` (or at ``path`` if it is named ``.ckpt``) and open it.
 
-        Settings (``config.RepoConfig``): ``compression=False`` stores chunks raw; ``delta=False``
-        stores no chunk as a delta; ``max_delta_depth`` (default 8) bounds delta chains;
-        ``delta_base`` (``root`` or ``parent``) what deltas are taken against; ``encode`` (``auto``,
-        ``inline``, ``deferred``) when new chunks are encoded. ``options`` as for ``open``.
-        Nothing is changed if one exists already (RepositoryExists); ``config.json`` is written
-        last, so a failed init leaves no folder that looks like a repository.
+        Settings: see ``config.RepoConfig``; ``options`` as for ``open``. Nothing is changed if one
+        exists already (RepositoryExists); a failed init leaves no folder that looks like one.
         """
         config = RepoConfig.of(db_url=db_url, store_url=store_url, chunk_size=chunk_size, compression=compression,
                                delta=delta, max_delta_depth=max_delta_depth, delta_base=delta_base,
@@ -109,16 +102,16 @@ class Repo:
         return cls(folder.create(path, config), config, **options)
 
     @classmethod
-    def open(cls, path: str | Path = ".", **options: Unpack[WriterOptions]) -> Repo:
-        """Open the repository at ``path`` (the folder holding ``.ckpt``, or ``.ckpt`` itself)."""
-        repo_dir = folder.find_repo(path, search_parents=False)
+    def open(cls, path: str | Path = ".", *, search_parents: bool = False, **options: Unpack[WriterOptions]) -> Repo:
+        """Open the repository at ``path`` (the folder holding ``.ckpt``, or ``.ckpt`` itself), or
+        with ``search_parents`` the nearest one at or above it, like git."""
+        repo_dir = folder.find_repo(path, search_parents=search_parents)
         return cls(repo_dir, RepoConfig.load(repo_dir), **options)
 
     @classmethod
     def discover(cls, start: str | Path = ".", **options: Unpack[WriterOptions]) -> Repo:
-        """Open the nearest repository at or above ``start``, like git."""
-        repo_dir = folder.find_repo(start, search_parents=True)
-        return cls(repo_dir, RepoConfig.load(repo_dir), **options)
+        """``open(start, search_parents=True)``."""
+        return cls.open(start, search_parents=True, **options)
 
     def __enter__(self) -> Repo:
         return self
@@ -129,8 +122,7 @@ class Repo:
 
     def close(self) -> None:
         """Wait for pending commits (their failures stay on their handles) and release everything;
-        further calls fail. In a process forked from the one that opened it, only mark it closed:
-        the pending commits, threads and connections are the parent's."""
+        further calls fail (in a forked child: only mark it closed, the rest is the parent's)."""
         if self._closed:
             return
         self._closed = True
@@ -147,6 +139,12 @@ class Repo:
     def __repr__(self) -> str:
         return f"Repo({str(self.repo_dir)!r})"
 
+    def _settle(self) -> None:
+        """Check open, then wait for this repository's pending commits and background repack."""
+        self._check_open()
+        if "_writer" in self.__dict__:
+            self._writer.settle()
+
     def _check_open(self) -> None:
         if self._closed:
             raise UsageError("this repository is closed", hint="Open it again with Repo.open(path).")
@@ -156,10 +154,8 @@ class Repo:
     # -- committing ------------------------------------------------------------------------
 
     def reserve(self, state: Any, *, allow_pickle: bool = False) -> int:
-        """Allocate and fault in the staging memory of asynchronous commits of states laid out like
-        ``state``, now rather than inside the first ``commit()`` (the first copy into new memory
-        runs at the speed of page faults). Call it once the state has its final layout (after the
-        first optimizer step). Validates ``state`` as ``commit()`` does; returns its staged bytes."""
+        """Map the staging memory for commits of states laid out like ``state`` now, not inside the
+        first ``commit()`` (call it after the first optimizer step); returns its staged bytes."""
         from ckptrepo import state as st
 
         self._check_open()
@@ -168,64 +164,46 @@ class Repo:
     def commit(self, state: Any, *, branch: str | None = None, message: str | None = None, step: int | None = None,
                epoch: int | None = None, metrics: Mapping[str, float] | None = None, config: Any = None,
                parents: list[str] | None = None, transfer_from: Any = None, allow_pickle: bool = False,
-               code_version: str | None = None, blocking: bool = False) -> CommitHandle:
+               code_version: str | None = None, blocking: bool = False, group: Any = None) -> CommitHandle:
         """Store ``state`` as a new commit on ``branch`` (default: the current branch, ``head``); two-phase.
 
         Phase 1, on the caller's thread: validate the state and every argument (UnsupportedState
-        names the offending key path) and copy every tensor into a reused staging slot, waiting
-        while ``max_inflight`` commits are in flight; then the caller may mutate the state again.
-        Phase 2, in the background, in call order: resolve parents (default: the branch head then;
-        two or more make a merge), hash, deduplicate, write durable packs, then one transaction
-        makes the commit visible and moves the branch by compare-and-swap (RefConflict if another
-        writer moved it; the commit is kept on a ``conflicts/`` branch). ``transfer_from``: a
-        revision, or ``(rev, {dst: src})``, the commit this state was initialised from.
-
-        ``handle.wait()`` returns the durable commit or re-raises its failure; a failed background
-        commit nobody waited for makes the next ``commit()`` raise CommitFailed once.
-        ``blocking=True`` returns once durable, reading CPU tensors in place (no snapshot copy).
-        Encoding (repository setting ``encode``): ``auto`` stores an asynchronous commit's new
-        chunks raw (``repack`` encodes them, between commits by default) and encodes a blocking one's.
+        names the offending key path) and copy every tensor into a reused staging slot; then the
+        caller may mutate the state again. Phase 2, in the background, in call order: resolve
+        parents (default: the branch head; two or more make a merge), hash, deduplicate, write
+        durable packs, then one transaction makes the commit visible and moves the branch by
+        compare-and-swap (RefConflict if another writer moved it). ``transfer_from``: a revision,
+        or ``(rev, {dst: src})``, the commit this state was initialised from. ``handle.wait()``
+        returns the commit or re-raises; ``blocking=True`` returns once durable. With ``group``
+        (or a state holding DTensors), on every rank: one commit of all ranks' shards.
         """
-        from ckptrepo import state as st
-
         entered = time.perf_counter()
         self._check_open()
-        self._writer.raise_unseen_failure()
-        flat = st.flatten(state, allow_pickle=allow_pickle)
-        meta = prepare(self._sessions, branch=branch or self.head, message=message, step=step, epoch=epoch,
-                       metrics=metrics, config=config, parents=parents, transfer_from=transfer_from,
-                       code_version=code_version, names=flat.tensors.keys())
-        return self._writer.submit(flat.tensors, {"skeleton": flat.skeleton, **meta}, blocking=blocking,
-                                   entered=entered)
+        meta: CommitMeta = {"message": message, "step": step, "epoch": epoch, "metrics": metrics, "config": config,
+                            "parents": parents, "transfer_from": transfer_from, "code_version": code_version}
+        return self._writer.commit_state(state, meta, branch=branch or self.head, blocking=blocking,
+                                         allow_pickle=allow_pickle, group=group, entered=entered)
 
     def commit_file(self, path: str | Path, *, branch: str | None = None,
                     **meta: Unpack[CommitMeta]) -> t.Commit:
-        """Commit a checkpoint file or model folder (safetensors, torch.save, Hugging Face folder;
-        ``formats.read_state``) as one blocking commit; ``meta`` as for ``commit``. The file is
-        validated whole before anything is stored (InvalidInput names it and the cause). A plain
-        safetensors file is memory-mapped and committed as bytes, without torch; it must not
-        change meanwhile. Returns the durable commit."""
+        """Commit a checkpoint file or folder (``formats.read_state``; ``meta`` as for ``commit``),
+        validated whole first (InvalidInput); a plain safetensors file is memory-mapped (it must
+        not change meanwhile) and committed as bytes, without torch. Returns the durable commit."""
         from ckptrepo.ingest.sources import from_safetensors
 
         entered = time.perf_counter()
         self._check_open()
-        self._writer.raise_unseen_failure()
         found = from_safetensors(Path(path))
         if found is None:  # not a plain safetensors file: read as a state of tensors
             from ckptrepo.formats import read_state
 
             return self.commit(read_state(Path(path), mapped=True), branch=branch, blocking=True, **meta).wait()
-        skeleton, sources = found
-        fields = prepare(self._sessions, branch=branch or self.head, names=[s.name for s in sources], **meta)
-        staged_at = time.perf_counter()
-        return self._writer.commit_now(CommitRequest(skeleton=skeleton, sources=sources, stall_s=staged_at - entered,
-                                                     wait_s=0.0, staged_at=staged_at, **fields)).wait()
+        return self._writer.commit_sources(*found, meta, branch=branch or self.head, entered=entered)
 
     # -- reading ---------------------------------------------------------------------------
 
     def resolve(self, rev: str) -> str:
-        """The full id of the commit ``rev`` names (ids, prefixes, branches, tags, ``REV~N``,
-        ``REV^N``, ``BRANCH@step=N``)."""
+        """The full id of the commit ``rev`` names (``main~2``, ``run@step=500``, an id prefix...)."""
         self._check_open()
         with self._sessions() as s:
             return revparse.resolve(s, rev)
@@ -258,12 +236,21 @@ class Repo:
             cid = revparse.resolve(s, rev)
             return [views.tensor_info(e.name, tr) for e, tr in catalog.tensor_layout(s, cid)]
 
-    def checkout(self, rev: str, *, into: Mapping[str, Any] | None = None, allow_pickle: bool = False) -> Any:
+    def checkout(self, rev: str, *, into: Mapping[str, Any] | None = None, allow_pickle: bool = False,
+                 group: Any = None) -> Any:
         """The state committed at ``rev`` (tensors on the CPU, ties restored), every chunk verified.
         With ``into``, also load it into live objects: modules, optimizers and schedulers via
-        ``load_state_dict``, tensors in place."""
+        ``load_state_dict``, tensors in place. Into state holding DTensors (or with ``group``), on
+        every rank: each reads only the chunks of its shards, at any world size; returns ``into``."""
         from ckptrepo import state as st
+        from ckptrepo.ingest.writer import distributed
         from ckptrepo.restore.tensors import read_tensors
+
+        if into is not None and distributed(into, group):
+            from ckptrepo.dist import native
+
+            native.load(self.dcp_reader(rev, allow_pickle=allow_pickle), into, group=group)
+            return into
 
         cid, skeleton, items = self._layout(rev)
         restored = st.unflatten(skeleton, read_tensors(self._reader, self._pool, [(n, *i) for n, i in items.items()],
@@ -273,9 +260,8 @@ class Repo:
         return restored
 
     def export(self, rev: str, path: str | Path) -> str:
-        """Write the state committed at ``rev`` to ``path`` (``.safetensors``, or ``.pt``/``.pth``/
-        ``.bin``/``.ckpt`` for ``torch.save``), atomically; returns the commit's id. A flat dict of
-        tensors going to ``.safetensors`` is streamed (each tensor written while later ones decode)."""
+        """Write the state committed at ``rev`` to ``path`` (``.safetensors``; ``.pt``, ``.pth``, ``.bin``,
+        ``.ckpt``: torch.save) atomically, a flat dict of tensors streamed; returns the commit id."""
         from ckptrepo.restore.export import export
 
         cid, skeleton, items = self._layout(rev)
@@ -295,6 +281,24 @@ class Repo:
     def _layout(self, rev: str, names: list[str] | None = None) -> tuple[str, Any, dict[str, Any]]:
         self._check_open()
         return layout_of(self._reading, rev, names)
+
+    def dcp_writer(self, *, branch: str | None = None, allow_pickle: bool = False,
+                   **meta: Unpack[CommitMeta]) -> ShareWriter:
+        """A ``torch.distributed.checkpoint`` StorageWriter: each ``dcp.save`` through it is one
+        commit on ``branch`` (``ckptrepo.dcp.Writer``; ``dist.writer``)."""
+        from ckptrepo.dist.writer import ShareWriter
+
+        self._check_open()
+        return ShareWriter(self._writer, prepare(self._sessions, branch=branch or self.head, names=(), **meta),
+                           allow_pickle=allow_pickle, per_save_time=True)
+
+    def dcp_reader(self, rev: str, *, allow_pickle: bool = False) -> CommitReader:
+        """A ``torch.distributed.checkpoint`` StorageReader over commit ``rev``: ``dcp.load``
+        reshards it to any world size (``ckptrepo.dcp.Reader``; ``dist.reader``)."""
+        from ckptrepo.dist.reader import CommitReader
+
+        self._check_open()
+        return CommitReader(self._reading, self._reader, self._pool, rev, allow_pickle=allow_pickle)
 
     # -- lineage and analysis (read-only; see lineage.queries and lineage.analysis) ---------
 
@@ -327,9 +331,8 @@ class Repo:
         return queries.best(self._sessions, metric, maximize=maximize, branch=branch, subtree=subtree, limit=limit)
 
     def diff(self, a: str, b: str, *, exact: bool = False) -> t.Diff:
-        """Per-tensor differences from ``a`` to ``b``: from stored statistics and shared chunks
-        only, or with ``exact`` the L2 distance, relative change and cosine similarity computed
-        from the chunks that differ (and only those)."""
+        """Per-tensor differences from ``a`` to ``b`` from stored statistics and shared chunks; with
+        ``exact`` also L2 distance, relative change and cosine, reading only the chunks that differ."""
         self._check_open()
         return analysis.diff(self._reading, a, b, exact=exact, reader=self._reader if exact else None,
                              pool=self._pool)
@@ -380,8 +383,8 @@ class Repo:
             return refs.create(s, kind, name, target, force=force)
 
     def delete_branch(self, name: str, *, force: bool = False) -> t.RefInfo:
-        """Delete branch ``name``; returns what it named. Refused (UnreachableCommits) when no other
-        ref reaches some of its commits, unless ``force``: the next ``gc`` then removes them."""
+        """Delete branch ``name``; UnreachableCommits when no other ref reaches some of its commits,
+        unless ``force`` (the next ``gc`` then removes them)."""
         return self._delete_ref("branch", name, force=force)
 
     def delete_tag(self, name: str, *, force: bool = False) -> t.RefInfo:
@@ -414,23 +417,19 @@ class Repo:
             return t.RepoStats(**catalog.totals(s))
 
     def gc(self, *, grace: float = DEFAULT_GRACE_S, dry_run: bool = False) -> t.GcReport:
-        """Remove commits no ref reaches and every row, pack and file only they needed, after this
-        repository's pending commits. Objects younger than ``grace`` seconds are kept (a commit of
-        another process may be writing them); see ``maintenance.gc`` for the order of deletions."""
+        """Remove commits no ref reaches and everything only they needed (``maintenance.gc``); objects
+        younger than ``grace`` seconds are kept (a commit of another process may be writing them)."""
         from ckptrepo.maintenance import gc as collector  # imported here: it loads numpy (packs)
 
-        self._check_open()
-        self._writer.settle()
+        self._settle()
         return collector.collect(self._sessions, self._backend, grace=grace, dry_run=dry_run)
 
     def repack(self, *, compact_below: float = 0.0, dry_run: bool = False) -> t.RepackReport:
         """Encode the chunks commits stored raw and, with ``compact_below`` (a fraction), move the
-        live chunks of packs less than that fraction live into new packs, after this repository's
-        pending commits. Old packs are retired; ``gc`` deletes them after its grace period."""
+        live chunks of packs less live than that into new packs (``maintenance.repack``)."""
         from ckptrepo.maintenance import repack as packer
 
-        self._check_open()
-        self._writer.settle()
+        self._settle()
         return packer.repack(self._sessions, self._backend, self._reader, self._pool, self.config,
                              compact_below=compact_below, dry_run=dry_run)
 
@@ -442,10 +441,8 @@ class Repo:
         return packer.pending(self._sessions)
 
     def verify(self, *, full: bool = False) -> t.VerifyReport:
-        """Check database and packs against each other (``full``: read and hash-check every chunk),
-        after this repository's pending commits; read-only but for indexing pending layouts."""
+        """Check database and packs against each other (``full``: read and hash-check every chunk)."""
         from ckptrepo.maintenance.verify import verify as verify_repository
 
-        self._check_open()
-        self._writer.settle()
+        self._settle()
         return verify_repository(self._reading, self._backend, self._reader, full=full)

@@ -41,3 +41,21 @@ def spans_of(nbytes: int, itemsize: int, chunk_size: int) -> list[tuple[int, int
     if 0 < nbytes <= chunk_size - chunk_size % itemsize:
         return [(0, nbytes)]
     return chunk_spans(nbytes, itemsize, chunk_size)
+
+
+def grid_spans(nbytes: int, start: int, itemsize: int, chunk_size: int) -> list[tuple[int, int]]:
+    """(offset, length) cuts of a piece of a tensor's bytes that begins at byte ``start`` of the
+    tensor: at the tensor's own fixed grid (multiples of ``chunk_step``), so every chunk of the
+    piece but the first and last is the chunk the whole tensor has there, and those two are the
+    parts of a grid chunk the piece holds. An empty piece has no chunks. ``start`` and
+    ``nbytes`` must be whole elements."""
+    step = chunk_step(itemsize, chunk_size)
+    if start < 0 or start % itemsize or nbytes < 0 or nbytes % itemsize:
+        raise UsageError(f"a piece of {nbytes} bytes at byte {start} is not whole {itemsize}-byte elements")
+    spans: list[tuple[int, int]] = []
+    offset = 0
+    while offset < nbytes:
+        length = min(nbytes - offset, step - (start + offset) % step)
+        spans.append((offset, length))
+        offset += length
+    return spans

@@ -175,9 +175,10 @@ InputArg = Annotated[
         metavar="FILE|DIR",
         exists=True,
         readable=True,
-        help="A .safetensors file, a torch.save file (read with weights_only=True, never unpickling code) or a "
-        "Hugging Face model folder (sharded safetensors); several are committed one after the other, in the "
-        "order given, each on top of the one before.",
+        help="A .safetensors file, a torch.save file (read with weights_only=True, never unpickling code), a "
+        "torch.distributed.checkpoint folder (its shards assembled into whole tensors) or a Hugging Face model "
+        "folder (sharded safetensors); several are committed one after the other, in the order given, each on "
+        "top of the one before.",
         show_default=False,
     ),
 ]
@@ -241,10 +242,19 @@ OutputOpt = Annotated[
     typer.Option(
         "--output",
         "-o",
-        metavar="FILE",
-        dir_okay=False,
-        help="Export the state to FILE (no branch switch), by suffix: .safetensors, or .pt/.pth/.bin/.ckpt "
-        "for torch.save.",
+        metavar="PATH",
+        help="Export the state to PATH (no branch switch), in --format, else by suffix: .safetensors, or "
+        ".pt/.pth/.bin/.ckpt for torch.save.",
+        show_default=False,
+    ),
+]
+FormatOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--format",
+        metavar="safetensors|torch|dcp",
+        help="With -o: the format to write, whatever PATH's suffix. dcp writes a torch.distributed.checkpoint "
+        "folder (PATH must not exist or be empty) that dcp.load reads at any world size.",
         show_default=False,
     ),
 ]

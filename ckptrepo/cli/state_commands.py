@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptrepo import Repo, errors
-from ckptrepo.formats import SAFETENSORS_SUFFIXES, TORCH_SUFFIXES
+from ckptrepo.formats import output_format, suffix_format, write_state
 from ckptrepo.types import short_id
 
 from . import render
@@ -16,6 +16,7 @@ from .options import (
     BranchOpt,
     CheckoutRevArg,
     EpochOpt,
+    FormatOpt,
     InputArg,
     JsonOpt,
     MessageOpt,
@@ -121,14 +122,21 @@ def _commit_many(paths: list[Path], message: str | None, branch: str | None, as_
 
 
 def checkout(
-    rev: CheckoutRevArg = None, new_branch: NewBranchOpt = None, output: OutputOpt = None, as_json: JsonOpt = False
+    rev: CheckoutRevArg = None,
+    new_branch: NewBranchOpt = None,
+    output: OutputOpt = None,
+    fmt: FormatOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """Switch branches, start one (-b NEW [REV]), or export a commit (REV -o FILE).
+    """Switch branches, start one (-b NEW [REV]), or export a commit (REV -o PATH).
 
     `ckpt checkout BRANCH` switches; `ckpt checkout -b NEW [REV]` starts
     branch NEW at REV (default: the current branch's head) and switches to
-    it; `ckpt checkout REV -o FILE` writes that commit's state to
-    FILE.safetensors or FILE.pt without switching.
+    it; `ckpt checkout REV -o PATH` writes that commit's state to
+    PATH.safetensors or PATH.pt without switching, and with --format
+    safetensors|torch|dcp in that format whatever the name (dcp: a
+    torch.distributed.checkpoint folder, which dcp.load reads at any
+    world size). The output appears whole or not at all.
 
     The current branch is where `ckpt commit` commits and what `ckpt log`
     shows; .ckpt/HEAD names it. Switching changes no other file.
@@ -137,10 +145,13 @@ def checkout(
         if new_branch is not None or rev is None:
             raise errors.UsageError(
                 "-o exports one commit and switches no branch" + (", so it takes no -b" if new_branch else ""),
-                hint="Export with `ckpt checkout REV -o FILE`; start a branch with `ckpt checkout -b NEW [REV]`.",
+                hint="Export with `ckpt checkout REV -o PATH`; start a branch with `ckpt checkout -b NEW [REV]`.",
             )
-        _export(rev, output, as_json)
+        _export(rev, output, fmt, as_json)
         return
+    if fmt is not None:
+        raise errors.UsageError("--format names the format of an export", hint="Export with "
+                                "`ckpt checkout REV -o PATH --format safetensors|torch|dcp`.")
     with current().open() as repo:
         if new_branch is not None:
             _start_branch(repo, new_branch, rev, as_json)
@@ -195,20 +206,21 @@ def _switched(name: str, commit_id: str, *, created: bool, previous: str | None,
         render.out.print(f"switched to branch {name} ({short_id(commit_id)})", markup=False)
 
 
-def _export(rev: str, output: Path, as_json: bool) -> None:
-    if output.suffix.lower() not in SAFETENSORS_SUFFIXES + TORCH_SUFFIXES:
-        # Refuse before restoring anything: restoring a large state only to fail here wastes minutes.
-        raise errors.UsageError(
-            f"cannot write {output}: unknown suffix {output.suffix or '(none)'!r}",
-            hint=f"Name it {'/'.join(SAFETENSORS_SUFFIXES)}, or {'/'.join(TORCH_SUFFIXES)} for torch.save.",
-        )
+def _export(rev: str, output: Path, fmt: str | None, as_json: bool) -> None:
+    # Refused before restoring anything: restoring a large state only to fail here wastes minutes.
+    kind = output_format(output, fmt)
     with current().open() as repo:
-        commit_id = repo.export(rev, output)
-    written = output.stat().st_size
+        if kind == suffix_format(output):
+            commit_id = repo.export(rev, output)  # streams: each tensor written while later ones decode
+        else:
+            commit_id = repo.resolve(rev)
+            write_state(repo.checkout(commit_id), output, format=kind)
+    written = output.stat().st_size if kind != "dcp" else sum(f.stat().st_size for f in output.iterdir())
     if as_json:
-        render.emit_json({"id": commit_id, "short_id": short_id(commit_id), "path": str(output), "bytes": written})
+        render.emit_json({"id": commit_id, "short_id": short_id(commit_id), "path": str(output), "format": kind,
+                          "bytes": written})
     else:
-        render.out.print(f"wrote {short_id(commit_id)} to {output} ({render.size(written)})", markup=False)
+        render.out.print(f"wrote {short_id(commit_id)} to {output} ({kind}, {render.size(written)})", markup=False)
 
 
 def _transfer_spec(text: str) -> str | tuple[str, dict[str, str]]:

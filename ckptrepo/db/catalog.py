@@ -38,13 +38,16 @@ CHUNK_COLUMNS = ("key", "id", "pack_id", "offset", "length", "raw_length", "enco
                  "alone_length")
 # ``TensorRow.stats`` holds exactly these (``ingest.stats.combine``).
 STAT_COLUMNS = ("numel", "mean", "std", "min", "max", "l2_norm", "abs_max", "nan_count", "inf_count")
-_TENSOR_COLUMNS = ("key", "id", "lead_key", "dtype", "shape", "nbytes", "chunk_size", "n_chunks", *STAT_COLUMNS)
+_TENSOR_COLUMNS = ("key", "id", "lead_key", "dtype", "shape", "nbytes", "chunk_size", "n_chunks", "boxes",
+                   *STAT_COLUMNS)
 _RUN_COLUMNS = ("name", "line_id", "fp_depth", "tensor_key", "changed_chunks")
 _EDGE_COLUMNS = ("child_id", "parent_id", "kind", "position", "mapping", "fork_line_id", "fork_depth")
 
 
 @dataclass(frozen=True)
 class TensorRow:
+    """A ``tensors`` row with its ordered chunk ids; ``boxes``: see ``models.Tensor.boxes``."""
+
     tensor_id: str
     dtype: str
     shape: list[int]
@@ -52,6 +55,7 @@ class TensorRow:
     chunk_size: int
     chunk_ids: list[str]
     stats: dict[str, Any]
+    boxes: list[list[list[int]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -369,7 +373,7 @@ def record_layout(
             for c in chunk_rows if c.depth == level], chunk_keys, stored_chunks)
     _insert_keyed(session, "tensors", Tensor, _TENSOR_COLUMNS, [
         (t.tensor_id, chunk_keys[t.chunk_ids[0]] if t.chunk_ids else 0, t.dtype, t.shape, t.nbytes, t.chunk_size,
-         len(t.chunk_ids), *[t.stats[k] for k in STAT_COLUMNS])
+         len(t.chunk_ids), t.boxes, *[t.stats[k] for k in STAT_COLUMNS])
         for t in new_tensors
     ], tensor_keys, stored_tensors)
     insert_tuples(conn, TensorChunk, ("tensor_key", "seq", "chunk_key"), [

@@ -72,12 +72,16 @@ class JsonType(TypeDecorator[Any]):
     impl = JSON
     cache_ok = True
 
+    def __init__(self, *, none_as_null: bool = False) -> None:
+        super().__init__(none_as_null=none_as_null)
+        self.none_as_null = none_as_null
+
     def load_dialect_impl(self, dialect: Dialect) -> Any:
         if dialect.name == "postgresql":
             from sqlalchemy.dialects.postgresql import JSONB
 
-            return dialect.type_descriptor(JSONB())
-        return dialect.type_descriptor(JSON())
+            return dialect.type_descriptor(JSONB(none_as_null=self.none_as_null))
+        return dialect.type_descriptor(JSON(none_as_null=self.none_as_null))
 
 
 class UtcDateTime(TypeDecorator[datetime]):
@@ -176,8 +180,8 @@ class Chunk(Base):
 class Tensor(Base):
     """One distinct tensor value: dtype, shape, ordered chunks and ingest statistics.
 
-    ``id`` hashes dtype, shape and chunk ids, so identical tensors are one row (unique with
-    ``lead_key``, which the id determines).
+    ``id`` hashes dtype, shape, chunk size, chunk ids (and ``boxes`` when set), so identical
+    tensors are one row (unique with ``lead_key``, which the id determines).
     Statistics are over the tensor's elements as float64 (None where not meaningful,
     e.g. bool or complex tensors' min/max).
     """
@@ -194,6 +198,11 @@ class Tensor(Base):
     nbytes: Mapped[int] = mapped_column(BigInteger)
     chunk_size: Mapped[int] = mapped_column(BigInteger)
     n_chunks: Mapped[int] = mapped_column(Integer)
+    # NULL: the chunks, in order, hold the global row-major bytes (chunk i at i * chunk_size,
+    # but for shorter pieces at the edges of the shards a distributed commit wrote). Otherwise
+    # ``[[offsets, sizes], ...]``: the chunks hold these boxes' own row-major bytes, in this
+    # order (shards not contiguous in the global byte order; schema 0012).
+    boxes: Mapped[Any | None] = mapped_column(JsonType(none_as_null=True), default=None)
     numel: Mapped[int] = mapped_column(BigInteger)
     mean: Mapped[float | None] = mapped_column(Float, default=None)
     std: Mapped[float | None] = mapped_column(Float, default=None)

@@ -38,7 +38,7 @@ from ckptrepo.db.models import Commit, PendingLayout
 from ckptrepo.errors import ConcurrentChange, FormatError
 from ckptrepo.locations import ChunkLocation
 
-_VERSION = 1
+_VERSION = 2  # 2: each tensor's boxes (schema 0012)
 _BATCH = 64  # layouts per indexing transaction
 _READ_ATTEMPTS = 20  # snapshots ``reading`` tries for one without pending layouts
 
@@ -52,7 +52,8 @@ def encode(chunks: Iterable[ChunkLocation], tensors: Iterable[catalog.TensorRow]
     doc = {
         "v": _VERSION,
         "chunks": [list(c) for c in chunks],
-        "tensors": [[t.tensor_id, t.dtype, t.shape, t.nbytes, t.chunk_size, t.chunk_ids, t.stats] for t in tensors],
+        "tensors": [[t.tensor_id, t.dtype, t.shape, t.nbytes, t.chunk_size, t.chunk_ids, t.stats, t.boxes]
+                    for t in tensors],
         "entries": entries,
     }
     return _compressor.compress(json.dumps(doc, separators=(",", ":")).encode())
@@ -62,7 +63,7 @@ def decode(payload: bytes) -> tuple[list[ChunkLocation], list[catalog.TensorRow]
     """``(chunks, tensors, entries)`` of a payload made by ``encode``; FormatError otherwise."""
     try:
         doc = json.loads(_decompressor.decompress(payload))
-        if doc.get("v") != _VERSION:
+        if doc.get("v") not in (1, _VERSION):  # version 1: tensors without boxes
             raise ValueError(f"version {doc.get('v')!r}")
         chunks = [ChunkLocation(*c) for c in doc["chunks"]]
         tensors = [catalog.TensorRow(*t) for t in doc["tensors"]]

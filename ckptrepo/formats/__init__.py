@@ -1,12 +1,13 @@
-"""Reading and writing checkpoint files people already have: safetensors, torch.save, HF folders.
+"""Reading and writing checkpoints people already have: safetensors, torch.save, HF and DCP folders.
 
 ``read_state`` validates the whole input before returning and raises InvalidInput naming the
 path and the cause; ``write_state`` validates the whole state, then writes atomically (a temp
-file in the same folder, fsynced, renamed), so no partial output file is ever visible.
-Nothing here unpickles arbitrary objects unless the caller passes ``allow_pickle=True``.
+file or folder beside the target, fsynced, renamed), so no partial output is ever visible.
+One state, several views: ``write_state(..., format=)`` writes any of ``FORMATS`` whatever the
+name. Nothing here unpickles arbitrary objects unless the caller passes ``allow_pickle=True``.
 Importing this package does not import torch: the readers and writers that make tensors
-(``safetensors_io``, ``torch_io``, ``hf``) are imported by the calls that need them, and
-``safetensors_file.read_flat`` reads a safetensors file without torch at all.
+(``safetensors_io``, ``torch_io``, ``hf``, ``dcp_folder``) are imported by the calls that need
+them, and ``safetensors_file.read_flat`` reads a safetensors file without torch at all.
 """
 
 from __future__ import annotations
@@ -18,10 +19,25 @@ from ckptrepo.errors import InvalidInput, UsageError
 from ckptrepo.formats.prefetch import read_states
 from ckptrepo.formats.readbuffer import ReadBuffer
 
-__all__ = ["SAFETENSORS_SUFFIXES", "TORCH_SUFFIXES", "ReadBuffer", "read_state", "read_states", "write_state"]
+__all__ = [
+    "DCP_METADATA",
+    "FORMATS",
+    "SAFETENSORS_SUFFIXES",
+    "TORCH_SUFFIXES",
+    "ReadBuffer",
+    "check_folder_target",
+    "is_dcp_folder",
+    "output_format",
+    "read_state",
+    "read_states",
+    "suffix_format",
+    "write_state",
+]
 
 SAFETENSORS_SUFFIXES = (".safetensors",)
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")
+FORMATS = ("safetensors", "torch", "dcp")  # what write_state writes; dcp: a torch.distributed.checkpoint folder
+DCP_METADATA = ".metadata"  # the file that makes a folder a DCP checkpoint
 
 
 def _sniff(path: Path) -> str | None:
@@ -35,19 +51,32 @@ def _sniff(path: Path) -> str | None:
     return None
 
 
+def is_dcp_folder(path: Path) -> bool:
+    """Whether ``path`` is a folder that torch.distributed.checkpoint wrote: it holds a ``.metadata``
+    (or, saved without collectives, ``__RANK.metadata`` files, which ``read_state`` refuses by name)."""
+    path = Path(path)
+    return (path / DCP_METADATA).is_file() or (path.is_dir() and any(path.glob("__*" + DCP_METADATA)))
+
+
 def read_state(path: Path, *, allow_pickle: bool = False, mapped: bool = False,
                buffer: ReadBuffer | None = None) -> dict[str, Any]:
-    """The state in a safetensors file, a torch.save file or a Hugging Face model folder.
+    """The state in a safetensors file, a torch.save file, a DCP folder or a Hugging Face model folder.
 
     Safetensors files give a flat ``name -> tensor`` dict (nested again if ``write_state``
     stored a skeleton); torch.save files give the dict they hold, loaded with
-    ``weights_only=True`` and memory-mapped; folders give all shards' tensors. Files with other
+    ``weights_only=True`` and memory-mapped; DCP folders (``is_dcp_folder``) give the nested
+    state with every tensor whole, assembled from all ranks' shards (``read_dcp_folder``); other
+    folders give all the shards' tensors of a Hugging Face model. Files with other
     suffixes are recognised by their first bytes. InvalidInput for anything unreadable, corrupt,
     truncated, incomplete or not a dict. ``mapped``: a safetensors file's tensors are views of
     a memory map of it, read when first touched; ``buffer``: a safetensors file's tensors are
     views of that ``ReadBuffer``, valid until its next read (see ``read_safetensors``).
     """
     path = Path(path)
+    if path.is_dir() and is_dcp_folder(path):
+        from ckptrepo.formats.dcp_folder import read_dcp_folder
+
+        return read_dcp_folder(path, allow_pickle=allow_pickle)
     if path.is_dir():
         from ckptrepo.formats.hf import read_hf_folder
 
@@ -75,24 +104,80 @@ def read_state(path: Path, *, allow_pickle: bool = False, mapped: bool = False,
     return content
 
 
-def write_state(state: Any, path: Path, *, allow_pickle: bool = False) -> None:
-    """Write ``state`` to ``path`` in the format its suffix names, atomically and validated first.
+def suffix_format(path: Path) -> str | None:
+    """The format ``path``'s suffix names (``"safetensors"`` or ``"torch"``), None for other suffixes."""
+    suffix = Path(path).suffix.lower()
+    return "safetensors" if suffix in SAFETENSORS_SUFFIXES else "torch" if suffix in TORCH_SUFFIXES else None
 
-    ``.safetensors``: a flat ``dict[str, Tensor]`` as is, anything else with its structure in
-    the metadata (see ``write_safetensors``); ``.pt``/``.pth``/``.bin``/``.ckpt``: ``torch.save``
-    of the plain state. UsageError for other suffixes; UnsupportedState for values that cannot
-    be stored (unless ``allow_pickle``).
+
+def check_folder_target(folder: Path) -> None:
+    """UsageError unless ``folder`` can become a new checkpoint folder: it does not exist or is an
+    empty folder, and its parent folder exists. Changes nothing."""
+    folder = Path(folder)
+    if not folder.parent.is_dir():
+        raise UsageError(f"cannot write {folder}: folder {folder.parent} does not exist")
+    if folder.is_dir():
+        try:
+            empty = next(folder.iterdir(), None) is None
+        except OSError as e:
+            raise UsageError(f"cannot write {folder}: {e.strerror or e}") from e
+        if empty:
+            return
+    if folder.exists() or folder.is_symlink():
+        raise UsageError(
+            f"cannot write {folder}: it exists and is not an empty folder",
+            hint="Name a new folder (or an empty one); an existing checkpoint is never overwritten.",
+        )
+
+
+def output_format(path: Path, format: str | None = None) -> str:
+    """The format ``write_state(state, path, format=format)`` writes, checked before any state is
+    made: ``format`` when given (one of ``FORMATS``), else the one ``path``'s suffix names.
+
+    UsageError for an unknown format or suffix, and for a target that format cannot take: for
+    ``dcp``, anything but a new or empty folder (``check_folder_target``); for a file format, a
+    folder. Writes nothing and does not import torch.
     """
     path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix in SAFETENSORS_SUFFIXES:
+    if format is not None and format not in FORMATS:
+        raise UsageError(f"cannot write {path}: unknown format {format!r}", hint=f"Use one of {', '.join(FORMATS)}.")
+    kind = format or suffix_format(path)
+    if kind is None:
+        works = ", ".join(SAFETENSORS_SUFFIXES + TORCH_SUFFIXES)
+        raise UsageError(
+            f"cannot write {path}: unknown suffix {path.suffix or '(none)'!r}; use one of {works}",
+            hint=f"Name it {'/'.join(SAFETENSORS_SUFFIXES)}, or {'/'.join(TORCH_SUFFIXES)} for torch.save, or give "
+            "the format: safetensors, torch or dcp (a torch.distributed.checkpoint folder).",
+        )
+    if kind == "dcp":
+        check_folder_target(path)
+    elif path.is_dir():
+        raise UsageError(f"cannot write {path}: it is a folder, and a {kind} checkpoint is a file",
+                         hint="Name a file, or write a folder in format dcp (a torch.distributed.checkpoint folder).")
+    return kind
+
+
+def write_state(state: Any, path: Path, *, allow_pickle: bool = False, format: str | None = None) -> None:
+    """Write ``state`` to ``path`` in ``format`` (default: the one its suffix names), atomically and
+    validated first (``output_format`` checks the format and the target before anything else).
+
+    ``safetensors``: a flat ``dict[str, Tensor]`` as is, anything else with its structure in
+    the metadata (see ``write_safetensors``); ``torch`` (``.pt``/``.pth``/``.bin``/``.ckpt``):
+    ``torch.save`` of the plain state; ``dcp``: a torch.distributed.checkpoint folder that
+    ``dcp.load`` reads at any world size (``write_dcp_folder``). UnsupportedState for values that
+    cannot be stored (unless ``allow_pickle``).
+    """
+    path = Path(path)
+    kind = output_format(path, format)
+    if kind == "safetensors":
         from ckptrepo.formats.safetensors_io import write_safetensors
 
         write_safetensors(state, path, allow_pickle=allow_pickle)
-    elif suffix in TORCH_SUFFIXES:
+    elif kind == "torch":
         from ckptrepo.formats.torch_io import write_torch
 
         write_torch(state, path, allow_pickle=allow_pickle)
     else:
-        works = ", ".join(SAFETENSORS_SUFFIXES + TORCH_SUFFIXES)
-        raise UsageError(f"cannot write {path}: unknown suffix {suffix or '(none)'!r}; use one of {works}")
+        from ckptrepo.formats.dcp_folder import write_dcp_folder
+
+        write_dcp_folder(state, path, allow_pickle=allow_pickle)

@@ -63,7 +63,7 @@ def delta_plan(
         layout = catalog.tensor_layout(session, commit, sorted(wanted))
         chunks = catalog.chunk_locations(session, [row for _, row in layout])
         for entry, row in layout:
-            base = BaseTensor(row.dtype, row.chunk_size, chunks[row.id])
+            base = BaseTensor(row.dtype, row.chunk_size, chunks[row.id], boxed=row.boxes is not None)
             for name in wanted[entry.name]:
                 tensors[name] = base
     chain = reader.bases_for(loc for base in tensors.values() for loc in base.chunks)

@@ -26,6 +26,7 @@ that way when that is smaller than its standalone encoding.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -34,14 +35,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ckptrepo import dtypes, faults
-from ckptrepo.chunks.chunker import spans_of
+from ckptrepo.chunks.chunker import grid_spans, spans_of
 from ckptrepo.chunks.codecs import Encoding, PlaneHint, encode_with_base
 from ckptrepo.chunks.store import ChunkReader, PackSink, SealedPack
 from ckptrepo.errors import CkptError, UsageError
 from ckptrepo.ids import hash_bytes, tensor_id
 from ckptrepo.ingest.basecache import BaseCache
 from ckptrepo.ingest.sources import Source
-from ckptrepo.ingest.stats import Moments, combine, moments_of_bytes
+from ckptrepo.ingest.stats import Moments, combine, merged, moments_of_bytes
 from ckptrepo.locations import ChunkLocation
 
 if TYPE_CHECKING:
@@ -54,7 +55,9 @@ KnownFn = Callable[[list[str]], set[str]]
 
 @dataclass
 class TensorRecord:
-    """One distinct tensor of the commit: identity, layout, chunk ids and statistics."""
+    """One source of the commit (a tensor, or a piece of one: ``Source``): identity, layout,
+    chunk ids, statistics and their mergeable summary (``moments``, which a distributed commit
+    merges over a tensor's pieces)."""
 
     name: str
     tensor_id: str
@@ -64,6 +67,10 @@ class TensorRecord:
     chunk_size: int
     chunk_ids: list[str]
     stats: dict[str, Any]
+    moments: Moments = field(default_factory=Moments)
+    box: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    start: int | None = None
+    boxes: list[list[list[int]]] | None = None  # a whole tensor stored as boxes (``models.Tensor.boxes``)
 
 
 @dataclass
@@ -84,11 +91,21 @@ class IngestResult:
 
 @dataclass(frozen=True)
 class BaseTensor:
-    """The tensor a commit's tensor is delta-encoded against: its dtype name, chunking and chunks."""
+    """The tensor a commit's tensor is delta-encoded against: its dtype name, chunking, chunks
+    and the byte of its stream where each chunk starts (``at``); ``boxed``: stored as boxes."""
 
     dtype: str
     chunk_size: int
     chunks: list[ChunkLocation]
+    boxed: bool = False
+
+    @functools.cached_property
+    def at(self) -> dict[int, ChunkLocation]:
+        out, offset = {}, 0
+        for loc in self.chunks:
+            out[offset] = loc
+            offset += loc.raw_length
+        return out
 
 
 @dataclass
@@ -223,6 +240,7 @@ class _Ingest:
         self.names: list[str] = []
         self.dtypes: list[str] = []
         self.bases: list[BaseTensor | None] = []
+        self.starts: list[int | None] = []  # each source's byte in its tensor's stream (None: a box)
         self.hints: list[PlaneHint] = []
         self.known_hints = hints if hints is not None else {}
         self.queued: set[str] = set()
@@ -270,9 +288,14 @@ class _Ingest:
         parts: list[list[Moments]] = []
         jobs: list[_Job] = []
         chunk = self.opts.chunk_size
+        self.starts = [0 if s.box is None else s.start for s in sources]
         for i, src in enumerate(sources):
             view = src.data
-            spans = spans_of(len(view), dtypes.dtype(src.dtype).itemsize, chunk)
+            itemsize = dtypes.dtype(src.dtype).itemsize
+            if src.box is not None and src.start is not None:
+                spans = grid_spans(len(view), src.start, itemsize, chunk)
+            else:
+                spans = spans_of(len(view), itemsize, chunk)
             ids.append([""] * len(spans))
             parts.append([_NO_MOMENTS] * len(spans))
             jobs.extend((i, seq, off, view[off : off + ln], src.dtype, None) for seq, (off, ln) in enumerate(spans))
@@ -329,7 +352,8 @@ class _Ingest:
             self._write(self.encoding.popleft().result(), result)
         for i, src in enumerate(sources):
             shape = list(src.shape)
-            stats = combine(parts[i], src.numel)
+            total = merged(parts[i])
+            stats = combine([total], len(src.data) // dtypes.dtype(src.dtype).itemsize)
             result.tensors.append(
                 TensorRecord(
                     name=src.name,
@@ -340,6 +364,9 @@ class _Ingest:
                     chunk_size=self.opts.chunk_size,
                     chunk_ids=ids[i],
                     stats=stats,
+                    moments=total,
+                    box=src.box,
+                    start=src.start,
                 )
             )
             result.logical_bytes += len(src.data)
@@ -400,14 +427,15 @@ class _Ingest:
             result.alone_lengths[d.chunk_id] = d.alone_length
             result.delta_chunks += 1
 
-    def _base(self, tensor: int, seq: int, length: int) -> tuple[ChunkLocation, int, bytes | memoryview] | None:
-        """The delta base of a chunk, the new chunk's depth and the base's decoded bytes, or
+    def _base(self, tensor: int, offset: int, length: int) -> tuple[ChunkLocation, int, bytes | memoryview] | None:
+        """The delta base of a chunk at byte ``offset`` of its source: the base tensor's chunk
+        at the same byte of its stream, the new chunk's depth and the base's decoded bytes, or
         None (no base, chain full, or the base cannot be read)."""
-        plan, base = self.delta, self.bases[tensor]
-        if plan is None or base is None or seq >= len(base.chunks):
+        plan, base, start = self.delta, self.bases[tensor], self.starts[tensor]
+        if plan is None or base is None or base.boxed or start is None:
             return None
-        loc = base.chunks[seq]
-        if loc.raw_length != length or loc.depth + 1 > plan.max_depth:
+        loc = base.at.get(start + offset)
+        if loc is None or loc.raw_length != length or loc.depth + 1 > plan.max_depth:
             return None
         depth = loc.depth + 1
         if plan.policy == "root" and loc.base_id is not None:
@@ -434,7 +462,7 @@ class _Ingest:
         # A tensor whose chunks lately lost as deltas (e.g. Adam's first moments) skips the
         # base fetch and the delta encode, except for a periodic retry.
         try_delta = len(raw) > 0 and self.hints[tensor].try_delta()
-        base = self._base(tensor, h.seq, len(raw)) if try_delta else None
+        base = self._base(tensor, h.offset, len(raw)) if try_delta else None
         encoding, payload, alone = encode_with_base(
             raw, itemsize, base[2] if base is not None else None,
             level=self.opts.zstd_level, min_saving=self.opts.min_saving, hint=self.hints[tensor],

@@ -22,16 +22,27 @@ if TYPE_CHECKING:
 
 
 class Source(NamedTuple):
-    """One tensor to ingest: entry name, stored dtype name (``"float32"``), shape, bytes."""
+    """One tensor, or one piece of a tensor, to ingest: entry name, stored dtype name
+    (``"float32"``), the tensor's (global) shape and the bytes of this source.
+
+    A whole tensor (``box`` None) is cut at the repository's chunk size from its first byte. A
+    piece (one rank's shard of a distributed tensor) has ``box``, ``(offsets, sizes)`` of the
+    global tensor, and ``start``: the byte of the tensor's row-major order where ``data``
+    begins when the box is one range of that order (it is then cut on the tensor's grid,
+    ``chunker.grid_spans``), None when it is not (a column shard: it is cut on its own grid and
+    stored as a box, ``models.Tensor.boxes``).
+    """
 
     name: str
     dtype: str
     shape: tuple[int, ...]
     data: memoryview
+    box: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    start: int | None = None
 
     @property
     def numel(self) -> int:
-        return math.prod(self.shape)
+        return math.prod(self.shape) if self.box is None else math.prod(self.box[1])
 
 
 def from_tensors(tensors: Mapping[str, torch.Tensor]) -> list[Source]:

@@ -212,15 +212,20 @@ def merge(a: Moments, b: Moments) -> Moments:
     )
 
 
-def combine(parts: Iterable[Moments], numel: int) -> dict[str, Any]:
-    """Tensor-row statistics from the summaries of all of a tensor's chunks."""
+def merged(parts: Iterable[Moments]) -> Moments:
+    """The summary of all the parts' elements together."""
     chunks = parts if isinstance(parts, list) else list(parts)
     if len(chunks) == 1 and chunks[0].n:
-        total = chunks[0]  # what merging it into an empty summary gives (most tensors are one chunk)
-    else:
-        total = Moments()
-        for part in chunks:
-            total = merge(total, part)
+        return chunks[0]  # what merging it into an empty summary gives (most tensors are one chunk)
+    total = Moments()
+    for part in chunks:
+        total = merge(total, part)
+    return total
+
+
+def combine(parts: Iterable[Moments], numel: int) -> dict[str, Any]:
+    """Tensor-row statistics from the summaries of all of a tensor's chunks."""
+    total = merged(parts)
     out: dict[str, Any] = {
         "numel": numel, "mean": None, "std": None, "min": None, "max": None,
         "l2_norm": None, "abs_max": None, "nan_count": total.nan, "inf_count": total.inf,

@@ -30,8 +30,9 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import sys
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -56,7 +57,7 @@ from ckptrepo.ingest.committer import Committer
 from ckptrepo.ingest.handle import CommitHandle
 from ckptrepo.ingest.idle import IdleRepack
 from ckptrepo.ingest.pipeline import DeltaPlan, IngestOptions, IngestResult, ingest
-from ckptrepo.ingest.request import CommitRequest
+from ckptrepo.ingest.request import CommitMeta, CommitRequest
 from ckptrepo.ingest.sources import Source, from_tensors
 from ckptrepo.ingest.spare import SpareCpuGate
 from ckptrepo.lineage import revparse
@@ -260,6 +261,35 @@ class CommitWriter:
             self._committer.submit_idle(self._idle.run)
         return CommitHandle(future, staged=True, on_failure_seen=self._committer.acknowledge)
 
+    def commit_state(self, state: Any, meta: CommitMeta, *, branch: str, blocking: bool, allow_pickle: bool,
+                     group: Any, entered: float) -> CommitHandle:
+        """``Repo.commit``: validate ``state`` and ``meta`` (``request.prepare``), then commit it on
+        this process (``submit``), or on every rank of ``group`` when one is given or the state
+        holds a DTensor (``dist.native``)."""
+        from ckptrepo import state as st
+
+        self.check_usable()
+        self.raise_unseen_failure()
+        if distributed(state, group):
+            from ckptrepo.dist import native
+
+            fields = request.prepare(self._sessions, branch=branch, names=(), **meta)
+            return native.commit(self, state, fields, group=group, blocking=blocking, allow_pickle=allow_pickle)
+        flat = st.flatten(state, allow_pickle=allow_pickle)
+        fields = request.prepare(self._sessions, branch=branch, names=flat.tensors.keys(), **meta)
+        return self.submit(flat.tensors, {"skeleton": flat.skeleton, **fields}, blocking=blocking, entered=entered)
+
+    def commit_sources(self, skeleton: Any, sources: list[Source], meta: CommitMeta, *, branch: str,
+                       entered: float) -> t.Commit:
+        """A blocking commit of ``sources`` (a file's tensors as bytes) with ``skeleton``."""
+        self.check_usable()
+        self.raise_unseen_failure()
+        fields = request.prepare(self._sessions, branch=branch, names=[s.name for s in sources], **meta)
+        staged_at = time.perf_counter()
+        req = CommitRequest(skeleton=skeleton, sources=sources, stall_s=staged_at - entered, wait_s=0.0,
+                            staged_at=staged_at, **fields)
+        return self.commit_now(req).wait()
+
     def commit_now(self, req: CommitRequest) -> CommitHandle:
         """Commit ``req`` on this thread (a blocking commit), in call order after the pending
         background commits, on the normal-priority pool; returns a finished handle or raises."""
@@ -268,6 +298,37 @@ class CommitWriter:
         done: Future[t.Commit] = Future()
         done.set_result(self._persist(req, self._pool, defer=self.defers(blocking=True)))
         return CommitHandle(done, staged=True)
+
+    @property
+    def chunk_size(self) -> int:
+        """The repository's chunk size (its chunk grid's step before rounding to whole elements)."""
+        return self._config.chunk_size
+
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        """The normal-priority workers (hashing, encoding, decoding) this writer shares with its repository."""
+        return self._pool
+
+    def submit_job(self, job: Callable[[], t.Commit]) -> CommitHandle:
+        """Queue ``job`` (a distributed commit's phase 2) on the committer thread, in call order
+        with the other commits; its failure is reported as theirs are."""
+        self.check_usable()
+        future = self._committer.submit(job)
+        return CommitHandle(future, staged=True, on_failure_seen=self._committer.acknowledge)
+
+    def read_commit(self, commit_id: str) -> t.Commit:
+        """The stored commit with this full id (a distributed commit another rank recorded)."""
+        with self._sessions() as s:
+            found = views.commits_by_id(s, [commit_id])
+        if not found:
+            raise CommitReadFailed(commit=short(commit_id), detail="it is not in the catalog")
+        return found[0]
+
+    def repack_later(self) -> None:
+        """Queue the background repack of what a commit stored raw (after a deferred commit
+        made outside ``submit``: a distributed one)."""
+        if self._idle_repack:
+            self._committer.submit_idle(self._idle.run)
 
     def reserve(self, tensors: dict[str, torch.Tensor]) -> int:
         """Prepare the staging memory for states laid out like ``tensors`` (``Repo.reserve``)."""
@@ -288,9 +349,11 @@ class CommitWriter:
 
     # -- the three steps -------------------------------------------------------------------
 
-    def plan(self, req: CommitRequest, *, defer: bool) -> CommitPlan:
+    def plan(self, req: CommitRequest, *, defer: bool, shared: bool = False) -> CommitPlan:
         """Resolve ``req``'s parents and read the first parent's layout. UsageError when the
-        branch head is not among given parents; UnknownRevision for a revision gone since."""
+        branch head is not among given parents; UnknownRevision for a revision gone since.
+        ``shared``: a commit whose packs other processes write (a distributed commit): its
+        rows are recorded at once, never left pending."""
         with self._sessions() as s:
             head = refs.branch_head(s, req.branch)
             parent_ids = [revparse.resolve(s, p) for p in req.parents] if req.parents else []
@@ -308,7 +371,7 @@ class CommitWriter:
         # (``db.pending``); any other reads layouts from the catalog, pending ones indexed first.
         last, parent = self._last_recorded, None
         follows = not parent_ids or (last is not None and last.commit_id == parent_ids[0])
-        lazy = defer and self._defers_layouts and transfer is None and len(parent_ids) <= 1 and follows
+        lazy = not shared and defer and self._defers_layouts and transfer is None and len(parent_ids) <= 1 and follows
         if not lazy:
             self._index_layouts()
             last = self._last_recorded
@@ -419,8 +482,8 @@ class CommitWriter:
         packs = [catalog.PackRow(p.pack_id, p.size, len(p.locations), result.deferred) for p in result.packs]
         alone = result.alone_lengths
         chunks = [loc._replace(alone_length=alone.get(loc.chunk_id)) for p in result.packs for loc in p.locations]
-        tensors = [catalog.TensorRow(r.tensor_id, r.dtype, r.shape, r.nbytes, r.chunk_size, r.chunk_ids, r.stats)
-                   for r in result.tensors]
+        tensors = [catalog.TensorRow(r.tensor_id, r.dtype, r.shape, r.nbytes, r.chunk_size, r.chunk_ids, r.stats,
+                                     r.boxes) for r in result.tensors]
         if lazy:
             catalog.record_head(s, packs=packs, commit=row, edges=edges, metrics=req.metrics, now=now)
             pending.defer_layout(s, row["id"], chunks, tensors, entries)
@@ -465,6 +528,19 @@ class CommitWriter:
             for entry, tensor in catalog.tensor_layout(s, source):
                 by_id.setdefault(tensor.id, entry.name)
         return {name: by_id[tid] for name, tid in entries.items() if tid in by_id}
+
+
+def distributed(state: Any, group: Any) -> bool:
+    """Whether a commit or checkout of ``state`` runs on every rank of a process group: a group
+    is given, or the state holds a DTensor (which only exists once ``torch.distributed.tensor``
+    is imported: single-process commits never import it)."""
+    if group is not None:
+        return True
+    if sys.modules.get("torch.distributed.tensor") is None:
+        return False
+    from ckptrepo.dist.native import is_distributed
+
+    return is_distributed(state)
 
 
 def commit_row(result: IngestResult, entries: dict[str, str], edges: Collection[catalog.EdgeRow],

@@ -7,6 +7,7 @@ the way). Callers get tensors that share no memory with any cache.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Executor, wait
 
@@ -31,6 +32,25 @@ def _read_run(reader: ChunkReader, run: list[tuple[str, ChunkLocation, memoryvie
         except IntegrityError as exc:
             detail = exc.fields.get("detail", exc.message)
             raise IntegrityError(detail=f"tensor {name!r} of commit {commit_id[:10]}: {detail}") from exc
+
+
+def read_runs(reader: ChunkReader, pool: Executor, work: Sequence[tuple[str, ChunkLocation, memoryview]], *,
+              commit_id: str, jobs_per_worker: int = 4) -> None:
+    """Decode every ``(tensor name, chunk location, output view)`` of ``work`` into its view, on
+    ``pool``, verified; return when all are done (IntegrityError naming commit and tensor)."""
+    if not work:
+        return
+    bases = reader.bases_for(loc for _, loc, _ in work)  # delta chains' bases, one query per chain level
+    per_job = max(1, -(-len(work) // (jobs_per_worker * _workers(pool))))
+    jobs = [pool.submit(_read_run, reader, list(work[i : i + per_job]), commit_id, bases)
+            for i in range(0, len(work), per_job)]
+    try:
+        for job in jobs:
+            job.result()
+    finally:
+        for job in jobs:
+            job.cancel()
+        wait(jobs)
 
 
 def read_tensors(
@@ -89,8 +109,28 @@ def iter_tensors(
             while done * per_job < end:
                 jobs[done].result()
                 done += 1
-            yield name, st.tensor_from_bytes(buf, row.dtype, list(row.shape))
+            yield name, assemble(buf, row.dtype, list(row.shape), row.boxes)
     finally:
         for job in jobs:
             job.cancel()
         wait(jobs)
+
+
+def assemble(stream: torch.Tensor, dtype: str, shape: list[int], boxes: list[list[list[int]]] | None) -> torch.Tensor:
+    """The tensor whose stored bytes are ``stream`` (uint8): its row-major bytes (``boxes`` None,
+    a view, no copy), or ``boxes`` (``models.Tensor.boxes``), each box's own row-major bytes in
+    order, copied into place. IntegrityError when the boxes do not add up to the stream."""
+    if boxes is None:
+        return st.tensor_from_bytes(stream, dtype, shape)
+    out = torch.empty(shape, dtype=st.dtype_from_name(dtype))
+    itemsize = out.element_size()
+    pos = 0
+    for offsets, sizes in boxes:
+        n = math.prod(sizes) * itemsize
+        box = st.tensor_from_bytes(stream[pos : pos + n], dtype, sizes)
+        st.bit_view(out)[tuple(slice(o, o + z) for o, z in zip(offsets, sizes, strict=True))] = st.bit_view(box)
+        pos += n
+    if pos != stream.numel():
+        raise IntegrityError(detail=f"the boxes of a {dtype} tensor of shape {shape} hold {pos} bytes, "
+                                    f"its chunks {stream.numel()}")
+    return out
