@@ -2,7 +2,7 @@
 machine's own speeds for the work it cannot avoid.
 
 On cores a CPU training job keeps busy, what a commit costs the loop is, to first order, the
-CPU its background threads take (BENCHMARKS.md, training overhead). This script commits the
+CPU its background threads take (docs/benchmarks.md, training overhead). This script commits the
 117 MiB state of ``_training.py`` (a few steps in, AdamW moments filled) ``--commits`` times
 on an otherwise idle machine, each time after nudging every tensor so that nothing
 deduplicates, as in training, and reads every thread's CPU time from

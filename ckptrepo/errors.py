@@ -101,7 +101,8 @@ class InvalidInput(CkptError):
     """Cannot read {path}: {reason}."""
 
     exit_code = 2
-    hint = "`ckpt commit` takes .safetensors files, torch.save files and Hugging Face model folders."
+    hint = ("`ckpt commit` takes .safetensors and torch.save files, and Hugging Face model folders and "
+            "torch.distributed.checkpoint folders.")
 
 
 class RefConflict(CkptError):

@@ -134,7 +134,7 @@ def _sqlite_engine(url: str) -> Engine:
             # of SQLite's 1000: a commit rewrites the same tail pages of the indexes that grow at
             # their end (entry runs, keys), which a checkpoint then writes once for eight
             # commits or so instead of one or two; ~1.6 CPU-ms less per commit of the
-            # training benchmark's state after 2000 others (BENCHMARKS.md, session 22).
+            # training benchmark's state after 2000 others (``bench_commit_cpu.py --prefill 2000``).
             cursor.execute("PRAGMA wal_autocheckpoint=4096")
         finally:
             cursor.close()

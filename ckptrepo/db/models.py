@@ -2,7 +2,7 @@
 
 Ids are 64-character lowercase hex BLAKE3 digests (see ``ckptrepo.ids``). Rows are
 only ever inserted by one transaction per commit (``repository``), so a row that is
-visible always refers to durable pack bytes (the write ordering in DESIGN.md).
+visible always refers to durable pack bytes (the write ordering in docs/design.md).
 
 Chunks and tensors also have an integer ``key`` (schema 0010), which the rows that refer to
 them (``tensor_chunks``, ``entries``, ``entry_runs``, a delta chunk's base) hold instead of

@@ -72,6 +72,16 @@ def _own_groups(group: Any) -> tuple[Any, Any]:
         return found
 
 
+def _on_cpu(mesh: Any) -> Any:
+    """``mesh``, or for a CUDA mesh its CPU twin (the same ranks and layout, no process groups): the
+    staged copies of CUDA shards are host memory, and ``DTensor.from_local`` would move them back."""
+    if mesh.device_type == "cpu":
+        return mesh
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh("cpu", mesh.mesh, mesh_dim_names=mesh.mesh_dim_names, _init_backend=False)
+
+
 def _stateful(state: Any) -> Any:
     """``state`` with every module, optimizer or scheduler at its top two levels as its state dict."""
     if isinstance(state, dict):
@@ -97,7 +107,7 @@ def commit(engine: CommitWriter, state: Any, meta: dict[str, Any], *, group: Any
         staged: dict[str, Any] = {}
         for fqn, value in flat.items():
             if isinstance(value, DTensor):
-                staged[fqn] = DTensor.from_local(snap.staged[fqn], value.device_mesh, value.placements,
+                staged[fqn] = DTensor.from_local(snap.staged[fqn], _on_cpu(value.device_mesh), value.placements,
                                                  run_check=False, shape=value.shape, stride=value.stride())
             elif isinstance(value, torch.Tensor):
                 staged[fqn] = snap.staged[fqn]

@@ -3,7 +3,7 @@
 ``normal`` (the default) runs phase 2 at the caller's priority, right after the copy: on a
 2-core machine whose cores a CPU training job keeps busy, a 117 MiB commit's phase 2 is
 then durable ~0.06 s after the copy, and costs the loop about its own CPU time (2.3% at
-k=50 against 3.5% with ``idle``, the same 100 paired rounds, BENCHMARKS.md).
+k=50 against 3.5% with ``idle``, the same 100 paired rounds of ``bench_training_paired.py``).
 
 ``idle`` puts those threads in Linux ``SCHED_IDLE``: they run only on CPU time nobody else
 wants (a GPU-bound job's idle cores, the moments the trainer waits). On cores a training

@@ -2,7 +2,7 @@
 
 A store holds immutable objects under '/'-separated relative keys such as
 ``packs/ab/ab12...ef.pack``. Writes are atomic and durable when they return (write
-ordering step 1 in DESIGN.md): a key is either absent or complete, never partial, and
+ordering step 1 in docs/design.md): a key is either absent or complete, never partial, and
 once ``put_*`` returns a crash cannot take it back. Reads of a missing key raise
 StorageError naming the key; malformed keys raise UsageError.
 """

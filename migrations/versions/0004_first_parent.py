@@ -7,7 +7,7 @@ Create Date: 2026-11-22
 A first-parent chain (``history``) looked up each step's parent in ``edges`` and then the
 commit itself in ``commits``; with the first parent stored on the commit, one lookup of
 the commit gives both (history of one tensor along 10,000 commits: ~15% less SQL time on
-SQLite, see BENCHMARKS.md). The column copies the parent of each commit's ``parent`` edge at
+SQLite, ``bench_lineage.py``). The column copies the parent of each commit's ``parent`` edge at
 position 0 (NULL for roots), filled here for existing commits and written with every new
 commit (``catalog.record_commit``).
 """

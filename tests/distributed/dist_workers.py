@@ -12,6 +12,7 @@ import socket
 import sys
 import traceback
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,8 @@ def run_ranks(scenario: str, world: int, path: Path, *args: Any, timeout: float 
 def rank_main(rank: int, world: int, port: int, scenario: str, path: str, args: tuple[Any, ...]) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), CKPT_IDLE_REPACK="0")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # A bounded wait: a rank whose peer died must fail, not hang (the kill tests check it).
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
     try:
         SCENARIOS[scenario](rank, world, Path(path), *args)
     except BaseException:
@@ -270,7 +272,30 @@ def save_loop(rank: int, world: int, path: Path, count: int) -> None:
                     f.write(f"{cid} {seeds[0]}\n")
 
 
+def save_ddp(rank: int, world: int, path: Path, seed: int) -> None:
+    """A DDP model (its state dict: plain tensors, the same on every rank) and its SGD state
+    saved through the Writer; rank 0 stores the state for the test to compare with."""
+    import torch.distributed.checkpoint as dcp
+    from torch.nn.parallel import DistributedDataParallel
+
+    import ckptrepo
+    from ckptrepo.dcp import Writer, commit_id
+
+    torch.manual_seed(seed)
+    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(128, 1024), torch.nn.Linear(1024, 256)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    torch.manual_seed(seed + rank)  # each rank its own batch; DDP averages the gradients
+    model(torch.randn(16, 128)).sum().backward()
+    opt.step()
+    state = {"model": model.state_dict(), "optim": opt.state_dict()}
+    with ckptrepo.Repo.open(path) as repo:
+        cid = commit_id(dcp.save(state, storage_writer=Writer(repo, step=1)))
+    if rank == 0:
+        torch.save({"state": state, "commit": cid}, path / "ddp.pt")
+
+
 SCENARIOS: dict[str, Callable[..., None]] = {
+    "save_ddp": save_ddp,
     "save_dtensors": save_dtensors, "load_dtensors": load_dtensors, "save_fsdp": save_fsdp, "load_fsdp": load_fsdp,
     "native_commit": native_commit, "native_checkout": native_checkout, "native_failure": native_failure,
     "save_loop": save_loop,

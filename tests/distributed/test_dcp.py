@@ -88,7 +88,7 @@ def test_the_same_state_from_another_world_size_stores_only_edge_chunks(repo_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("saved, loaded", [(2, 1), (2, 3), (2, 4), (3, 2)])
+@pytest.mark.parametrize("saved, loaded", [(2, 1), (2, 2), (2, 3), (2, 4), (3, 2)])
 def test_fsdp2_model_and_adamw_reshard(repo_path: Path, saved: int, loaded: int) -> None:
     if not (repo_path / f"fsdp-{saved}.pt").exists():
         run_ranks("save_fsdp", saved, repo_path, 1)
@@ -148,3 +148,19 @@ def test_a_rank_that_fails_fails_the_commit_on_every_rank(repo_path: Path) -> No
     assert (repo_path / "failed-0.txt").exists() and (repo_path / "failed-1.txt").exists()
     with ckptrepo.Repo.open(repo_path) as repo:
         assert repo.log() == [] and repo.stats().packs == 0
+
+
+def test_ddp_state_is_written_once_in_parts_and_restores(repo_path: Path) -> None:
+    """DDP's replicated state: DCP gives each tensor to one rank; the large ones are split over
+    both ranks by bytes, in whole chunk steps, so the commit equals a single-process commit of
+    the same state (the same tensor ids) and every chunk is stored once."""
+    run_ranks("save_ddp", 2, repo_path, 5)
+    saved = torch.load(repo_path / "ddp.pt", weights_only=False)
+    with ckptrepo.Repo.open(repo_path) as repo:
+        state = repo.checkout(saved["commit"])
+        for k, v in saved["state"]["model"].items():
+            assert torch.equal(state["model"][k], v), k
+        plain = repo.commit(saved["state"], branch="plain", blocking=True).wait()
+        assert plain.new_bytes == 0  # every chunk identical to the distributed commit's
+        ids = {t.name: t.tensor_id for t in repo.tensors(saved["commit"])}
+        assert ids == {t.name: t.tensor_id for t in repo.tensors(plain.id)}
