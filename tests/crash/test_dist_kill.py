@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 import ckptrepo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "distributed"))
-from dist_workers import free_port, rank_main, reference  # noqa: E402
+from dist_workers import free_port, rank_main, reference
 
 KILLS = 10
 SURVIVOR_BOUND_S = 90.0  # the workers' process group times out after 60 s; a closed peer is seen at once
