@@ -5,6 +5,7 @@ return no tensor run without torch. The folder's layout: ``folder``."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
@@ -187,18 +188,18 @@ class Repo:
     def commit_file(self, path: str | Path, *, branch: str | None = None,
                     **meta: Unpack[CommitMeta]) -> t.Commit:
         """Commit a checkpoint file or folder (``formats.read_state``; ``meta`` as for ``commit``),
-        validated whole first (InvalidInput); a plain safetensors file is memory-mapped (it must
-        not change meanwhile) and committed as bytes, without torch. Returns the durable commit."""
+        validated whole first (InvalidInput); a plain safetensors file is read whole (direct I/O)
+        and committed as bytes, without torch. Returns the durable commit."""
+        from ckptrepo.formats import ReadBuffer, read_state
         from ckptrepo.ingest.sources import from_safetensors
 
         entered = time.perf_counter()
         self._check_open()
-        found = from_safetensors(Path(path))
-        if found is None:  # not a plain safetensors file: read as a state of tensors
-            from ckptrepo.formats import read_state
-
-            return self.commit(read_state(Path(path), mapped=True), branch=branch, blocking=True, **meta).wait()
-        return self._writer.commit_sources(*found, meta, branch=branch or self.head, entered=entered)
+        with contextlib.closing(ReadBuffer()) as buffer:
+            found = from_safetensors(Path(path), buffer)
+            if found is not None:
+                return self._writer.commit_sources(*found, meta, branch=branch or self.head, entered=entered)
+        return self.commit(read_state(Path(path), mapped=True), branch=branch, blocking=True, **meta).wait()
 
     # -- reading ---------------------------------------------------------------------------
 

@@ -46,9 +46,8 @@ def commit(
 ) -> None:
     """Commit checkpoint files or model folders on a branch (default: the current branch).
 
-    Each input is validated (format, header, sizes) before anything of it is written; one
-    safetensors file is memory-mapped and read while the commit hashes it, so it must not
-    change meanwhile. Several inputs (an import: `ckpt commit ckpts/*.safetensors`) become
+    Each input is validated (format, header, sizes) before anything of it is written; a
+    safetensors file is read whole, then hashed and stored as bytes. Several inputs (an import: `ckpt commit ckpts/*.safetensors`) become
     one commit each, in the order given, each on top of the one before; every file is read
     whole while the one before is committed, and its name is its commit's message (after
     -m MSG if given). A commit becomes visible only once all its bytes are durable; if an
@@ -63,7 +62,6 @@ def commit(
     transfer = _transfer_spec(transfer_from) if transfer_from is not None else None
     with current().open() as repo, render.phases(enabled=_input_bytes(path) >= PROGRESS_MIN_BYTES) as phase:
         branch = branch or repo.head
-        # A safetensors file is mapped: the commit reads its pages as it hashes them.
         phase(f"committing {path.name}: reading, hashing, compressing and writing")
         result = repo.commit_file(
             path,

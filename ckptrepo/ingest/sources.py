@@ -20,6 +20,8 @@ from ckptrepo.entries import escape, flat_skeleton
 if TYPE_CHECKING:
     import torch
 
+    from ckptrepo.formats.readbuffer import ReadBuffer
+
 
 class Source(NamedTuple):
     """One tensor, or one piece of a tensor, to ingest: entry name, stored dtype name
@@ -55,17 +57,18 @@ def from_tensors(tensors: Mapping[str, torch.Tensor]) -> list[Source]:
             for (name, t), view in zip(tensors.items(), views, strict=True)]
 
 
-def from_safetensors(path: Path) -> tuple[Any, list[Source]] | None:
+def from_safetensors(path: Path, buffer: ReadBuffer) -> tuple[Any, list[Source]] | None:
     """The skeleton and sources of a plain safetensors file (a flat dict of tensors, as
-    ``formats.read_state`` reads it), memory-mapped, without torch; None for any other input
-    (another suffix, a folder, a file carrying a ckptrepo skeleton), which the caller reads as a
-    state of tensors. InvalidInput (naming the file) when it is damaged; it must not change while
-    its sources are in use."""
+    ``formats.read_state`` reads it), read whole into ``buffer`` (direct I/O where the filesystem
+    allows: no page-cache copy, no page faults while hashing; the sources are views of it, valid
+    until its next read), without torch; None for any other input (another suffix, a folder, a
+    file carrying a ckptrepo skeleton), which the caller reads as a state of tensors.
+    InvalidInput (naming the file) when it is damaged."""
     from ckptrepo.formats.safetensors_file import read_flat
 
     if path.suffix.lower() != ".safetensors" or not path.is_file():
         return None
-    flat = read_flat(path, mapped=True)
+    flat = read_flat(path, buffer=buffer)
     if flat.skeleton is not None:
         return None
     sources = [Source(escape(x.name), x.dtype, tuple(x.shape), x.data) for x in flat.tensors]
