@@ -47,11 +47,12 @@ def commit(
     """Commit checkpoint files or model folders on a branch (default: the current branch).
 
     Each input is validated (format, header, sizes) before anything of it is written; a
-    safetensors file is read whole, then hashed and stored as bytes. Several inputs (an import: `ckpt commit ckpts/*.safetensors`) become
-    one commit each, in the order given, each on top of the one before; every file is read
-    whole while the one before is committed, and its name is its commit's message (after
-    -m MSG if given). A commit becomes visible only once all its bytes are durable; if an
-    input fails, the commits before it stay and the error names the input.
+    safetensors file is read whole, then hashed and stored as bytes. Several inputs (an
+    import: `ckpt commit ckpts/*.safetensors`) become one commit each, in the order given,
+    each on top of the one before; every file is read whole while the one before is
+    committed, and its name is its commit's message (after -m MSG if given). A commit
+    becomes visible only once all its bytes are durable; if an input fails, the commits
+    before it stay and the error names the input.
     """
     if len(paths) > 1:
         _commit_many(paths, message, branch, as_json,

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from sqlalchemy import Integer, Text, and_, bindparam, case, cast, func, select
 from sqlalchemy.orm import Session, aliased
 
+from ckptrepo import dtypes
+from ckptrepo.chunks.chunker import chunk_step
 from ckptrepo.db import catalog, lines
 from ckptrepo.db.engine import Sessions, fetch_tuples, serial_plans
 from ckptrepo.db.models import Chunk, Commit, Entry, EntryRun, Id, Metric, Tensor, TensorChunk, utc_datetime
@@ -260,10 +262,15 @@ def _exact_requests(
     looked up here, through the commits' entries)."""
     requests: list[ExactRequest] = []
     whole: list[tuple[str, _Side, _Side]] = []
-    for name, (sa, sb) in sorted(sides.items()):
-        if sa is None or sb is None or sa.info.tensor_id == sb.info.tensor_id or _comparable(sa, sb) is not None:
-            continue
-        if sa.chunk_size != sb.chunk_size:
+    changed = {name: (sa, sb) for name, (sa, sb) in sorted(sides.items())
+               if sa is not None and sb is not None and sa.info.tensor_id != sb.info.tensor_id
+               and _comparable(sa, sb) is None}
+    boxed = set(s.scalars(select(Tensor.id).where(Tensor.id.in_({x.info.tensor_id for pair in changed.values()
+                                                                    for x in pair}), Tensor.boxes.is_not(None))))
+    for name, (sa, sb) in changed.items():
+        # Chunk pairs by position hold the same elements only on the tensors' plain grid (not a
+        # distributed commit's edge pieces or boxes): else both are read whole.
+        if sa.chunk_size != sb.chunk_size or not (_on_grid(sa, boxed) and _on_grid(sb, boxed)):
             whole.append((name, sa, sb))
             continue
         found = pairs.get(name, [])
@@ -280,6 +287,14 @@ def _exact_requests(
             requests.append(ExactRequest(name, sa.info.dtype, sa.info.stats.l2_norm or 0.0,
                                          sb.info.stats.l2_norm or 0.0, whole=both))
     return requests
+
+
+def _on_grid(side: _Side, boxed: set[str]) -> bool:
+    """Whether a tensor's chunks lie on its plain grid: chunk ``i`` at byte ``i * step``."""
+    if side.info.tensor_id in boxed:
+        return False
+    step = chunk_step(dtypes.dtype(side.info.dtype).itemsize, side.chunk_size)
+    return side.info.n_chunks == max(1, -(-side.info.nbytes // step))
 
 
 def _with_exact(deltas: list[TensorDelta], sides: dict[str, list[_Side | None]],
