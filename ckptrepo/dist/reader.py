@@ -23,6 +23,7 @@ from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
     ChunkStorageMetadata,
     Metadata,
+    StorageMeta,
     TensorProperties,
     TensorStorageMetadata,
 )
@@ -96,10 +97,16 @@ class CommitReader(StorageReader):
                 described[fqn] = TensorStorageMetadata(
                     properties=TensorProperties(dtype=st.dtype_from_name(row.dtype)), size=shape,
                     chunks=[ChunkStorageMetadata(offsets=torch.Size([0] * len(shape)), sizes=shape)])
-        return Metadata(state_dict_metadata=described, planner_data=mappings)
+        # The commit's id travels with the metadata DCP hands every rank: all read the same commit
+        # even if ``rev`` names a branch that moves meanwhile.
+        return Metadata(state_dict_metadata=described, planner_data=mappings,
+                        storage_meta=StorageMeta(checkpoint_id=cid))
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        if not self._commit_id:  # DCP read the metadata on another rank: resolve here too
+        if not self._commit_id:  # DCP read the metadata on another rank: read that commit here too
+            meta = metadata.storage_meta
+            if meta is not None and isinstance(meta.checkpoint_id, str):
+                self._rev = meta.checkpoint_id
             self.read_metadata()
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
