@@ -173,6 +173,10 @@ def rank_main(rank: int, world: int, port: int, phase: str, cfg: dict[str, Any],
                       waited=h.waited, peak_rss=h.gather(float(peak_rss())))
         if rank == 0:
             Path(out).write_text(json.dumps(result))
+        # The gloo thread that ran the last gather releases its tensors after the gather returns;
+        # a rank already finalizing the interpreter then aborts ("terminate called without an
+        # active exception"). A barrier (no Python tensors) lets that happen first.
+        h.barrier()
     except BaseException:
         traceback.print_exc(file=sys.stderr)
         raise

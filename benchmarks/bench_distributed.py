@@ -193,7 +193,7 @@ def run(base: Path, args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=None, help="rounds of every measurement (default 3; --quick 1)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds of every measurement (default 5; --quick 1)")
     ap.add_argument("--quick", action="store_true", help="a smoke run: a ~22 MB state, 1 round")
     ap.add_argument("--dir", type=Path, default=None, help="where repositories go (default: a temp dir under /work)")
     ap.add_argument("--max-foreign", type=float, default=0.10,
@@ -204,7 +204,7 @@ def main() -> None:
     ap.add_argument("--quiet-timeout", type=float, default=30.0,
                     help="seconds to wait for a quiet machine before each measurement (default 30)")
     args = ap.parse_args()
-    args.rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
+    args.rounds = args.rounds if args.rounds is not None else (1 if args.quick else 5)
     warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
     with scratch_dir(args.dir) as base:
         run(base, args)

@@ -166,9 +166,7 @@ def run_segment(cfg: Config, trainer: Trainer, steps: int, base: Path) -> Segmen
         load.stop()
         seg.load = load
         if repo is not None:  # the deferred encoding: done now, measured, reported
-            from ckptrepo.maintenance import repack as packer
-
-            seg.pending_after = packer.pending(repo._sessions)[1]
+            seg.pending_after = repo.repack_pending()[1]
             seg.stored_deferred = repo.stats().stored_bytes
             cpu1, t1 = time.process_time(), time.perf_counter()
             repo.repack()

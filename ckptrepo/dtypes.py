@@ -17,12 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
-import numpy as np
-
 from ckptrepo.errors import FormatError
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
+
+    BYTE_FLOAT_TABLES: dict[str, np.ndarray[Any, Any]]
 
 Kind: TypeAlias = Literal["float", "int", "uint", "bool", "complex", "bits"]
 
@@ -129,6 +130,8 @@ def _minifloat(
     the top bit down; exponent 0 is subnormal. ``nan``: ``"ieee"`` the top exponent is ±inf
     (mantissa 0) or NaN; ``"fn"`` (finite) only the all-ones exponent and mantissa are NaN;
     ``"fnuz"`` (finite, unsigned zero) the one NaN is the code of negative zero, 0x80."""
+    import numpy as np
+
     codes = np.arange(256, dtype=np.int64)
     negative = (codes >> 7) == 1
     exponent = (codes >> mantissa_bits) & ((1 << exponent_bits) - 1)
@@ -151,6 +154,8 @@ def _minifloat(
 
 def _e8m0() -> np.ndarray[Any, Any]:
     """float32 values of float8_e8m0fnu: an unsigned power of two, 2**(code - 127); 0xFF is NaN."""
+    import numpy as np
+
     values = np.ldexp(np.ones(256), np.arange(256) - 127)
     values[0xFF] = np.nan
     return values.astype(np.float32)  # 2**-127 is a float32 subnormal, exactly
@@ -161,11 +166,21 @@ def _read_only(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return a
 
 
-BYTE_FLOAT_TABLES: dict[str, np.ndarray[Any, Any]] = {
-    "float8_e4m3fn": _read_only(_minifloat(4, 3, 7, "fn")),
-    "float8_e5m2": _read_only(_minifloat(5, 2, 15, "ieee")),
-    "float8_e4m3fnuz": _read_only(_minifloat(4, 3, 8, "fnuz")),
-    "float8_e5m2fnuz": _read_only(_minifloat(5, 2, 16, "fnuz")),
-    "float8_e8m0fnu": _read_only(_e8m0()),
-}
-"""Stored name -> read-only float32 array of 256: ``table[code]`` is the value of the byte ``code``."""
+def _byte_float_tables() -> dict[str, np.ndarray[Any, Any]]:
+    """Stored name -> read-only float32 array of 256: ``table[code]`` is the value of the byte ``code``."""
+    return {
+        "float8_e4m3fn": _read_only(_minifloat(4, 3, 7, "fn")),
+        "float8_e5m2": _read_only(_minifloat(5, 2, 15, "ieee")),
+        "float8_e4m3fnuz": _read_only(_minifloat(4, 3, 8, "fnuz")),
+        "float8_e5m2fnuz": _read_only(_minifloat(5, 2, 16, "fnuz")),
+        "float8_e8m0fnu": _read_only(_e8m0()),
+    }
+
+
+def __getattr__(name: str) -> Any:
+    """``BYTE_FLOAT_TABLES`` (``_byte_float_tables``), built on first use: importing this module
+    does not import numpy (metadata commands of the CLI never need it)."""
+    if name == "BYTE_FLOAT_TABLES":
+        tables = globals()[name] = _byte_float_tables()
+        return tables
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

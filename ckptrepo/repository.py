@@ -436,10 +436,9 @@ class Repo:
 
     def repack_pending(self) -> tuple[int, int]:
         """``(packs, bytes)`` that commits stored raw and no repack has encoded yet."""
-        from ckptrepo.maintenance import repack as packer
-
         self._check_open()
-        return packer.pending(self._sessions)
+        with self._sessions() as s:
+            return catalog.awaiting_repack(s)
 
     def verify(self, *, full: bool = False) -> t.VerifyReport:
         """Check database and packs against each other (``full``: read and hash-check every chunk)."""

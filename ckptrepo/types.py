@@ -38,7 +38,10 @@ class Commit:
     bytes of chunks this commit added to the store, ``stored_bytes`` what those chunks
     occupy encoded. Seconds: ``stall_s`` the caller was blocked, ``wait_s`` of that spent
     waiting for an in-flight slot, ``persist_s`` from the end of the stall until the packs
-    are durable and the transaction that makes the commit visible begins.
+    are durable and the transaction that makes the commit visible begins. A commit made on
+    every rank records the coordinator's figures; one made by ``dcp.save`` through
+    ``ckptrepo.dcp.Writer`` records no stall (DCP decides what blocks its caller) and counts
+    ``persist_s`` from the start of the save.
     """
 
     id: str

@@ -501,3 +501,12 @@ def totals(session: Session) -> dict[str, int]:
         # What every chunk would occupy standalone: delta chunks count at their standalone size.
         "alone_bytes": scalar(select(func.sum(func.coalesce(Chunk.alone_length, Chunk.length)))),
     }
+
+
+def awaiting_repack(session: Session) -> tuple[int, int]:
+    """``(packs, bytes)`` that commits wrote raw and no repack has encoded yet."""
+    row = session.execute(
+        select(func.count(), func.coalesce(func.sum(Pack.size), 0))
+        .where(Pack.deferred.is_(True), Pack.retired_at.is_(None))
+    ).one()
+    return int(row[0]), int(row[1])

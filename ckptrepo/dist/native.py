@@ -3,9 +3,10 @@
 A distributed commit is two-phase as a single-process one. Phase 1, on the caller's thread of
 every rank: the state is flattened as DCP flattens it, every tensor's local part (a DTensor's
 local shard, a plain tensor whole) is copied into a reused staging slot, and the ranks agree
-that all of them got this far (one small all-gather: a rank that failed makes every rank raise
-``RankFailed`` at once, nothing staged stays). Phase 2, on each rank's committer thread in call
-order: ``dcp.save`` of the staged state through ``writer.ShareWriter`` on a process group of
+that all of them got this far (a one-element all-reduce: a rank that failed makes every rank
+raise ``RankFailed`` at once, nothing staged stays). Phase 2, on each rank's committer thread in
+call order: the coordinator's metadata is broadcast, the staged shards become DTensors again, and
+``dcp.save`` of the staged state runs through ``writer.ShareWriter`` on a process group of
 ckptrepo's own (gloo, so that its collectives never interleave with the training loop's), which
 writes every rank's share and records one commit on the coordinator. Plain tensors count as
 replicated: DCP gives each to one rank, and ``ShareWriter`` spreads the large ones over all
@@ -22,7 +23,9 @@ tensor its shards hold, whatever layout and world size committed them.
 from __future__ import annotations
 
 import copy
+import itertools
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -45,13 +48,20 @@ _lock = threading.Lock()
 
 
 def is_distributed(state: Any) -> bool:
-    """Whether ``state`` holds a DTensor (its modules' and optimizers' state dicts included)."""
+    """Whether ``state`` holds a DTensor (its modules' and optimizers' parameters, other stateful
+    objects' state dicts included)."""
     if isinstance(state, DTensor):
         return True
     if isinstance(state, dict):
         return any(is_distributed(v) for v in state.values())
     if isinstance(state, list | tuple):
         return any(is_distributed(v) for v in state)
+    # Modules and optimizers by their parameters (FSDP2's are DTensors): their state dicts are
+    # built once, by the commit.
+    if isinstance(state, torch.nn.Module):
+        return any(isinstance(p, DTensor) for p in itertools.chain(state.parameters(), state.buffers()))
+    if isinstance(state, torch.optim.Optimizer):
+        return any(isinstance(p, DTensor) for g in state.param_groups for p in g["params"])
     if callable(getattr(state, "state_dict", None)) and callable(getattr(state, "load_state_dict", None)):
         return is_distributed(state.state_dict())
     return False
@@ -91,58 +101,75 @@ def _stateful(state: Any) -> Any:
     return state
 
 
-def commit(engine: CommitWriter, state: Any, meta: dict[str, Any], *, group: Any, blocking: bool,
+def commit(engine: CommitWriter, state: Any, meta: dict[str, Any], *, group: Any, blocking: bool, entered: float,
            allow_pickle: bool = False) -> CommitHandle:
     """Commit ``state`` on every rank of ``group`` (None: the default group) as one commit;
-    ``meta``: ``CommitRequest``'s metadata fields, validated (the coordinator's are recorded)."""
+    ``meta``: ``CommitRequest``'s metadata fields, validated (the coordinator's are recorded);
+    ``entered``: ``time.perf_counter()`` when the caller's ``commit()`` began.
+
+    Phase 1 (this thread) does only what must precede the return: copy the local parts and
+    agree. Building the staged DTensors, sharing the coordinator's metadata and the save run in
+    phase 2."""
     agree, save_group = _own_groups(group)
-    rank = dist.get_rank(agree)
     snap = None
     failure = ""
+    dtensors: dict[str, tuple[Any, Any, Any, Any]] = {}  # fqn -> (mesh, placements, shape, stride)
+    values: dict[str, Any] = {}
+    mappings: Any = None
     try:
         flat, mappings = flatten_state_dict(_stateful(state))
-        local = {fqn: (v.to_local() if isinstance(v, DTensor) else v).detach()
-                 for fqn, v in flat.items() if isinstance(v, torch.Tensor)}
-        snap = engine.snapshots().take(local, raw=False, unchanged=frozenset(), summarize=False)
-        staged: dict[str, Any] = {}
+        local: dict[str, torch.Tensor] = {}
         for fqn, value in flat.items():
             if isinstance(value, DTensor):
-                staged[fqn] = DTensor.from_local(snap.staged[fqn], _on_cpu(value.device_mesh), value.placements,
-                                                 run_check=False, shape=value.shape, stride=value.stride())
+                local[fqn] = value.to_local().detach()
+                dtensors[fqn] = (value.device_mesh, value.placements, value.shape, value.stride())
             elif isinstance(value, torch.Tensor):
-                staged[fqn] = snap.staged[fqn]
+                local[fqn] = value.detach()
             else:
                 st.flatten(value, allow_pickle=allow_pickle)  # refused here, as a single-process commit would
-                staged[fqn] = copy.deepcopy(value)  # the caller may change it once commit() returns
-        staged_state = unflatten_state_dict(staged, mappings)
+                values[fqn] = copy.deepcopy(value)  # the caller may change it once commit() returns
+        snap = engine.snapshots().take(local, raw=False, unchanged=frozenset(), summarize=False)
     except Exception as exc:
         failure = f"{type(exc).__name__}: {exc}"
-    outcomes: list[Any] = [None] * dist.get_world_size(agree)
-    dist.all_gather_object(outcomes, (rank, failure), group=agree)
-    failed = [(r, why) for r, why in outcomes if why]
-    if failed:
+    try:
+        _agree(agree, failure)
+    except BaseException:
         if snap is not None:
             snap.release()
-        raise RankFailed(rank=failed[0][0], detail=failed[0][1])
+        raise
     assert snap is not None
-    release = snap.release
-    shared = [meta]  # the coordinator's message, step, metrics and time are the commit's
-    dist.broadcast_object_list(shared, src=dist.get_global_rank(agree, 0), group=agree)
-    recorded: dict[str, Any] = shared[0]
+    release, staged_local = snap.release, snap.staged
+    staged_at = time.perf_counter()
+    timing = (staged_at - entered, snap.waited, staged_at)
 
     def phase_2() -> t.Commit:
         from torch.distributed.checkpoint.state_dict_saver import save
 
         try:
-            writer = ShareWriter(engine, recorded, allow_pickle=allow_pickle)
-            metadata = save(staged_state, storage_writer=writer, process_group=save_group)
+            shared = [meta]  # the coordinator's message, step, metrics and time are the commit's
+            dist.broadcast_object_list(shared, src=dist.get_global_rank(save_group, 0), group=save_group)
+            staged: dict[str, Any] = dict(values)
+            for fqn, tensor in staged_local.items():
+                found = dtensors.get(fqn)
+                if found is None:
+                    staged[fqn] = tensor
+                else:
+                    mesh, placements, shape, stride = found
+                    staged[fqn] = DTensor.from_local(tensor, _on_cpu(mesh), placements, run_check=False,
+                                                     shape=shape, stride=stride)
+            writer = ShareWriter(engine, shared[0], allow_pickle=allow_pickle, timing=timing)
+            metadata = save(unflatten_state_dict(staged, mappings), storage_writer=writer, process_group=save_group)
+            # gloo releases a collective's tensors on its own thread after the call returns; in a
+            # process that exits right after wait() that thread would need the interpreter while
+            # it finalizes, and abort. A barrier (no Python tensors) gives it the time first.
+            dist.barrier(group=save_group)
             if writer.commit is not None:
                 return writer.commit
             return engine.read_commit(commit_id(metadata))
         except RankFailed:
             raise
         except Exception as exc:
-            raise RankFailed(rank=_failed_rank(exc, rank), detail=_summary(exc)) from exc
+            raise RankFailed(rank=_failed_rank(exc, dist.get_rank(save_group)), detail=_summary(exc)) from exc
         finally:
             release()
 
@@ -150,6 +177,24 @@ def commit(engine: CommitWriter, state: Any, meta: dict[str, Any], *, group: Any
     if blocking:
         handle.wait()
     return handle
+
+
+def _agree(group: Any, failure: str) -> None:
+    """Every rank of ``group`` got through phase 1 (``failure`` empty here), or raise RankFailed
+    naming the first rank that did not, on every rank. One one-element all-reduce when all went
+    well; the reasons are gathered only after a failure."""
+    flag = torch.tensor([1 if failure else 0], dtype=torch.int32)
+    try:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        if not flag.item():
+            return
+        outcomes: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(outcomes, (dist.get_rank(group), failure), group=group)
+    except Exception as exc:  # a rank died or the group timed out
+        raise RankFailed(rank=-1, detail=f"a rank stopped answering before the commit was staged "
+                                         f"({_summary(exc)})") from exc
+    rank, why = next((r, w) for r, w in outcomes if w)
+    raise RankFailed(rank=rank, detail=why)
 
 
 def load(reader: CommitReader, into: Any, *, group: Any) -> None:

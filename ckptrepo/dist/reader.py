@@ -5,7 +5,8 @@ state rebuilt (without reading a tensor) and flattened as DCP flattens a state d
 one chunk at its global shape, every other value a bytes item. DCP's load planner then computes,
 on each rank, the regions of each tensor its shards need, whatever layout and world size wrote
 the commit; ``read_data`` reads for each region only the chunks it overlaps
-(``restore.ranges``), verified, and copies it into place. Any commit loads this way: one made
+(``restore.ranges``), verified, into the target DCP resolves (straight into its memory when it is
+contiguous and the region is whole rows). Any commit loads this way: one made
 by ``dcp.save`` through ``ShareWriter`` or by ``Repo.commit`` on one process.
 
 Reading never unpickles: a value the commit stores pickled is refused unless ``allow_pickle``.
@@ -125,13 +126,9 @@ class CommitReader(StorageReader):
                 planner.load_bytes(req, buf)
                 continue
             name, row, chunks = self._tensors[fqn]
-            region = read_region(self._reader, self._pool, row, chunks, req.storage_offsets, req.lengths,
-                                 name=name, commit_id=self._commit_id)
             target = planner.resolve_tensor(req).detach()
-            if target.shape != region.shape:
-                raise UsageError(f"{fqn}: the load plan asks for {list(region.shape)}, the target holds "
-                                 f"{list(target.shape)}")
-            target.copy_(region)
+            read_region(self._reader, self._pool, row, chunks, req.storage_offsets, req.lengths,
+                        name=name, commit_id=self._commit_id, out=target)
             planner.commit_tensor(req, target)
         done: Future[None] = Future()
         done.set_result(None)

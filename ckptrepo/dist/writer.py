@@ -1,14 +1,14 @@
 """``ShareWriter``: a ``torch.distributed.checkpoint`` StorageWriter that commits to a repository.
 
 DCP drives it on every rank: ``prepare_local_plan`` (each rank says which tensors it holds
-whole), ``prepare_global_plan`` (the coordinator spreads large replicated tensors over the ranks
-that hold them, in whole chunk-grid steps, so each is hashed and written once and in parts,
-DeepFreeze style; DCP's own dedup already gave every replicated item to one rank, balanced by
-size), ``write_data`` (each rank ingests its items and parts, ``CommitWriter.write_packs``: no
-tensor bytes travel to the coordinator; the packs are durable when it returns), ``finish``
-(the coordinator merges the ranks' shares, ``merge``, and records one commit in one
-transaction, ``CommitWriter.record``). The commit's id is set on the checkpoint ``Metadata``
-DCP returns on every rank: ``commit_id(metadata)``.
+whole), ``prepare_global_plan`` (DCP's own dedup gave every replicated item to one rank; the
+coordinator spreads the large ones over all ranks that hold them, in whole chunk-grid steps,
+largest tensors first and each part to the least busy holder, so each is hashed and written
+once and in parts, DeepFreeze style), ``write_data`` (each rank ingests its items and parts,
+``CommitWriter.write_packs``: no tensor bytes travel to the coordinator; the packs are durable
+when it returns), ``finish`` (the coordinator merges the ranks' shares, ``merge``, and records
+one commit in one transaction, ``CommitWriter.record``). The commit's id is set on the
+checkpoint ``Metadata`` DCP returns on every rank: ``commit_id(metadata)``.
 
 Write ordering across ranks: a rank's ``write_data`` returns only once its packs are durable;
 DCP gathers every rank's result before ``finish`` runs on the coordinator, and runs no
@@ -60,11 +60,13 @@ class _Holdings:
 
 @dataclass
 class _Assignment:
-    """What the coordinator asks one rank to write beyond its plan's items: byte ranges of
-    replicated tensors, fqn -> (start, end); and which of its items it writes only in part."""
+    """What the coordinator asks one rank to write instead of its plan's items whole: byte
+    ranges of replicated tensors, fqn -> (start, end); ``split``: every tensor written in parts
+    (one of its plan's items without a part here is written by other ranks only)."""
 
     rank: int
     parts: dict[str, tuple[int, int]] = field(default_factory=dict)
+    split: set[str] = field(default_factory=set)
 
 
 def commit_id(metadata: Metadata) -> str:
@@ -81,21 +83,27 @@ class ShareWriter(StorageWriter):
     ``CommitRequest``'s metadata fields, validated by the caller; ``per_save_time``: each save's
     own time instead of ``meta``'s). ``allow_pickle``: non-tensor values that are not plain data
     are stored pickled (else refused with UnsupportedState). After a save, ``commit`` is the
-    commit on the coordinator."""
+    commit on the coordinator. ``timing``: the ``(stall_s, wait_s, staged_at)`` of the caller's
+    phase 1 (``Repo.commit`` on every rank); without it a commit records no stall and its
+    ``persist_s`` counts from the start of the save (DCP's ``reset``)."""
 
     def __init__(self, engine: CommitWriter, meta: dict[str, Any], *, allow_pickle: bool = False,
-                 per_save_time: bool = False) -> None:
+                 per_save_time: bool = False, timing: tuple[float, float, float] | None = None) -> None:
         super().__init__()
         self._engine = engine
         # A writer reused for several saves records each at its own time.
         self._meta = {k: v for k, v in meta.items() if not (per_save_time and k == "created_at")}
         self._allow_pickle = allow_pickle
+        self._staged_by_caller = timing is not None
+        self._timing = timing or (0.0, 0.0, time.perf_counter())
         self.commit: Commit | None = None
         self.rank = 0
         self.is_coordinator = True
 
     def reset(self, checkpoint_id: Any = None) -> None:
         self.commit = None
+        if not self._staged_by_caller:  # a save through the DCP Writer: its persist_s counts from here
+            self._timing = (0.0, 0.0, time.perf_counter())
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.is_coordinator = is_coordinator
@@ -121,22 +129,32 @@ class ShareWriter(StorageWriter):
                 holders.setdefault(fqn, []).append(i)
         assignments = [_Assignment(i) for i in range(len(plans))]
         step = self._engine.chunk_size
-        for plan in plans:
+        load = [0] * len(plans)  # bytes each rank writes
+        split: list[tuple[int, str, int, list[int]]] = []  # (bytes, fqn, grid step, holders)
+        for i, plan in enumerate(plans):
             for item in plan.items:
-                ranks = holders.get(item.index.fqn, [])
-                if item.type != WriteItemType.TENSOR or item.tensor_data is None or len(ranks) < 2:
+                if item.type != WriteItemType.TENSOR or item.tensor_data is None:
                     continue
-                nbytes = _nbytes(item)
-                if nbytes < _SPLIT_MIN_STEPS * step:
-                    continue
-                grid = chunk_step(item.tensor_data.properties.dtype.itemsize, step)
-                for rank, part in zip(ranks, layout.grid_split(nbytes, len(ranks), grid), strict=False):
-                    assignments[rank].parts[item.index.fqn] = part
+                nbytes, ranks = _nbytes(item), holders.get(item.index.fqn, [])
+                if len(ranks) < 2 or nbytes < _SPLIT_MIN_STEPS * step:
+                    load[i] += nbytes
+                else:
+                    split.append((nbytes, item.index.fqn,
+                                  chunk_step(item.tensor_data.properties.dtype.itemsize, step), ranks))
+        # Largest first, each tensor's largest part to its least busy holder so far.
+        for nbytes, fqn, grid, ranks in sorted(split, key=lambda x: (-x[0], x[1])):
+            parts = sorted(layout.grid_split(nbytes, len(ranks), grid), key=lambda p: p[0] - p[1])
+            for rank, part in zip(sorted(ranks, key=lambda r: (load[r], r)), parts, strict=False):
+                assignments[rank].parts[fqn] = part
+                load[rank] += part[1] - part[0]
+        for a in assignments:
+            a.split = {fqn for _, fqn, _, _ in split}
         return [SavePlan(p.items, storage_data=a, planner_data=p.planner_data) for p, a in zip(plans, assignments,
                                                                                                strict=True)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        parts = plan.storage_data.parts if isinstance(plan.storage_data, _Assignment) else {}
+        assigned = plan.storage_data if isinstance(plan.storage_data, _Assignment) else _Assignment(self.rank)
+        parts = assigned.parts
         sources: list[Source] = []
         values: dict[str, bytes] = {}
         keep: list[torch.Tensor] = []  # the tensors the sources' bytes alias, alive until ingested
@@ -151,7 +169,8 @@ class ShareWriter(StorageWriter):
                                            storage_data=None))
                 continue
             assert isinstance(data, torch.Tensor) and item.tensor_data is not None
-            sources.extend(_sources(item.index.fqn, item, data, parts.get(item.index.fqn), keep))
+            if item.index.fqn not in assigned.split or item.index.fqn in parts:
+                sources.extend(_sources(item.index.fqn, item, data, parts.get(item.index.fqn), keep))
             done.add(item.index.fqn)
             results.append(WriteResult(index=item.index, size_in_bytes=_nbytes(item), storage_data=None))
         for fqn, part in parts.items():  # parts of replicated tensors another rank's plan holds
@@ -170,7 +189,7 @@ class ShareWriter(StorageWriter):
     def _write(self, sources: list[Source]) -> Share:
         """Write durable packs of ``sources`` (write-ordering step 1 of this rank's share)."""
         defer = self._engine.defers(blocking=False)
-        plan = self._engine.plan(_request(self._meta, None), defer=defer, shared=True)
+        plan = self._engine.plan(_request(self._meta, None, self._timing), defer=defer, shared=True)
         result = self._engine.write_packs(sources, plan, self._engine.pool, defer=defer)
         return Share.of(self.rank, result)
 
@@ -187,7 +206,7 @@ class ShareWriter(StorageWriter):
         for record in result.tensors:
             record.name = entries.get(record.name, record.name)
         defer = self._engine.defers(blocking=False)
-        req = _request(self._meta, skeleton)
+        req = _request(self._meta, skeleton, self._timing)
         plan = self._engine.plan(req, defer=defer, shared=True)
         self.commit = self._engine.record(result, plan, req)
         if result.deferred:
@@ -199,10 +218,10 @@ def _nbytes(item: WriteItem) -> int:
     return item.tensor_storage_size() or 0
 
 
-def _request(meta: dict[str, Any], skeleton: Any) -> CommitRequest:
-    now = time.perf_counter()
+def _request(meta: dict[str, Any], skeleton: Any, timing: tuple[float, float, float]) -> CommitRequest:
+    stall_s, wait_s, staged_at = timing
     fields = {**meta, "created_at": meta.get("created_at") or datetime.now(timezone.utc)}
-    return CommitRequest(skeleton=skeleton, stall_s=0.0, wait_s=0.0, staged_at=now, **fields)
+    return CommitRequest(skeleton=skeleton, stall_s=stall_s, wait_s=wait_s, staged_at=staged_at, **fields)
 
 
 def _sources(fqn: str, item: WriteItem | None, tensor: torch.Tensor, part: tuple[int, int] | None,

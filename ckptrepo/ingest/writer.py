@@ -274,7 +274,8 @@ class CommitWriter:
             from ckptrepo.dist import native
 
             fields = request.prepare(self._sessions, branch=branch, names=(), **meta)
-            return native.commit(self, state, fields, group=group, blocking=blocking, allow_pickle=allow_pickle)
+            return native.commit(self, state, fields, group=group, blocking=blocking, entered=entered,
+                                 allow_pickle=allow_pickle)
         flat = st.flatten(state, allow_pickle=allow_pickle)
         fields = request.prepare(self._sessions, branch=branch, names=flat.tensors.keys(), **meta)
         return self.submit(flat.tensors, {"skeleton": flat.skeleton, **fields}, blocking=blocking, entered=entered)

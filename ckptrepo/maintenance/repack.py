@@ -164,16 +164,6 @@ def repack(
     )
 
 
-def pending(sessions: sessionmaker[Session]) -> tuple[int, int]:
-    """(packs, bytes) written raw by commits and not yet repacked."""
-    with sessions() as s:
-        row = s.execute(
-            select(func.count(), func.coalesce(func.sum(Pack.size), 0))
-            .where(Pack.deferred.is_(True), Pack.retired_at.is_(None))
-        ).one()
-    return int(row[0]), int(row[1])
-
-
 # -- planning ---------------------------------------------------------------------------------
 
 

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-SHAPES = {"w0": (37, 24), "w1": (16, 33), "b": (7,), "big": (640, 96)}
+SHAPES = {"w0": (37, 24), "w1": (16, 33), "b": (7,), "big": (640, 96), "pair": (32, 64)}  # pair: 2 chunks
 
 
 def free_port() -> int:
@@ -51,6 +51,10 @@ def rank_main(rank: int, world: int, port: int, scenario: str, path: str, args: 
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
     try:
         SCENARIOS[scenario](rank, world, Path(path), *args)
+        # The gloo thread that ran the scenario's last collective releases its tensors after the
+        # call returns; a rank already finalizing the interpreter then aborts ("terminate called
+        # without an active exception"). A barrier (no Python tensors) lets that happen first.
+        dist.barrier()
     except BaseException:
         traceback.print_exc(file=sys.stderr)
         raise
@@ -215,6 +219,7 @@ def native_commit(rank: int, world: int, path: Path, kind: str, seed: int) -> No
         state["t"]["w0"].to_local().zero_()  # phase 1 copied it: changing it now changes nothing stored
         plain.zero_()
         commit = handle.wait()
+        assert 0 < commit.stall_s < 60 and commit.persist_s > 0, commit  # the coordinator's phase 1 and 2
         ids: list[Any] = [None] * world
         dist.all_gather_object(ids, commit.id)
         assert len(set(ids)) == 1, ids

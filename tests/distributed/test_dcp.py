@@ -50,6 +50,17 @@ def test_dtensors_saved_at_two_ranks_restore_whole_and_load_at_three(repo_path: 
     run_ranks("load_dtensors", 3, repo_path, cid, "shard0" if kind == "shard1" else "shard1", 11)
 
 
+def test_replicated_dtensors_at_three_ranks_are_written_once_in_parts(repo_path: Path) -> None:
+    """Replicate() on 3 ranks: each tensor is written once, the large ones in parts over all
+    three ranks (one of two chunks: by two ranks, not by the rank DCP gave it to)."""
+    run_ranks("save_dtensors", 3, repo_path, "replicate", "save", 6)
+    cid = (repo_path / "commit-replicate-save-3.txt").read_text()
+    assert all(torch.equal(v, reference(6)[k]) for k, v in _full(repo_path, cid).items())
+    with ckptrepo.Repo.open(repo_path) as repo:
+        commit = repo.get_commit(cid)
+        assert commit.new_bytes == sum(4 * torch.Size(s).numel() for s in SHAPES.values())
+
+
 def test_uneven_shards_round_trip_between_world_sizes(repo_path: Path) -> None:
     """37 and 7 rows over 3 ranks (12+12+13, 3+3+1), loaded at 2 and then at 1 (no process group)."""
     run_ranks("save_dtensors", 3, repo_path, "shard0", "save", 3)

@@ -1,6 +1,6 @@
 """Which ``ckpt`` commands import torch: a command that needs no tensor must not (importing torch
 costs seconds per process), ``ckpt commit FILE.safetensors`` included. Each command runs in a
-process of its own that reports at exit whether ``torch`` was ever imported."""
+process of its own that reports at exit whether ``torch`` (and ``numpy``) was ever imported."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import ckptrepo
 
 PROBE = """
 import atexit, sys
-atexit.register(lambda: sys.stderr.write("\\nTORCH=" + str("torch" in sys.modules) + "\\n"))
+loaded = lambda: ",".join(m for m in ("torch", "numpy") if m in sys.modules)
+atexit.register(lambda: sys.stderr.write("\\nLOADED=" + loaded() + "\\n"))
 sys.argv = ["ckpt", *sys.argv[1:]]
 from ckptrepo.cli.app import main
 main()
@@ -52,13 +53,14 @@ NEEDS_TORCH = [
 ]
 
 
-def _ckpt(repo: Path, args: list[str]) -> tuple[bool, str]:
+def _ckpt(repo: Path, args: list[str], module: str = "torch") -> tuple[bool, str]:
+    """Whether ``ckpt args`` imported ``module`` (torch or numpy), and its output."""
     done = subprocess.run([sys.executable, "-c", PROBE, "--repo", str(repo), *args], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, (args, done.stdout, done.stderr)
     marker = done.stderr.rstrip().rsplit("\n", 1)[-1]
-    assert marker.startswith("TORCH="), done.stderr
-    return marker == "TORCH=True", done.stdout
+    assert marker.startswith("LOADED="), done.stderr
+    return module in marker.removeprefix("LOADED=").split(","), done.stdout
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +81,13 @@ def test_commands_that_need_no_tensor_never_import_torch(repo_path: Path) -> Non
         args = [a.format(file=repo_path / "file.safetensors") for a in args]
         loaded[" ".join(args)] = _ckpt(repo_path, args)[0]
     assert not any(loaded.values()), [cmd for cmd, yes in loaded.items() if yes]
+
+
+def test_the_quickest_commands_do_not_import_numpy_either(repo_path: Path) -> None:
+    """What a shell prompt or a script polls (log, show, branch, stats) starts without numpy."""
+    quick = [["--version"], ["log", "-n", "20"], ["show", "main"], ["branch"], ["stats"]]
+    assert [args for args in quick if _ckpt(repo_path, args, "numpy")[0]] == []
+    assert _ckpt(repo_path, ["diff", "--exact", "main~1", "main"], "numpy")[0]  # the probe sees it where it is
 
 
 def test_the_probe_sees_torch_where_tensors_are_read(repo_path: Path, tmp_path: Path) -> None:
