@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 import torch
-from ckptrepo.cli import options
-from ckptrepo.cli.app import app
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner, Result
 
 from ckptrepo import Repo, errors
+from ckptrepo.cli import options
+from ckptrepo.cli.app import app
 
 Run = Callable[..., Result]
 

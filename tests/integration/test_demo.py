@@ -5,11 +5,11 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from ckptrepo.cli.app import app
 from rich.console import Console
 from typer.testing import CliRunner
 
 from ckptrepo import Repo, demo
+from ckptrepo.cli.app import app
 
 
 def test_demo_builds_both_branches(tmp_path: Path) -> None:

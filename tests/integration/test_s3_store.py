@@ -9,11 +9,11 @@ from typing import Any
 import boto3
 import pytest
 import torch
-from ckptrepo.cli.app import app
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from ckptrepo import Repo, errors
+from ckptrepo.cli.app import app
 from ckptrepo.storage import S3Backend
 from ckptrepo.storage.s3 import parse_s3_url
 

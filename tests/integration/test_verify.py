@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from ckptrepo.cli.app import app
 from sqlalchemy import delete, select, text, update
 from sqlalchemy.engine import make_url
 from typer.testing import CliRunner
@@ -26,6 +25,7 @@ import ckptrepo
 from ckptrepo import errors
 from ckptrepo.chunks.pack import read_index
 from ckptrepo.chunks.store import pack_key
+from ckptrepo.cli.app import app
 from ckptrepo.db import pending
 from ckptrepo.db.engine import make_engine
 from ckptrepo.db.models import Chunk, Entry, Ref, TensorChunk
