@@ -83,11 +83,12 @@ JsonOpt = Annotated[
     bool,
     typer.Option("--json", help="Print one JSON document on stdout instead of tables (for scripts)."),
 ]
+REV_HELP = "Commit id or prefix, branch or tag name, REV~N, REV^N or BRANCH@step=N."
 RevArg = Annotated[
     str,
     typer.Argument(
         metavar="REV",
-        help="Commit id or prefix, branch or tag name, REV~N, REV^N or BRANCH@step=N.",
+        help=REV_HELP,
         show_default=False,
     ),
 ]
@@ -95,7 +96,7 @@ OptionalRevArg = Annotated[
     str | None,
     typer.Argument(
         metavar="REV",
-        help="Commit id or prefix, branch or tag name, REV~N, REV^N or BRANCH@step=N.",
+        help=REV_HELP,
         show_default=False,
     ),
 ]
