@@ -6,8 +6,10 @@
 >>> state = repo.checkout("main~1")
 
 The public names: ``Repo`` and what its methods return (``ckptrepo.types``, all exported here),
-``CommitHandle``, the errors (``ckptrepo.errors``), repository settings and process knobs
-(``ckptrepo.config``, ``ckptrepo.knobs``), checkpoint file formats (``ckptrepo.formats``).
+``CommitHandle``, ``Checkpointer`` (commit from a training loop, resume exactly) with its
+policies (``ckptrepo.policy``), the errors (``ckptrepo.errors``), repository settings and
+process knobs (``ckptrepo.config``, ``ckptrepo.knobs``), checkpoint file formats
+(``ckptrepo.formats``).
 Importing ckptrepo does not import torch; the calls that take or return tensors do.
 """
 
@@ -15,6 +17,7 @@ from ckptrepo import errors
 from ckptrepo.folder import find_repo, upgrade_database
 from ckptrepo.ingest.handle import CommitHandle
 from ckptrepo.repository import DEFAULT_BRANCH, Repo
+from ckptrepo.training import Checkpointer
 from ckptrepo.types import (
     Commit,
     Diff,
@@ -36,6 +39,7 @@ from ckptrepo.types import (
 
 __all__ = [
     "DEFAULT_BRANCH",
+    "Checkpointer",
     "Commit",
     "CommitHandle",
     "Diff",

@@ -1,0 +1,256 @@
+"""Commit from a training loop and resume it exactly: ``Checkpointer``.
+
+What a commit holds (the keys present depend on what was given)::
+
+    {"model": ..., "optimizer": ..., "scheduler": ..., "dataloader": ...,  # their state_dict()
+     "extra": {name: obj.state_dict()},
+     "rng": {"python": ..., "numpy": ..., "torch": ..., "cuda": [...]}}
+
+An exact resume needs every source of randomness and the data position: the RNG states of
+python's ``random``, numpy's global generator, torch's CPU generator and every CUDA device's,
+and a data loader that can resume mid-epoch (``torchdata.stateful_dataloader.StatefulDataLoader``
+restores its sampler and workers at the next batch). A plain ``DataLoader`` has no state: it is
+left out with a warning, and a resume starts its epoch over.
+
+Commits are two-phase: ``after_step`` blocks only for the copy of the state; the commit becomes
+durable in the background while training goes on, and a background failure is raised by the
+next ``after_step`` or by ``close``. One process only for now: on several ranks of a process
+group the Checkpointer refuses to start (use ``repo.commit(..., group=...)`` or ``ckptrepo.dcp``).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from ckptrepo.errors import NotARepository, UnknownRevision, UsageError
+from ckptrepo.ingest.handle import CommitHandle
+from ckptrepo.policy import Every, Policy
+from ckptrepo.repository import Repo
+from ckptrepo.types import Commit
+
+__all__ = ["Checkpointer", "capture_rng", "restore_rng"]
+
+
+def capture_rng() -> dict[str, Any]:
+    """The state of every random number generator a training loop draws from, as tensors and JSON values."""
+    import torch
+
+    version, words, gauss = random.getstate()
+    out: dict[str, Any] = {
+        "python": {"version": version, "words": torch.tensor(words, dtype=torch.int64), "gauss": gauss},
+        "torch": torch.get_rng_state(),
+    }
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - numpy is a dependency of ckptrepo
+        pass
+    else:
+        kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+        out["numpy"] = {"kind": str(kind), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+                        "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+    if torch.cuda.is_available():
+        out["cuda"] = list(torch.cuda.get_rng_state_all())
+    return out
+
+
+def restore_rng(state: Mapping[str, Any]) -> None:
+    """Set every generator ``capture_rng`` recorded; generators it did not record are left alone."""
+    import torch
+
+    if "python" in state:
+        py = state["python"]
+        random.setstate((int(py["version"]), tuple(int(w) for w in py["words"].tolist()), py["gauss"]))
+    if "numpy" in state:
+        import numpy as np
+
+        n = state["numpy"]
+        np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), int(n["pos"]), int(n["has_gauss"]),
+                             float(n["cached_gaussian"])))
+    if "torch" in state:
+        torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        devices = torch.cuda.device_count()
+        if len(state["cuda"]) != devices:
+            warnings.warn(f"the commit holds RNG states of {len(state['cuda'])} CUDA devices, this process sees "
+                          f"{devices}: restoring the first {min(devices, len(state['cuda']))}", stacklevel=3)
+        torch.cuda.set_rng_state_all(list(state["cuda"])[:devices])
+
+
+def _stateful(obj: Any) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+class Checkpointer:
+    """Commits a training loop's state when its policy says so, and resumes it exactly.
+
+    ``repo``: an open ``Repo`` or a path (a repository is created there if there is none; the
+    Checkpointer then closes it). ``model``, ``optimizer``, ``scheduler``, ``dataloader`` and the
+    values of ``extra``: objects with ``state_dict``/``load_state_dict``. ``branch``: where
+    commits go and what ``resume`` reads (default: the repository's current branch).
+    ``policy``: when to commit (default ``Every(1000)``; see ``ckptrepo.policy``). ``rng``:
+    record and restore every RNG state.
+
+    Use::
+
+        with Checkpointer("runs/exp", model=model, optimizer=opt, dataloader=loader) as ckpt:
+            step = ckpt.resume()
+            for batch in loader:           # a StatefulDataLoader resumes at the next batch
+                ...; opt.step(); step += 1
+                ckpt.after_step(step, {"loss": loss.item()})
+    """
+
+    def __init__(self, repo: Repo | str | Path, *, model: Any = None, optimizer: Any = None, scheduler: Any = None,
+                 dataloader: Any = None, extra: Mapping[str, Any] | None = None, branch: str | None = None,
+                 policy: Policy | None = None, rng: bool = True) -> None:
+        _refuse_several_ranks()
+        objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
+        for name, obj in [*objects.items(), *((f"extra[{k!r}]", v) for k, v in (extra or {}).items())]:
+            if obj is not None and not _stateful(obj):
+                raise UsageError(f"{name} has no state_dict()/load_state_dict(): the Checkpointer cannot save it",
+                                 hint="Pass an object with both methods, or keep it out of the Checkpointer.")
+        self._targets: dict[str, Any] = {k: v for k, v in objects.items() if v is not None}
+        if dataloader is not None:
+            if _stateful(dataloader):
+                self._targets["dataloader"] = dataloader
+            else:
+                warnings.warn(
+                    f"{type(dataloader).__name__} has no state_dict(): a resume restarts its epoch from the first "
+                    "batch, with a new order. For an exact resume use "
+                    "torchdata.stateful_dataloader.StatefulDataLoader (pip install torchdata).", stacklevel=2)
+        if extra:
+            self._targets["extra"] = dict(extra)
+        if not self._targets and not rng:
+            raise UsageError("nothing to checkpoint", hint="Pass a model, optimizer, ... or leave rng=True.")
+        self._owns_repo = not isinstance(repo, Repo)
+        self.repo = repo if isinstance(repo, Repo) else _open_or_init(Path(repo))
+        self.branch = branch or self.repo.head
+        self.policy: Policy = policy if policy is not None else Every(1000)
+        self.rng = rng
+        self._handles: list[CommitHandle] = []
+        self._clock: float | None = None  # when the current step began (the previous after_step's end)
+        self._busy = False  # a commit's background phase ran while the current step did
+        self.last_rule: str | None = None
+
+    # -- resume ------------------------------------------------------------------------------
+
+    def resume(self, rev: str | None = None) -> int:
+        """Load the newest commit of the branch (or ``rev``) into every object and RNG.
+
+        Returns that commit's step (the count of completed optimizer steps), or 0 when the
+        branch has no commit yet and ``rev`` is None (nothing is loaded then).
+        """
+        try:
+            commit = self.repo.get_commit(rev if rev is not None else self.branch)
+        except UnknownRevision:
+            if rev is not None:
+                raise
+            return 0
+        restored = self.repo.checkout(commit.id)
+        from ckptrepo.state import load_into
+
+        load_into(self._targets, restored)
+        if "dataloader" in self._targets:
+            # A loader makes its next iterator from the loaded state when asked for its state (so
+            # StatefulDataLoader does), drawing seeds from torch's generator; done here, before the
+            # generators are restored, the loop's `for batch in loader` takes that iterator as is.
+            self._targets["dataloader"].state_dict()
+        if self.rng:
+            if "rng" not in restored:
+                raise UsageError(f"commit {commit.id[:12]} holds no RNG states, so the resume cannot be exact",
+                                 hint="Resume with Checkpointer(..., rng=False) to accept that.")
+            restore_rng(restored["rng"])
+        self._clock = None
+        return commit.step or 0
+
+    # -- commit --------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """What a commit stores now (live objects; the commit copies their state)."""
+        out = dict(self._targets)
+        if self.rng:
+            out["rng"] = capture_rng()
+        return out
+
+    def after_step(self, step: int, metrics: Mapping[str, float] | None = None, *,
+                   epoch: int | None = None) -> CommitHandle | None:
+        """Call after every optimizer step with the count of completed steps; commits if the policy says so.
+
+        Returns the commit's handle when it committed (durable later; ``close`` waits), else None.
+        Raises the error of an earlier commit that failed in the background.
+        """
+        now = time.perf_counter()
+        self._reap()
+        if self._clock is not None:
+            self.policy.step(step, now - self._clock, self._busy)
+        rule = self.policy.due(step)
+        handle = None
+        if rule is not None:
+            handle = self.commit(step, metrics, epoch=epoch, rule=rule)
+        self._busy = any(not h.done() for h in self._handles)
+        self._clock = time.perf_counter()  # the next step's time excludes this commit's stall
+        return handle
+
+    def commit(self, step: int, metrics: Mapping[str, float] | None = None, *, epoch: int | None = None,
+               rule: str = "explicit") -> CommitHandle:
+        """Commit now, whatever the policy; ``rule`` names why (recorded in the message and config)."""
+        t0 = time.perf_counter()
+        handle = self.repo.commit(self.state(), branch=self.branch, step=step, epoch=epoch, metrics=metrics,
+                                  message=f"step {step} ({rule})", config={"checkpointer": {"rule": rule}})
+        self.policy.committed(step, time.perf_counter() - t0)
+        self._handles.append(handle)
+        self.last_rule = rule
+        return handle
+
+    def _reap(self) -> None:
+        """Drop handles of durable commits; re-raise the first background failure."""
+        pending = []
+        for h in self._handles:
+            if h.done():
+                h.wait()
+            else:
+                pending.append(h)
+        self._handles = pending
+
+    # -- lifetime --------------------------------------------------------------------------------
+
+    def flush(self) -> list[Commit]:
+        """Wait until every commit made so far is durable; returns them (raises a failed one's error)."""
+        done = [h.wait() for h in self._handles]
+        self._handles = []
+        return done
+
+    def close(self) -> None:
+        """``flush``, then close the repository if the Checkpointer opened it."""
+        try:
+            self.flush()
+        finally:
+            if self._owns_repo:
+                self.repo.close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def _open_or_init(path: Path) -> Repo:
+    try:
+        return Repo.open(path)
+    except NotARepository:
+        return Repo.init(path)
+
+
+def _refuse_several_ranks() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        raise UsageError("the Checkpointer runs in one process; this one is a rank of a process group",
+                         hint="On several ranks, commit with repo.commit(state, group=...) or ckptrepo.dcp.Writer.")
