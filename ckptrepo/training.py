@@ -208,21 +208,26 @@ class Checkpointer:
         return handle
 
     def _reap(self) -> None:
-        """Drop handles of durable commits; re-raise the first background failure."""
-        pending = []
-        for h in self._handles:
-            if h.done():
-                h.wait()
-            else:
-                pending.append(h)
-        self._handles = pending
+        """Drop the handles of finished commits; re-raise the first background failure (once)."""
+        finished = [h for h in self._handles if h.done()]
+        self._handles = [h for h in self._handles if h not in finished]
+        for h in finished:
+            h.wait()
 
     # -- lifetime --------------------------------------------------------------------------------
 
     def flush(self) -> list[Commit]:
         """Wait until every commit made so far is durable; returns them (raises a failed one's error)."""
-        done = [h.wait() for h in self._handles]
-        self._handles = []
+        handles, self._handles = self._handles, []
+        done: list[Commit] = []
+        failure: BaseException | None = None
+        for h in handles:  # wait for all, then raise the first failure
+            try:
+                done.append(h.wait())
+            except Exception as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
         return done
 
     def close(self) -> None:

@@ -107,3 +107,21 @@ def test_what_cannot_be_saved_is_refused_or_warned_about(tmp_path: Path) -> None
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(4, 1)), batch_size=2)
     with pytest.warns(UserWarning, match="StatefulDataLoader"), Checkpointer(tmp_path, dataloader=loader) as ckpt:
         assert "dataloader" not in ckpt.state()
+
+
+def test_a_background_failure_is_raised_once_by_the_next_step(tmp_path: Path) -> None:
+    from ckptrepo import faults
+
+    model = torch.nn.Linear(4, 2)
+    with Checkpointer(tmp_path, model=model, policy=Every(1)) as ckpt:
+        with faults.inject("db.before_commit"):
+            handle = ckpt.after_step(1)
+            assert handle is not None
+            with pytest.raises(faults.InjectedFault):
+                handle.wait()
+        with pytest.raises(faults.InjectedFault):
+            ckpt.after_step(2)  # the failed commit of step 1; step 2 was not committed
+        assert ckpt.after_step(3) is not None
+        assert [c.step for c in ckpt.flush()] == [3]
+    with ckptrepo.Repo.open(tmp_path) as repo:
+        assert [c.step for c in repo.log("main")] == [3]
