@@ -185,16 +185,18 @@ class Repo:
         return self._writer.commit_state(state, meta, branch=branch or self.head, blocking=blocking,
                                          allow_pickle=allow_pickle, group=group, entered=entered)
 
-    def commit_file(self, path: str | Path, *, branch: str | None = None,
-                    **meta: Unpack[CommitMeta]) -> t.Commit:
-        """Commit a checkpoint file or folder (``formats.read_state``; ``meta`` as for ``commit``),
-        validated whole first (InvalidInput); a plain safetensors file is read whole (direct I/O)
-        and committed as bytes, without torch. Returns the durable commit."""
-        from ckptrepo.formats import ReadBuffer, read_state
+    def commit_file(self, path: str | Path, *, branch: str | None = None, **meta: Unpack[CommitMeta]) -> t.Commit:
+        """Commit a checkpoint file or folder (``formats.read_state``; ``meta`` as for ``commit``,
+        else what the run wrote beside it: ``formats.run_meta``), validated whole first; a plain
+        safetensors file is read whole and committed as bytes, without torch. Returns the commit."""
+        from ckptrepo.formats import ReadBuffer, read_state, run_meta
         from ckptrepo.ingest.sources import from_safetensors
 
         entered = time.perf_counter()
         self._check_open()
+        for key, value in run_meta(Path(path)).items():  # what the run recorded, where not given
+            if meta.get(key) is None:
+                meta[key] = value  # type: ignore[literal-required]
         with contextlib.closing(ReadBuffer()) as buffer:
             found = from_safetensors(Path(path), buffer)
             if found is not None:

@@ -83,6 +83,7 @@ REPOSITORY, COMMITS, REFS, ANALYSIS = "Repository", "Commits", "Branches and tag
 
 app.command(rich_help_panel=REPOSITORY)(repo_commands.init)
 app.command(rich_help_panel=COMMITS)(state_commands.commit)
+app.command("import-run", rich_help_panel=COMMITS)(state_commands.import_run)
 app.command(rich_help_panel=COMMITS)(state_commands.checkout)
 app.command(rich_help_panel=COMMITS)(history_commands.log)
 app.command(rich_help_panel=COMMITS)(history_commands.show)

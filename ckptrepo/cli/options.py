@@ -170,6 +170,16 @@ DeltaDepthOpt = Annotated[
 
 # commit -------------------------------------------------------------------------
 
+RunDirArg = Annotated[
+    Path,
+    typer.Argument(
+        metavar="DIR",
+        exists=True,
+        file_okay=False,
+        help="A Hugging Face Trainer's output_dir, holding checkpoint-N folders.",
+        show_default=False,
+    ),
+]
 InputArg = Annotated[
     list[Path],
     typer.Argument(

@@ -1,4 +1,4 @@
-"""Commands that move state in and out and switch branches: ``commit`` and ``checkout``."""
+"""Commands that move state in and out and switch branches: ``commit``, ``import-run`` and ``checkout``."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from .options import (
     NewBranchOpt,
     OutputOpt,
     ParentOpt,
+    RunDirArg,
     StepOpt,
     TransferFromOpt,
 )
@@ -92,7 +93,7 @@ def _commit_many(paths: list[Path], message: str | None, branch: str | None, as_
         )
     if len(set(paths)) != len(paths):
         raise errors.UsageError("an input is named twice", hint="Name each file or folder once.")
-    from ckptrepo.formats import read_states
+    from ckptrepo.formats import read_states, run_meta
 
     done: list[dict[str, Any]] = []
     with current().open() as repo, render.phases(enabled=True) as phase:
@@ -101,7 +102,9 @@ def _commit_many(paths: list[Path], message: str | None, branch: str | None, as_
         try:
             for i, (path, state) in enumerate(files):
                 phase(f"committing {path.name} ({i + 1} of {len(paths)})")
+                run = run_meta(path)
                 result = repo.commit(state, branch=branch, message=f"{message}: {path.name}" if message else path.name,
+                                     step=run.get("step"), epoch=run.get("epoch"), metrics=run.get("metrics"),
                                      blocking=True).wait()
                 del state
                 done.append(result.to_json())
@@ -118,6 +121,24 @@ def _commit_many(paths: list[Path], message: str | None, branch: str | None, as_
             files.close()
     if as_json:
         render.emit_json(done)
+
+
+def import_run(
+    run_dir: RunDirArg,
+    message: MessageOpt = None,
+    branch: BranchOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Import a Hugging Face Trainer's output folder: one commit per checkpoint-N folder.
+
+    The checkpoint-N folders are committed in step order, each on top of the one before,
+    each with the step, epoch and metrics its trainer_state.json records (the metrics
+    logged at that step). Like `ckpt commit DIR...`: if one fails, the commits before it
+    stay and the error names it.
+    """
+    from ckptrepo.formats import checkpoint_folders
+
+    _commit_many(checkpoint_folders(run_dir), message, branch, as_json, given={})
 
 
 def checkout(

@@ -18,6 +18,7 @@ from typing import Any
 from ckptrepo.errors import InvalidInput, UsageError
 from ckptrepo.formats.prefetch import read_states
 from ckptrepo.formats.readbuffer import ReadBuffer
+from ckptrepo.formats.run_meta import RunMeta, checkpoint_folders, run_meta
 
 __all__ = [
     "DCP_METADATA",
@@ -25,11 +26,14 @@ __all__ = [
     "SAFETENSORS_SUFFIXES",
     "TORCH_SUFFIXES",
     "ReadBuffer",
+    "RunMeta",
     "check_folder_target",
+    "checkpoint_folders",
     "is_dcp_folder",
     "output_format",
     "read_state",
     "read_states",
+    "run_meta",
     "suffix_format",
     "write_state",
 ]

@@ -1,0 +1,76 @@
+"""What a training run wrote beside its weights: step, epoch and metrics of a checkpoint.
+
+A Hugging Face ``Trainer`` checkpoint folder (``checkpoint-N``) holds ``trainer_state.json``:
+``global_step``, a fractional ``epoch`` and ``log_history``, a list of logged dicts each with
+its ``step``. The commit's step is ``global_step``, its epoch the completed epochs
+(``floor(epoch)``), its metrics every number logged at that step (training and evaluation
+entries merged; ``step``, ``epoch`` and non-numbers left out). Reads JSON only; never imports
+torch and never unpickles.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, TypedDict
+
+from ckptrepo.errors import InvalidInput
+
+__all__ = ["RunMeta", "checkpoint_folders", "run_meta"]
+
+TRAINER_STATE = "trainer_state.json"
+_CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
+
+
+class RunMeta(TypedDict, total=False):
+    step: int
+    epoch: int
+    metrics: dict[str, float]
+
+
+def run_meta(path: Path) -> RunMeta:
+    """Step, epoch and metrics recorded beside the checkpoint at ``path``; empty when there are none.
+
+    InvalidInput for a ``trainer_state.json`` that is not valid JSON or lacks ``global_step``.
+    """
+    state_file = path / TRAINER_STATE if path.is_dir() else None
+    if state_file is None or not state_file.is_file():
+        return {}
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidInput(path=str(state_file), reason=f"not readable JSON: {exc}") from exc
+    step = state.get("global_step") if isinstance(state, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise InvalidInput(path=str(state_file), reason="no global_step (a non-negative integer)")
+    out: RunMeta = {"step": step}
+    epoch = state.get("epoch")
+    if isinstance(epoch, int | float) and not isinstance(epoch, bool) and math.isfinite(epoch) and epoch >= 0:
+        out["epoch"] = math.floor(epoch)
+    metrics: dict[str, float] = {}
+    for entry in state.get("log_history") or []:
+        if isinstance(entry, dict) and entry.get("step") == step:
+            metrics.update({k: float(v) for k, v in entry.items() if _is_metric(k, v)})
+    if metrics:
+        out["metrics"] = metrics
+    return out
+
+
+def _is_metric(key: Any, value: Any) -> bool:
+    return (isinstance(key, str) and key not in ("step", "epoch") and isinstance(value, int | float)
+            and not isinstance(value, bool) and math.isfinite(value))
+
+
+def checkpoint_folders(run_dir: Path) -> list[Path]:
+    """The ``checkpoint-N`` folders of a Trainer's output folder, in step order (N ascending).
+
+    InvalidInput when ``run_dir`` is not a folder or holds none.
+    """
+    if not run_dir.is_dir():
+        raise InvalidInput(path=str(run_dir), reason="not a folder")
+    found = [(int(m.group(1)), p) for p in run_dir.iterdir() if p.is_dir() and (m := _CHECKPOINT_DIR.match(p.name))]
+    if not found:
+        raise InvalidInput(path=str(run_dir), reason="no checkpoint-N folders (a Hugging Face Trainer's output_dir)")
+    return [p for _, p in sorted(found)]
