@@ -18,7 +18,7 @@ from typing import Any, TypedDict
 
 from ckptrepo.errors import InvalidInput
 
-__all__ = ["RunMeta", "checkpoint_folders", "run_meta"]
+__all__ = ["RunMeta", "checkpoint_folders", "logged_at", "run_meta"]
 
 TRAINER_STATE = "trainer_state.json"
 _CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
@@ -49,13 +49,19 @@ def run_meta(path: Path) -> RunMeta:
     epoch = state.get("epoch")
     if isinstance(epoch, int | float) and not isinstance(epoch, bool) and math.isfinite(epoch) and epoch >= 0:
         out["epoch"] = math.floor(epoch)
-    metrics: dict[str, float] = {}
-    for entry in state.get("log_history") or []:
-        if isinstance(entry, dict) and entry.get("step") == step:
-            metrics.update({k: float(v) for k, v in entry.items() if _is_metric(k, v)})
+    metrics = logged_at(state.get("log_history") or [], step)
     if metrics:
         out["metrics"] = metrics
     return out
+
+
+def logged_at(log_history: list[Any], step: int) -> dict[str, float]:
+    """Every number a Trainer's ``log_history`` logged at ``step`` (its entries merged)."""
+    metrics: dict[str, float] = {}
+    for entry in log_history:
+        if isinstance(entry, dict) and entry.get("step") == step:
+            metrics.update({k: float(v) for k, v in entry.items() if _is_metric(k, v)})
+    return metrics
 
 
 def _is_metric(key: Any, value: Any) -> bool:

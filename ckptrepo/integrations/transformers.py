@@ -1,0 +1,119 @@
+"""Hugging Face Transformers: a ``Trainer`` callback that commits every checkpoint it saves, and resume.
+
+``RepoCallback(repo)`` commits, at each of the Trainer's save steps, what an exact resume needs:
+the model's weights, the optimizer's and scheduler's state, every RNG state and the Trainer's
+state (``trainer_state.json`` as JSON), with the step, the completed epochs and the metrics
+logged at that step. Commits are two-phase: training goes on while they become durable, and
+``on_train_end`` waits for them. On several processes only the main one commits (the Trainer's
+data-parallel replicas hold the same state).
+
+To resume, ``RepoCallback.checkout(rev, folder)`` writes the commit as a Trainer checkpoint
+folder (``model.safetensors``, ``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth``,
+``trainer_state.json``); ``trainer.train(resume_from_checkpoint=folder)`` then restores
+everything and skips the batches already seen, as from its own checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from ckptrepo.formats.run_meta import logged_at
+from ckptrepo.ingest.handle import CommitHandle
+from ckptrepo.repository import Repo
+from ckptrepo.training import capture_rng
+
+__all__ = ["RepoCallback"]
+
+
+class RepoCallback(TrainerCallback):
+    """Commit each checkpoint the ``Trainer`` saves to ``repo`` (an open ``Repo`` or a path; created if missing).
+
+    ``branch``: where the commits go (default: the repository's current branch).
+    """
+
+    def __init__(self, repo: Repo | str | Path, *, branch: str | None = None) -> None:
+        if isinstance(repo, Repo):
+            self.repo = repo
+        else:
+            path = Path(repo)
+            self.repo = Repo.open(path) if (path / ".ckpt").exists() or path.name == ".ckpt" else Repo.init(path)
+        self.branch = branch or self.repo.head
+        self._handles: list[CommitHandle] = []
+
+    def on_save(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
+                lr_scheduler: Any = None, **kwargs: Any) -> None:
+        if not state.is_world_process_zero or model is None:
+            return
+        self._reap()
+        trainer_state = json.loads(json.dumps(dataclasses.asdict(state)))  # as trainer_state.json holds it
+        snapshot: dict[str, Any] = {"model": model.state_dict(), "rng": capture_rng(), "trainer_state": trainer_state}
+        if optimizer is not None:
+            snapshot["optimizer"] = optimizer.state_dict()
+        if lr_scheduler is not None:
+            snapshot["scheduler"] = lr_scheduler.state_dict()
+        step = int(state.global_step)
+        self._handles.append(self.repo.commit(
+            snapshot, branch=self.branch, step=step, epoch=math.floor(state.epoch or 0),
+            metrics=logged_at(trainer_state.get("log_history") or [], step) or None,
+            message=f"checkpoint-{step}"))
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.wait()
+
+    def wait(self) -> None:
+        """Block until every commit made so far is durable (raises a failed one's error)."""
+        handles, self._handles = self._handles, []
+        for h in handles:
+            h.wait()
+
+    def _reap(self) -> None:
+        finished = [h for h in self._handles if h.done()]
+        self._handles = [h for h in self._handles if h not in finished]
+        for h in finished:
+            h.wait()
+
+    def checkout(self, rev: str, folder: str | Path) -> str:
+        """Write commit ``rev`` as a Trainer checkpoint folder at ``folder``; returns its path for
+        ``trainer.train(resume_from_checkpoint=...)``."""
+        import numpy as np
+        import torch
+        from safetensors.torch import save_file
+
+        self.wait()
+        state = self.repo.checkout(rev)
+        if "trainer_state" not in state:
+            raise _not_a_trainer_commit(rev)
+        out = Path(folder)
+        out.mkdir(parents=True, exist_ok=True)
+        weights = {k: v.contiguous().clone() for k, v in state["model"].items()}  # ties written as copies
+        save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+        if "optimizer" in state:
+            torch.save(state["optimizer"], out / "optimizer.pt")
+        if "scheduler" in state:
+            torch.save(state["scheduler"], out / "scheduler.pt")
+        rng = state["rng"]
+        py, n = rng["python"], rng["numpy"]
+        hf_rng: dict[str, Any] = {
+            "python": (int(py["version"]), tuple(int(w) for w in py["words"].tolist()), py["gauss"]),
+            "numpy": (n["kind"], n["keys"].numpy().astype(np.uint32), int(n["pos"]), int(n["has_gauss"]),
+                      float(n["cached_gaussian"])),
+            "cpu": rng["torch"],
+        }
+        if "cuda" in rng:
+            hf_rng["cuda"] = list(rng["cuda"])
+        torch.save(hf_rng, out / "rng_state.pth")
+        (out / "trainer_state.json").write_text(json.dumps(state["trainer_state"], indent=2, sort_keys=True) + "\n")
+        return str(out)
+
+
+def _not_a_trainer_commit(rev: str) -> Exception:
+    from ckptrepo.errors import UsageError
+
+    return UsageError(f"{rev} was not committed by RepoCallback (it holds no trainer_state)",
+                      hint="Resume a Trainer from a commit its RepoCallback made.")
