@@ -34,7 +34,7 @@ from ckptrepo.policy import Every, Policy
 from ckptrepo.repository import Repo
 from ckptrepo.types import Commit
 
-__all__ = ["Checkpointer", "capture_rng", "restore_rng"]
+__all__ = ["Checkpointer", "CommitStream", "capture_rng", "open_or_init", "restore_rng"]
 
 
 def capture_rng() -> dict[str, Any]:
@@ -82,11 +82,92 @@ def restore_rng(state: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state_all(list(state["cuda"])[:devices])
 
 
+class CommitStream:
+    """Commits from a training loop to one branch, timed by a policy.
+
+    Holds the repository (an open ``Repo``, or a path opened or created there, then owned and
+    closed by ``close``), the commits in flight and the policy. After each optimizer step the
+    loop calls ``due(step)``: it raises the first failure among the commits that finished since
+    (once, as ``reap`` does), gives the policy the step's time, and returns the rule that wants a
+    commit now, or None; ``commit`` starts one (two-phase) and tells the policy how long it blocked; ``stepped``
+    starts the next step's clock (so a step's time leaves the commit's stall out). ``flush``
+    waits for every commit, then raises the first failure.
+    """
+
+    def __init__(self, repo: Repo | str | Path, *, branch: str | None = None, policy: Policy | None = None) -> None:
+        self._owns_repo = not isinstance(repo, Repo)
+        self.repo = repo if isinstance(repo, Repo) else open_or_init(Path(repo))
+        self.branch = branch or self.repo.head
+        self.policy: Policy = policy if policy is not None else Every(1000)
+        self.last_rule: str | None = None
+        self._handles: list[CommitHandle] = []
+        self._clock: float | None = None  # when the current step began
+        self._busy = False  # a commit's background phase ran while the current step did
+
+    def reap(self) -> None:
+        """Forget the commits that finished; raise the first failure among them (once)."""
+        finished = [h for h in self._handles if h.done()]
+        self._handles = [h for h in self._handles if h not in finished]
+        for h in finished:
+            h.wait()
+
+    def due(self, step: int) -> str | None:
+        now = time.perf_counter()
+        self.reap()
+        if self._clock is not None:
+            self.policy.step(step, now - self._clock, self._busy)
+        return self.policy.due(step)
+
+    def commit(self, state: Any, step: int, rule: str, *, epoch: int | None = None,
+               metrics: Mapping[str, float] | None = None, message: str | None = None,
+               allow_pickle: bool = False) -> CommitHandle:
+        """Start a commit of ``state`` at ``step``; ``rule`` (why) goes in the message and the config."""
+        t0 = time.perf_counter()
+        handle = self.repo.commit(state, branch=self.branch, step=step, epoch=epoch, metrics=metrics,
+                                  message=message or f"step {step} ({rule})", config={"checkpointer": {"rule": rule}},
+                                  allow_pickle=allow_pickle)
+        self.policy.committed(step, time.perf_counter() - t0)
+        self._handles.append(handle)
+        self.last_rule = rule
+        return handle
+
+    def stepped(self) -> None:
+        """The loop's step is over: the next one's clock starts now."""
+        self._busy = any(not h.done() for h in self._handles)
+        self._clock = time.perf_counter()
+
+    def restart_clock(self) -> None:
+        """Forget the step in progress (after a resume: the next step's time is unknown)."""
+        self._clock = None
+
+    def flush(self) -> list[Commit]:
+        """Wait until every commit made so far is durable; returns them (raises a failed one's error)."""
+        handles, self._handles = self._handles, []
+        done: list[Commit] = []
+        failure: BaseException | None = None
+        for h in handles:
+            try:
+                done.append(h.wait())
+            except Exception as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+        return done
+
+    def close(self) -> None:
+        """``flush``, then close the repository if this object opened it."""
+        try:
+            self.flush()
+        finally:
+            if self._owns_repo:
+                self.repo.close()
+
+
 def _stateful(obj: Any) -> bool:
     return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
-class Checkpointer:
+class Checkpointer(CommitStream):
     """Commits a training loop's state when its policy says so, and resumes it exactly.
 
     ``repo``: an open ``Repo`` or a path (a repository is created there if there is none; the
@@ -127,15 +208,8 @@ class Checkpointer:
             self._targets["extra"] = dict(extra)
         if not self._targets and not rng:
             raise UsageError("nothing to checkpoint", hint="Pass a model, optimizer, ... or leave rng=True.")
-        self._owns_repo = not isinstance(repo, Repo)
-        self.repo = repo if isinstance(repo, Repo) else _open_or_init(Path(repo))
-        self.branch = branch or self.repo.head
-        self.policy: Policy = policy if policy is not None else Every(1000)
+        super().__init__(repo, branch=branch, policy=policy)
         self.rng = rng
-        self._handles: list[CommitHandle] = []
-        self._clock: float | None = None  # when the current step began (the previous after_step's end)
-        self._busy = False  # a commit's background phase ran while the current step did
-        self.last_rule: str | None = None
 
     # -- resume ------------------------------------------------------------------------------
 
@@ -165,7 +239,7 @@ class Checkpointer:
                 raise UsageError(f"commit {commit.id[:12]} holds no RNG states, so the resume cannot be exact",
                                  hint="Resume with Checkpointer(..., rng=False) to accept that.")
             restore_rng(restored["rng"])
-        self._clock = None
+        self.restart_clock()
         return commit.step or 0
 
     # -- commit --------------------------------------------------------------------------------
@@ -184,59 +258,15 @@ class Checkpointer:
         Returns the commit's handle when it committed (durable later; ``close`` waits), else None.
         Raises the error of an earlier commit that failed in the background.
         """
-        now = time.perf_counter()
-        self._reap()
-        if self._clock is not None:
-            self.policy.step(step, now - self._clock, self._busy)
-        rule = self.policy.due(step)
-        handle = None
-        if rule is not None:
-            handle = self.commit(step, metrics, epoch=epoch, rule=rule)
-        self._busy = any(not h.done() for h in self._handles)
-        self._clock = time.perf_counter()  # the next step's time excludes this commit's stall
+        rule = self.due(step)
+        handle = self.commit_now(step, metrics, epoch=epoch, rule=rule) if rule is not None else None
+        self.stepped()
         return handle
 
-    def commit(self, step: int, metrics: Mapping[str, float] | None = None, *, epoch: int | None = None,
-               rule: str = "explicit") -> CommitHandle:
+    def commit_now(self, step: int, metrics: Mapping[str, float] | None = None, *, epoch: int | None = None,
+                   rule: str = "explicit") -> CommitHandle:
         """Commit now, whatever the policy; ``rule`` names why (recorded in the message and config)."""
-        t0 = time.perf_counter()
-        handle = self.repo.commit(self.state(), branch=self.branch, step=step, epoch=epoch, metrics=metrics,
-                                  message=f"step {step} ({rule})", config={"checkpointer": {"rule": rule}})
-        self.policy.committed(step, time.perf_counter() - t0)
-        self._handles.append(handle)
-        self.last_rule = rule
-        return handle
-
-    def _reap(self) -> None:
-        """Drop the handles of finished commits; re-raise the first background failure (once)."""
-        finished = [h for h in self._handles if h.done()]
-        self._handles = [h for h in self._handles if h not in finished]
-        for h in finished:
-            h.wait()
-
-    # -- lifetime --------------------------------------------------------------------------------
-
-    def flush(self) -> list[Commit]:
-        """Wait until every commit made so far is durable; returns them (raises a failed one's error)."""
-        handles, self._handles = self._handles, []
-        done: list[Commit] = []
-        failure: BaseException | None = None
-        for h in handles:  # wait for all, then raise the first failure
-            try:
-                done.append(h.wait())
-            except Exception as exc:
-                failure = failure or exc
-        if failure is not None:
-            raise failure
-        return done
-
-    def close(self) -> None:
-        """``flush``, then close the repository if the Checkpointer opened it."""
-        try:
-            self.flush()
-        finally:
-            if self._owns_repo:
-                self.repo.close()
+        return self.commit(self.state(), step, rule, epoch=epoch, metrics=metrics)
 
     def __enter__(self) -> Checkpointer:
         return self
@@ -246,7 +276,8 @@ class Checkpointer:
         self.close()
 
 
-def _open_or_init(path: Path) -> Repo:
+def open_or_init(path: Path) -> Repo:
+    """The repository at ``path``, created there if there is none."""
     try:
         return Repo.open(path)
     except NotARepository:

@@ -24,9 +24,8 @@ from typing import Any
 from transformers import TrainerCallback
 
 from ckptrepo.formats.run_meta import logged_at
-from ckptrepo.ingest.handle import CommitHandle
 from ckptrepo.repository import Repo
-from ckptrepo.training import capture_rng
+from ckptrepo.training import CommitStream, capture_rng
 
 __all__ = ["RepoCallback"]
 
@@ -38,19 +37,17 @@ class RepoCallback(TrainerCallback):
     """
 
     def __init__(self, repo: Repo | str | Path, *, branch: str | None = None) -> None:
-        if isinstance(repo, Repo):
-            self.repo = repo
-        else:
-            path = Path(repo)
-            self.repo = Repo.open(path) if (path / ".ckpt").exists() or path.name == ".ckpt" else Repo.init(path)
-        self.branch = branch or self.repo.head
-        self._handles: list[CommitHandle] = []
+        self.stream = CommitStream(repo, branch=branch)
+
+    @property
+    def repo(self) -> Repo:
+        return self.stream.repo
 
     def on_save(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
                 lr_scheduler: Any = None, **kwargs: Any) -> None:
         if not state.is_world_process_zero or model is None:
             return
-        self._reap()
+        self.stream.reap()
         trainer_state = json.loads(json.dumps(dataclasses.asdict(state)))  # as trainer_state.json holds it
         snapshot: dict[str, Any] = {"model": model.state_dict(), "rng": capture_rng(), "trainer_state": trainer_state}
         if optimizer is not None:
@@ -58,25 +55,20 @@ class RepoCallback(TrainerCallback):
         if lr_scheduler is not None:
             snapshot["scheduler"] = lr_scheduler.state_dict()
         step = int(state.global_step)
-        self._handles.append(self.repo.commit(
-            snapshot, branch=self.branch, step=step, epoch=math.floor(state.epoch or 0),
-            metrics=logged_at(trainer_state.get("log_history") or [], step) or None,
-            message=f"checkpoint-{step}"))
+        self.stream.commit(snapshot, step, "trainer save", epoch=math.floor(state.epoch or 0),
+                           metrics=logged_at(trainer_state.get("log_history") or [], step) or None,
+                           message=f"checkpoint-{step}")
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.wait()
 
     def wait(self) -> None:
         """Block until every commit made so far is durable (raises a failed one's error)."""
-        handles, self._handles = self._handles, []
-        for h in handles:
-            h.wait()
+        self.stream.flush()
 
-    def _reap(self) -> None:
-        finished = [h for h in self._handles if h.done()]
-        self._handles = [h for h in self._handles if h not in finished]
-        for h in finished:
-            h.wait()
+    def close(self) -> None:
+        """``wait``, then close the repository if this callback opened it."""
+        self.stream.close()
 
     def checkout(self, rev: str, folder: str | Path) -> str:
         """Write commit ``rev`` as a Trainer checkpoint folder at ``folder``; returns its path for

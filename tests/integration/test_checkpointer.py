@@ -48,7 +48,7 @@ def test_commits_follow_the_policy_and_record_the_rule(tmp_path: Path) -> None:
         made = [s for s in range(1, 11) if ckpt.after_step(s, {"loss": 1.0 / s}, epoch=s // 5) is not None]
         assert made == [3, 6, 9] and ckpt.last_rule == "every(3)"
         counter.n = 9
-        ckpt.commit(10, rule="end of run")
+        ckpt.commit_now(10, rule="end of run")
     with ckptrepo.Repo.open(tmp_path / "run") as repo:
         log = repo.log("main")
         assert [c.step for c in log] == [10, 9, 6, 3]
@@ -92,7 +92,7 @@ def test_resume_of_an_empty_branch_starts_at_zero(tmp_path: Path) -> None:
 def test_a_commit_without_rng_refuses_an_exact_resume(tmp_path: Path) -> None:
     model = torch.nn.Linear(2, 2)
     with Checkpointer(tmp_path, model=model, rng=False) as ckpt:
-        ckpt.commit(1)
+        ckpt.commit_now(1)
     with Checkpointer(tmp_path, model=model) as ckpt, pytest.raises(errors.UsageError, match="no RNG states"):
         ckpt.resume()
     with Checkpointer(tmp_path, model=model, rng=False) as ckpt:

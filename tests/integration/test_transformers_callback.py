@@ -67,7 +67,7 @@ def test_trainer_commits_at_save_steps_and_resumes_from_the_repository(tmp_path:
     interrupted = trainer(tmp_path / "out", [callback, StopAt(6)])
     with pytest.raises(Interrupt):
         interrupted.train()
-    callback.wait()
+    callback.close()
     with ckptrepo.Repo.open(tmp_path / "repo") as repo:
         log = repo.log("ft")
         assert [c.step for c in log] == [4] and log[0].message == "checkpoint-4"
@@ -78,6 +78,7 @@ def test_trainer_commits_at_save_steps_and_resumes_from_the_repository(tmp_path:
     resumed = trainer(tmp_path / "out2", [resumed_cb])
     resumed.train(resume_from_checkpoint=folder)
     assert resumed.state.global_step == 12
+    resumed_cb.close()
     with ckptrepo.Repo.open(tmp_path / "repo") as repo:
         assert [c.step for c in repo.log("ft")] == [12, 8, 4]
     want, got = straight.model.state_dict(), resumed.model.state_dict()

@@ -1,0 +1,80 @@
+"""PyTorch Lightning with RepoCheckpoint: commits every N steps, is interrupted, resumes from the repository."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import ckptrepo
+
+pl = pytest.importorskip("lightning.pytorch")
+
+from ckptrepo.integrations.lightning import RepoCheckpoint  # noqa: E402
+
+
+class Regressor(pl.LightningModule):  # type: ignore[misc]
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x).squeeze(-1), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.AdamW(self.parameters(), lr=1e-2)
+        return {"optimizer": opt, "lr_scheduler": torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.5)}
+
+
+class Interrupt(Exception):
+    pass
+
+
+class StopAt(pl.Callback):  # type: ignore[misc]
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        if trainer.global_step == self.step:
+            raise Interrupt
+
+
+def fit(root: Path, callbacks: list[Any], ckpt_path: str | None = None) -> Regressor:
+    pl.seed_everything(0)
+    g = torch.Generator().manual_seed(1)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 8, generator=g), torch.randn(64, generator=g))
+    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)
+    model = Regressor()
+    trainer = pl.Trainer(max_steps=24, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(root),
+                         callbacks=callbacks)
+    trainer.fit(model, loader, ckpt_path=ckpt_path)
+    return model
+
+
+def test_lightning_commits_every_n_steps_and_resumes_from_the_repository(tmp_path: Path) -> None:
+    straight = fit(tmp_path / "straight", [])
+
+    callback = RepoCheckpoint(tmp_path / "repo", every_n_steps=8, branch="pl")
+    with pytest.raises(Interrupt):
+        fit(tmp_path / "run", [callback, StopAt(13)])
+    callback.close()
+    with ckptrepo.Repo.open(tmp_path / "repo") as repo:
+        log = repo.log("pl")
+        assert [c.step for c in log] == [8] and log[0].epoch == 0
+        assert log[0].metrics is not None and "train_loss" in log[0].metrics
+
+    resumed_cb = RepoCheckpoint(tmp_path / "repo", every_n_steps=8, branch="pl")
+    path = resumed_cb.checkout("pl", tmp_path / "resume" / "step8.ckpt")
+    resumed = fit(tmp_path / "run2", [resumed_cb], ckpt_path=path)
+    resumed_cb.close()
+    with ckptrepo.Repo.open(tmp_path / "repo") as repo:
+        assert [c.step for c in repo.log("pl")] == [24, 16, 8]
+    want, got = straight.state_dict(), resumed.state_dict()
+    for name in want:
+        assert torch.equal(want[name], got[name]), name
