@@ -185,23 +185,23 @@ class Repo:
         return self._writer.commit_state(state, meta, branch=branch or self.head, blocking=blocking,
                                          allow_pickle=allow_pickle, group=group, entered=entered)
 
-    def commit_file(self, path: str | Path, *, branch: str | None = None, **meta: Unpack[CommitMeta]) -> t.Commit:
+    def commit_file(self, path: str | Path, *, branch: str | None = None, allow_pickle: bool = False,
+                    **meta: Unpack[CommitMeta]) -> t.Commit:
         """Commit a checkpoint file or folder (``formats.read_state``; ``meta`` as for ``commit``,
-        else what the run wrote beside it: ``formats.run_meta``), validated whole first; a plain
+        else what the run recorded: ``formats.fill_run_meta``), validated whole first; a plain
         safetensors file is read whole and committed as bytes, without torch. Returns the commit."""
-        from ckptrepo.formats import ReadBuffer, read_state, run_meta
+        from ckptrepo.formats import ReadBuffer, fill_run_meta, read_state
         from ckptrepo.ingest.sources import from_safetensors
 
         entered = time.perf_counter()
         self._check_open()
-        for key, value in run_meta(Path(path)).items():  # what the run recorded, where not given
-            if meta.get(key) is None:
-                meta[key] = value  # type: ignore[literal-required]
         with contextlib.closing(ReadBuffer()) as buffer:
-            found = from_safetensors(Path(path), buffer)
+            found = from_safetensors(Path(path), buffer)  # a plain file: nothing recorded beside it
             if found is not None:
                 return self._writer.commit_sources(*found, meta, branch=branch or self.head, entered=entered)
-        return self.commit(read_state(Path(path), mapped=True), branch=branch, blocking=True, **meta).wait()
+        state = read_state(Path(path), mapped=True, allow_pickle=allow_pickle)
+        meta = fill_run_meta(meta, Path(path), state)
+        return self.commit(state, branch=branch, blocking=True, allow_pickle=allow_pickle, **meta).wait()
 
     # -- reading ---------------------------------------------------------------------------
 

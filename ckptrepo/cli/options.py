@@ -170,6 +170,14 @@ DeltaDepthOpt = Annotated[
 
 # commit -------------------------------------------------------------------------
 
+AllowPickleOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-pickle",
+        help="Load torch.save files with full unpickling (a Lightning .ckpt with hyper-parameter objects): this "
+        "runs any code the file holds, so only for files you trust. The commit then needs allow_pickle to restore.",
+    ),
+]
 RunDirArg = Annotated[
     Path,
     typer.Argument(

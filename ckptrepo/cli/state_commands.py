@@ -13,6 +13,7 @@ from ckptrepo.types import short_id
 
 from . import render
 from .options import (
+    AllowPickleOpt,
     BranchOpt,
     CheckoutRevArg,
     EpochOpt,
@@ -43,6 +44,7 @@ def commit(
     metric: MetricOpt = None,
     parent: ParentOpt = None,
     transfer_from: TransferFromOpt = None,
+    allow_pickle: AllowPickleOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Commit checkpoint files or model folders on a branch (default: the current branch).
@@ -55,10 +57,11 @@ def commit(
     becomes visible only once all its bytes are durable; if an input fails, the commits
     before it stay and the error names the input.
     """
+    _warn_if_pickle(allow_pickle)
     if len(paths) > 1:
         _commit_many(paths, message, branch, as_json,
                      given={"--step": step, "--epoch": epoch, "--metric": metric, "--parent": parent,
-                            "--transfer-from": transfer_from})
+                            "--transfer-from": transfer_from}, allow_pickle=allow_pickle)
         return
     path = paths[0]
     transfer = _transfer_spec(transfer_from) if transfer_from is not None else None
@@ -74,6 +77,7 @@ def commit(
             metrics={m.name: m.value for m in metric} if metric else None,
             parents=parent or None,
             transfer_from=transfer,
+            allow_pickle=allow_pickle,
         )
     if as_json:
         render.emit_json(result.to_json())
@@ -81,8 +85,14 @@ def commit(
         render.out.print(render.commit_summary(result))
 
 
+def _warn_if_pickle(allow_pickle: bool) -> None:
+    if allow_pickle:
+        render.err.print("warning: --allow-pickle unpickles torch.save files, which runs any code they hold; "
+                         "use it only for files you trust", markup=False)
+
+
 def _commit_many(paths: list[Path], message: str | None, branch: str | None, as_json: bool,
-                 given: Mapping[str, object]) -> None:
+                 given: Mapping[str, object], *, allow_pickle: bool = False) -> None:
     """Commit several inputs in order on one branch, each read while the one before is committed."""
     per_state = [opt for opt, value in given.items() if value]
     if per_state:
@@ -93,19 +103,19 @@ def _commit_many(paths: list[Path], message: str | None, branch: str | None, as_
         )
     if len(set(paths)) != len(paths):
         raise errors.UsageError("an input is named twice", hint="Name each file or folder once.")
-    from ckptrepo.formats import read_states, run_meta
+    from ckptrepo.formats import fill_run_meta, read_states
 
     done: list[dict[str, Any]] = []
     with current().open() as repo, render.phases(enabled=True) as phase:
         branch = branch or repo.head
-        files = read_states(paths)
+        files = read_states(paths, allow_pickle=allow_pickle)
         try:
             for i, (path, state) in enumerate(files):
                 phase(f"committing {path.name} ({i + 1} of {len(paths)})")
-                run = run_meta(path)
+                run: dict[str, Any] = fill_run_meta({}, path, state)
                 result = repo.commit(state, branch=branch, message=f"{message}: {path.name}" if message else path.name,
                                      step=run.get("step"), epoch=run.get("epoch"), metrics=run.get("metrics"),
-                                     blocking=True).wait()
+                                     allow_pickle=allow_pickle, blocking=True).wait()
                 del state
                 done.append(result.to_json())
                 if not as_json:

@@ -1,11 +1,14 @@
 """What a training run wrote beside its weights: step, epoch and metrics of a checkpoint.
 
+A Lightning ``.ckpt`` holds ``global_step`` and ``epoch`` (the commit's step and epoch) and,
+per ``ModelCheckpoint`` callback, the ``current_score`` of its ``monitor`` (a metric).
+
 A Hugging Face ``Trainer`` checkpoint folder (``checkpoint-N``) holds ``trainer_state.json``:
 ``global_step``, a fractional ``epoch`` and ``log_history``, a list of logged dicts each with
 its ``step``. The commit's step is ``global_step``, its epoch the completed epochs
 (``floor(epoch)``), its metrics every number logged at that step (training and evaluation
-entries merged; ``step``, ``epoch`` and non-numbers left out). Reads JSON only; never imports
-torch and never unpickles.
+entries merged; ``step``, ``epoch`` and non-numbers left out). Reads JSON or an already loaded
+state only; never imports torch and never unpickles.
 """
 
 from __future__ import annotations
@@ -13,12 +16,13 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, TypeVar
 
 from ckptrepo.errors import InvalidInput
 
-__all__ = ["RunMeta", "checkpoint_folders", "logged_at", "run_meta"]
+__all__ = ["RunMeta", "checkpoint_folders", "fill_run_meta", "lightning_meta", "logged_at", "run_meta"]
 
 TRAINER_STATE = "trainer_state.json"
 _CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
@@ -80,3 +84,43 @@ def checkpoint_folders(run_dir: Path) -> list[Path]:
     if not found:
         raise InvalidInput(path=str(run_dir), reason="no checkpoint-N folders (a Hugging Face Trainer's output_dir)")
     return [p for _, p in sorted(found)]
+
+
+def lightning_meta(state: Any) -> RunMeta:
+    """Step, epoch and monitored scores of a loaded Lightning checkpoint; empty for any other state."""
+    if not isinstance(state, Mapping) or not ("pytorch-lightning_version" in state or "loops" in state):
+        return {}
+    step = state.get("global_step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        return {}
+    out: RunMeta = {"step": step}
+    epoch = state.get("epoch")
+    if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 0:
+        out["epoch"] = epoch
+    metrics: dict[str, float] = {}
+    callbacks = state.get("callbacks")
+    for cb in callbacks.values() if isinstance(callbacks, Mapping) else ():
+        if isinstance(cb, Mapping) and isinstance(cb.get("monitor"), str) and cb.get("current_score") is not None:
+            try:
+                score = float(cb["current_score"])  # a 0-d tensor or a number
+            except (TypeError, ValueError, RuntimeError):
+                continue
+            if math.isfinite(score):
+                metrics[cb["monitor"]] = score
+    if metrics:
+        out["metrics"] = metrics
+    return out
+
+
+M = TypeVar("M", bound=Mapping[str, Any])
+
+
+def fill_run_meta(meta: M, path: Path, state: Any = None) -> M:
+    """``meta`` with step, epoch and metrics it lacks (None or absent) taken from what the run
+    recorded: beside ``path`` (``run_meta``) or in its loaded ``state`` (``lightning_meta``)."""
+    recorded = {**lightning_meta(state), **run_meta(path)}
+    target: MutableMapping[str, Any] = meta  # type: ignore[assignment]  # a TypedDict of commit metadata
+    for key, value in recorded.items():
+        if target.get(key) is None:
+            target[key] = value
+    return meta

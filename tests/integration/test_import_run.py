@@ -82,3 +82,15 @@ def test_import_run_makes_one_commit_per_checkpoint_in_step_order(tmp_path: Path
         assert torch.equal(repo.checkout("ft~1")["w"], torch.full((8, 8), 200.0))
     missing = runner.invoke(app, ["--repo", str(repo_dir), "import-run", str(tmp_path / "repo")])
     assert missing.exit_code == 2 and "no checkpoint-N folders" in missing.output
+
+
+def test_lightning_meta_reads_a_loaded_checkpoint() -> None:
+    from ckptrepo.formats import lightning_meta
+
+    ckpt = {"pytorch-lightning_version": "2.6.6", "global_step": 120, "epoch": 3, "state_dict": {},
+            "callbacks": {"ModelCheckpoint{'monitor': 'val_loss'}": {"monitor": "val_loss",
+                                                                     "current_score": torch.tensor(0.25)},
+                          "EarlyStopping": {"wait_count": 1}, "other": {"monitor": None, "current_score": 1.0}}}
+    assert lightning_meta(ckpt) == {"step": 120, "epoch": 3, "metrics": {"val_loss": 0.25}}
+    assert lightning_meta({"global_step": 5}) == {}  # not a Lightning checkpoint
+    assert lightning_meta({"loops": {}, "global_step": "x"}) == {}

@@ -50,7 +50,8 @@ def fit(root: Path, callbacks: list[Any], ckpt_path: str | None = None) -> Regre
     data = torch.utils.data.TensorDataset(torch.randn(64, 8, generator=g), torch.randn(64, generator=g))
     loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)
     model = Regressor()
-    trainer = pl.Trainer(max_steps=24, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+    saving = any(isinstance(c, pl.callbacks.ModelCheckpoint) for c in callbacks)
+    trainer = pl.Trainer(max_steps=24, accelerator="cpu", devices=1, logger=False, enable_checkpointing=saving,
                          enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(root),
                          callbacks=callbacks)
     trainer.fit(model, loader, ckpt_path=ckpt_path)
@@ -78,3 +79,47 @@ def test_lightning_commits_every_n_steps_and_resumes_from_the_repository(tmp_pat
     want, got = straight.state_dict(), resumed.state_dict()
     for name in want:
         assert torch.equal(want[name], got[name]), name
+
+
+def test_ckpt_commit_of_a_lightning_checkpoint_takes_its_step_epoch_and_score(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from ckptrepo.cli.app import app
+
+    saver = pl.callbacks.ModelCheckpoint(dirpath=str(tmp_path / "ckpts"), monitor="train_loss", every_n_train_steps=10,
+                                         save_top_k=-1)
+    fit(tmp_path / "run", [saver])
+    path = sorted((tmp_path / "ckpts").glob("*.ckpt"))[0]
+    runner = CliRunner()
+    repo = tmp_path / "repo"
+    assert runner.invoke(app, ["--repo", str(repo), "init"]).exit_code == 0
+    result = runner.invoke(app, ["--repo", str(repo), "commit", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    with ckptrepo.Repo.open(repo) as r:
+        commit = r.get_commit("main")
+        assert (commit.step, commit.epoch) == (10, 1) and set(commit.metrics or {}) == {"train_loss"}
+        assert torch.equal(r.checkout("main")["state_dict"]["net.0.weight"],
+                           torch.load(path, weights_only=True)["state_dict"]["net.0.weight"])
+
+
+def test_a_checkpoint_with_pickled_objects_needs_allow_pickle(tmp_path: Path) -> None:
+    import argparse
+
+    from typer.testing import CliRunner
+
+    from ckptrepo.cli.app import app
+
+    path = tmp_path / "hp.ckpt"
+    torch.save({"pytorch-lightning_version": "2.6.6", "global_step": 3, "epoch": 0, "loops": {},
+                "state_dict": {"w": torch.ones(2)}, "hyper_parameters": {"args": argparse.Namespace(lr=0.1)}}, path)
+    runner = CliRunner()
+    repo = tmp_path / "repo"
+    assert runner.invoke(app, ["--repo", str(repo), "init"]).exit_code == 0
+    refused = runner.invoke(app, ["--repo", str(repo), "commit", str(path)])
+    assert refused.exit_code == 2 and "allow_pickle" in refused.output
+    allowed = runner.invoke(app, ["--repo", str(repo), "commit", str(path), "--allow-pickle"])
+    assert allowed.exit_code == 0, allowed.output
+    assert "runs any code" in allowed.stderr
+    with ckptrepo.Repo.open(repo) as r:
+        assert r.get_commit("main").step == 3
+        assert r.checkout("main", allow_pickle=True)["hyper_parameters"]["args"].lr == 0.1
