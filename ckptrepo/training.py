@@ -34,11 +34,12 @@ from ckptrepo.policy import Every, Policy
 from ckptrepo.repository import Repo
 from ckptrepo.types import Commit
 
-__all__ = ["Checkpointer", "CommitStream", "capture_rng", "open_or_init", "restore_rng"]
+__all__ = ["Checkpointer", "CommitStream", "capture_rng", "native_rng", "open_or_init", "restore_rng"]
 
 
 def capture_rng() -> dict[str, Any]:
     """The state of every random number generator a training loop draws from, as tensors and JSON values."""
+    import numpy as np
     import torch
 
     version, words, gauss = random.getstate()
@@ -46,16 +47,32 @@ def capture_rng() -> dict[str, Any]:
         "python": {"version": version, "words": torch.tensor(words, dtype=torch.int64), "gauss": gauss},
         "torch": torch.get_rng_state(),
     }
-    try:
-        import numpy as np
-    except ImportError:  # pragma: no cover - numpy is a dependency of ckptrepo
-        pass
-    else:
-        kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-        out["numpy"] = {"kind": str(kind), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
-                        "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    out["numpy"] = {"kind": str(kind), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+                    "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
     if torch.cuda.is_available():
         out["cuda"] = list(torch.cuda.get_rng_state_all())
+    return out
+
+
+def native_rng(state: Mapping[str, Any]) -> dict[str, Any]:
+    """``capture_rng``'s record in the shapes the generators take back: ``"python"`` as
+    ``random.getstate()`` gives it, ``"numpy"`` as ``np.random.get_state()``, ``"torch"`` and
+    ``"cuda"`` as torch's (byte tensors); generators not recorded are absent."""
+    out: dict[str, Any] = {}
+    if "python" in state:
+        py = state["python"]
+        out["python"] = (int(py["version"]), tuple(int(w) for w in py["words"].tolist()), py["gauss"])
+    if "numpy" in state:
+        import numpy as np
+
+        n = state["numpy"]
+        out["numpy"] = (n["kind"], n["keys"].numpy().astype(np.uint32), int(n["pos"]), int(n["has_gauss"]),
+                        float(n["cached_gaussian"]))
+    if "torch" in state:
+        out["torch"] = state["torch"]
+    if "cuda" in state:
+        out["cuda"] = list(state["cuda"])
     return out
 
 
@@ -63,23 +80,21 @@ def restore_rng(state: Mapping[str, Any]) -> None:
     """Set every generator ``capture_rng`` recorded; generators it did not record are left alone."""
     import torch
 
-    if "python" in state:
-        py = state["python"]
-        random.setstate((int(py["version"]), tuple(int(w) for w in py["words"].tolist()), py["gauss"]))
-    if "numpy" in state:
+    native = native_rng(state)
+    if "python" in native:
+        random.setstate(native["python"])
+    if "numpy" in native:
         import numpy as np
 
-        n = state["numpy"]
-        np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), int(n["pos"]), int(n["has_gauss"]),
-                             float(n["cached_gaussian"])))
-    if "torch" in state:
-        torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
+        np.random.set_state(native["numpy"])
+    if "torch" in native:
+        torch.set_rng_state(native["torch"])
+    if "cuda" in native and torch.cuda.is_available():
         devices = torch.cuda.device_count()
-        if len(state["cuda"]) != devices:
-            warnings.warn(f"the commit holds RNG states of {len(state['cuda'])} CUDA devices, this process sees "
-                          f"{devices}: restoring the first {min(devices, len(state['cuda']))}", stacklevel=3)
-        torch.cuda.set_rng_state_all(list(state["cuda"])[:devices])
+        if len(native["cuda"]) != devices:
+            warnings.warn(f"the commit holds RNG states of {len(native['cuda'])} CUDA devices, this process sees "
+                          f"{devices}: restoring the first {min(devices, len(native['cuda']))}", stacklevel=3)
+        torch.cuda.set_rng_state_all(native["cuda"][:devices])
 
 
 class CommitStream:

@@ -46,8 +46,8 @@ def run_meta(path: Path) -> RunMeta:
         state = json.loads(state_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InvalidInput(path=str(state_file), reason=f"not readable JSON: {exc}") from exc
-    step = state.get("global_step") if isinstance(state, dict) else None
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+    step = _count(state.get("global_step")) if isinstance(state, dict) else None
+    if step is None:
         raise InvalidInput(path=str(state_file), reason="no global_step (a non-negative integer)")
     out: RunMeta = {"step": step}
     epoch = state.get("epoch")
@@ -66,6 +66,11 @@ def logged_at(log_history: list[Any], step: int) -> dict[str, float]:
         if isinstance(entry, dict) and entry.get("step") == step:
             metrics.update({k: float(v) for k, v in entry.items() if _is_metric(k, v)})
     return metrics
+
+
+def _count(value: Any) -> int | None:
+    """``value`` when it is a non-negative int (not a bool), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _is_metric(key: Any, value: Any) -> bool:
@@ -90,12 +95,11 @@ def lightning_meta(state: Any) -> RunMeta:
     """Step, epoch and monitored scores of a loaded Lightning checkpoint; empty for any other state."""
     if not isinstance(state, Mapping) or not ("pytorch-lightning_version" in state or "loops" in state):
         return {}
-    step = state.get("global_step")
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+    step, epoch = _count(state.get("global_step")), _count(state.get("epoch"))
+    if step is None:
         return {}
     out: RunMeta = {"step": step}
-    epoch = state.get("epoch")
-    if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 0:
+    if epoch is not None:
         out["epoch"] = epoch
     metrics: dict[str, float] = {}
     callbacks = state.get("callbacks")

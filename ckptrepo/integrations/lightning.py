@@ -21,6 +21,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
+from ckptrepo.atomic import atomic_output
 from ckptrepo.policy import Every, Policy
 from ckptrepo.repository import Repo
 from ckptrepo.training import CommitStream, capture_rng, restore_rng
@@ -92,7 +93,8 @@ class RepoCheckpoint(Callback):
                              hint="Resume from a commit RepoCheckpoint made.")
         out = Path(path)
         out.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(state, out)
+        with atomic_output(out) as tmp:
+            torch.save(state, tmp)
         return str(out)
 
 

@@ -23,9 +23,10 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from ckptrepo.atomic import atomic_output, write_atomic
 from ckptrepo.formats.run_meta import logged_at
 from ckptrepo.repository import Repo
-from ckptrepo.training import CommitStream, capture_rng
+from ckptrepo.training import CommitStream, capture_rng, native_rng
 
 __all__ = ["RepoCallback"]
 
@@ -73,7 +74,6 @@ class RepoCallback(TrainerCallback):
     def checkout(self, rev: str, folder: str | Path) -> str:
         """Write commit ``rev`` as a Trainer checkpoint folder at ``folder``; returns its path for
         ``trainer.train(resume_from_checkpoint=...)``."""
-        import numpy as np
         import torch
         from safetensors.torch import save_file
 
@@ -84,23 +84,18 @@ class RepoCallback(TrainerCallback):
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)
         weights = {k: v.contiguous().clone() for k, v in state["model"].items()}  # ties written as copies
-        save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
-        if "optimizer" in state:
-            torch.save(state["optimizer"], out / "optimizer.pt")
-        if "scheduler" in state:
-            torch.save(state["scheduler"], out / "scheduler.pt")
-        rng = state["rng"]
-        py, n = rng["python"], rng["numpy"]
-        hf_rng: dict[str, Any] = {
-            "python": (int(py["version"]), tuple(int(w) for w in py["words"].tolist()), py["gauss"]),
-            "numpy": (n["kind"], n["keys"].numpy().astype(np.uint32), int(n["pos"]), int(n["has_gauss"]),
-                      float(n["cached_gaussian"])),
-            "cpu": rng["torch"],
-        }
-        if "cuda" in rng:
-            hf_rng["cuda"] = list(rng["cuda"])
-        torch.save(hf_rng, out / "rng_state.pth")
-        (out / "trainer_state.json").write_text(json.dumps(state["trainer_state"], indent=2, sort_keys=True) + "\n")
+        with atomic_output(out / "model.safetensors") as tmp:
+            save_file(weights, str(tmp), metadata={"format": "pt"})
+        for key, name in (("optimizer", "optimizer.pt"), ("scheduler", "scheduler.pt")):
+            if key in state:
+                with atomic_output(out / name) as tmp:
+                    torch.save(state[key], tmp)
+        rng = native_rng(state["rng"])  # the Trainer's own rng_state.pth names torch's CPU state "cpu"
+        rng["cpu"] = rng.pop("torch")
+        with atomic_output(out / "rng_state.pth") as tmp:
+            torch.save(rng, tmp)
+        write_atomic(out / "trainer_state.json",
+                     (json.dumps(state["trainer_state"], indent=2, sort_keys=True) + "\n").encode())
         return str(out)
 
 

@@ -125,3 +125,11 @@ def test_a_background_failure_is_raised_once_by_the_next_step(tmp_path: Path) ->
         assert [c.step for c in ckpt.flush()] == [3]
     with ckptrepo.Repo.open(tmp_path) as repo:
         assert [c.step for c in repo.log("main")] == [3]
+
+
+def test_a_refused_checkpointer_creates_no_repository(tmp_path: Path) -> None:
+    with pytest.raises(errors.UsageError):
+        Checkpointer(tmp_path / "run", model=object())
+    with pytest.raises(errors.UsageError):
+        Checkpointer(tmp_path / "run", rng=False)
+    assert not (tmp_path / "run").exists()

@@ -94,3 +94,22 @@ def test_lightning_meta_reads_a_loaded_checkpoint() -> None:
     assert lightning_meta(ckpt) == {"step": 120, "epoch": 3, "metrics": {"val_loss": 0.25}}
     assert lightning_meta({"global_step": 5}) == {}  # not a Lightning checkpoint
     assert lightning_meta({"loops": {}, "global_step": "x"}) == {}
+
+
+def test_a_broken_trainer_state_changes_nothing(tmp_path: Path) -> None:
+    good = trainer_checkpoint(tmp_path / "out", 10, 1.0, 0.5)
+    bad = trainer_checkpoint(tmp_path / "out", 20, 2.0, 0.25)
+    (bad / "trainer_state.json").write_text("{not json")
+    with ckptrepo.Repo.init(tmp_path / "repo") as repo:
+        first = repo.commit_file(good)
+        before = repo.stats()
+        with pytest.raises(errors.InvalidInput, match="not readable JSON"):
+            repo.commit_file(bad)
+        assert [c.id for c in repo.log("main")] == [first.id]
+        after = repo.stats()
+        assert (after.commits, after.pack_bytes) == (before.commits, before.pack_bytes)
+    runner = CliRunner()
+    result = runner.invoke(app, ["--repo", str(tmp_path / "repo"), "import-run", str(tmp_path / "out"), "-b", "x"])
+    assert result.exit_code == 2 and "checkpoint-20" in result.output
+    with ckptrepo.Repo.open(tmp_path / "repo") as repo:  # the input before the broken one stays
+        assert [c.step for c in repo.log("x")] == [10]

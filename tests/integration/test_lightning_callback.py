@@ -123,3 +123,23 @@ def test_a_checkpoint_with_pickled_objects_needs_allow_pickle(tmp_path: Path) ->
     with ckptrepo.Repo.open(repo) as r:
         assert r.get_commit("main").step == 3
         assert r.checkout("main", allow_pickle=True)["hyper_parameters"]["args"].lr == 0.1
+
+
+def test_a_refused_checkpoint_leaves_the_repository_unchanged(tmp_path: Path) -> None:
+    import argparse
+
+    from typer.testing import CliRunner
+
+    from ckptrepo.cli.app import app
+
+    path = tmp_path / "hp.ckpt"
+    torch.save({"pytorch-lightning_version": "2.6.6", "global_step": 3, "loops": {},
+                "hyper_parameters": {"args": argparse.Namespace(lr=0.1)}}, path)
+    repo = tmp_path / "repo"
+    with ckptrepo.Repo.init(repo) as r:
+        r.commit({"w": torch.zeros(2)}, blocking=True).wait()
+        before = r.stats()
+    assert CliRunner().invoke(app, ["--repo", str(repo), "commit", str(path)]).exit_code == 2
+    with ckptrepo.Repo.open(repo) as r:
+        after = r.stats()
+        assert (after.commits, after.pack_bytes) == (before.commits, before.pack_bytes)
