@@ -18,6 +18,11 @@ commit once to measure it (rule ``"probe"``) as soon as the step time is known.
 Policies compose: ``Any(Every(1000), Adaptive())`` commits when either wants to, and every
 policy hears of every commit (an interval counts from the last commit, whoever asked for it).
 Every policy works without arguments.
+
+A policy whose answers depend on the step count alone sets ``by_step = True`` (``Every``; ``Any``
+of such policies). On several ranks, each rank then decides alone and all agree; any other
+policy's answer is taken from rank 0 and broadcast (the checkpointer does it: one one-element
+message per step), since measured times differ between ranks.
 """
 
 from __future__ import annotations
@@ -103,6 +108,8 @@ class _Meter:
 class _Measured:
     """Shared plumbing of the policies that measure the loop."""
 
+    by_step = False
+
     def __init__(self, warmup: int) -> None:
         if warmup < 1:
             raise ValueError(f"warmup must be at least 1 step, got {warmup}")
@@ -124,6 +131,8 @@ class _Measured:
 
 class Every:
     """Commit every ``k`` completed steps (steps k, 2k, 3k, ...)."""
+
+    by_step = True
 
     def __init__(self, k: int = 1000) -> None:
         if k < 1:
@@ -286,6 +295,7 @@ class Any:
         if not policies:
             raise ValueError("Any() needs at least one policy")
         self.policies = policies
+        self.by_step = all(getattr(p, "by_step", False) for p in policies)
 
     def step(self, step: int, seconds: float, busy: bool) -> None:
         for p in self.policies:

@@ -239,25 +239,23 @@ class Repo:
             cid = revparse.resolve(s, rev)
             return [views.tensor_info(e.name, tr) for e, tr in catalog.tensor_layout(s, cid)]
 
-    def checkout(self, rev: str, *, into: Mapping[str, Any] | None = None, allow_pickle: bool = False,
-                 group: Any = None) -> Any:
-        """The state committed at ``rev`` (tensors on the CPU, ties restored), every chunk verified.
-        With ``into``, also load it into live objects: modules, optimizers and schedulers via
+    def checkout(self, rev: str, *, into: Mapping[str, Any] | None = None, part: str | None = None,
+                 allow_pickle: bool = False, group: Any = None) -> Any:
+        """The state committed at ``rev`` (tensors on the CPU, ties restored), every chunk verified;
+        with ``part`` (a key path such as ``"model"`` or ``"ranks/1"``) only that value, reading only its
+        tensors. With ``into``, also load it into live objects: modules, optimizers and schedulers via
         ``load_state_dict``, tensors in place. Into state holding DTensors (or with ``group``), on
         every rank: each reads only the chunks of its shards, at any world size; returns ``into``."""
         from ckptrepo import state as st
         from ckptrepo.ingest.writer import distributed
-        from ckptrepo.restore.tensors import read_tensors
+        from ckptrepo.restore.tensors import read_state
 
-        if into is not None and distributed(into, group):
+        if into is not None and part is None and distributed(into, group):
             from ckptrepo.dist import native
 
             native.load(self.dcp_reader(rev, allow_pickle=allow_pickle), into, group=group)
             return into
-
-        cid, skeleton, items = self._layout(rev)
-        restored = st.unflatten(skeleton, read_tensors(self._reader, self._pool, [(n, *i) for n, i in items.items()],
-                                                       commit_id=cid), allow_pickle=allow_pickle)
+        restored = read_state(self._reader, self._pool, *self._layout(rev), part=part, allow_pickle=allow_pickle)
         if into is not None:
             st.load_into(into, restored)
         return restored

@@ -388,6 +388,40 @@ def unflatten(skeleton: Any, tensors: Mapping[str, torch.Tensor], *, allow_pickl
     return node(skeleton)
 
 
+def skeleton_part(skeleton: Any, path: Sequence[str]) -> Any:
+    """The node of ``skeleton`` at key path ``path`` (keys compared as entry names write them:
+    ``"1"`` finds the int key ``1``). UsageError naming the keys where the path leaves the state."""
+    node = skeleton
+    for depth, part in enumerate(path):
+        items = node.get("d") if type(node) is dict else None
+        if items is None:  # a list, tuple or leaf: its positions are not keys
+            raise UsageError(f"the commit has no {join_path(path[:depth + 1])!r}: {join_path(path[:depth]) or 'it'} "
+                             "is not a dict")
+        keys = [_key_part(k) for k in items[0::2]]
+        if part not in keys:
+            have = ", ".join(map(repr, keys)) or "nothing"
+            raise UsageError(f"the commit has no {join_path(path[:depth + 1])!r}; at that level it has: {have}")
+        node = items[2 * keys.index(part) + 1]
+    return node
+
+
+def skeleton_entries(node: Any) -> set[str]:
+    """The entry names a skeleton node refers to (tensors, arrays and pickled values)."""
+    found: set[str] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if type(n) is list:
+            stack.extend(n)
+        elif type(n) is dict and n:
+            tag, arg = next(iter(n.items()))
+            if tag in _ENTRY_TAGS or tag == "p":
+                found.add(arg[0] if type(arg) is list else arg)
+            elif tag in ("d", "u"):
+                stack.extend(arg)
+    return found
+
+
 def is_flat_tensor_dict(state: Any) -> bool:
     """True for a dict of str -> tensor and nothing else (what a safetensors file holds)."""
     return isinstance(state, dict) and all(type(k) is str and isinstance(v, torch.Tensor) for k, v in state.items())

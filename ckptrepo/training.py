@@ -2,9 +2,16 @@
 
 What a commit holds (the keys present depend on what was given)::
 
-    {"model": ..., "optimizer": ..., "scheduler": ..., "dataloader": ...,  # their state_dict()
-     "extra": {name: obj.state_dict()},
+    {"model": ..., "optimizer": ...,          # by parameter name (DCP's get_state_dict)
+     "scheduler": ..., "extra": {name: ...},  # their state_dict()
+     "dataloader": ..., "sampler_epoch": 3,   # this process's data position
      "rng": {"python": ..., "numpy": ..., "torch": ..., "cuda": [...]}}
+
+On several ranks the last three are each rank's own, under ``"ranks": {"0": {...}, "1": {...}}``,
+and the model and optimizer are saved as the ranks hold them (DDP's replicas once, FSDP2's
+shards); the commit records its world size. A resume at the same world size gives every rank
+its own data position and RNG states back; at another size, the model and optimizer are
+resharded and the per-rank states are left (with a warning: the run cannot continue exactly).
 
 An exact resume needs every source of randomness and the data position: the RNG states of
 python's ``random``, numpy's global generator, torch's CPU generator and every CUDA device's,
@@ -14,12 +21,13 @@ left out with a warning, and a resume starts its epoch over.
 
 Commits are two-phase: ``after_step`` blocks only for the copy of the state; the commit becomes
 durable in the background while training goes on, and a background failure is raised by the
-next ``after_step`` or by ``close``. One process only for now: on several ranks of a process
-group the Checkpointer refuses to start (use ``repo.commit(..., group=...)`` or ``ckptrepo.dcp``).
+next ``after_step`` or by ``close``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import random
 import time
 import warnings
@@ -28,6 +36,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from ckptrepo.entries import join_path
 from ckptrepo.errors import NotARepository, UnknownRevision, UsageError
 from ckptrepo.ingest.handle import CommitHandle
 from ckptrepo.policy import Every, Policy
@@ -107,17 +116,40 @@ class CommitStream:
     commit now, or None; ``commit`` starts one (two-phase) and tells the policy how long it blocked; ``stepped``
     starts the next step's clock (so a step's time leaves the commit's stall out). ``flush``
     waits for every commit, then raises the first failure.
+
+    With ``group`` (a process group), every rank of it runs one stream and each commit is one
+    commit of all ranks' state (``Repo.commit(..., group=)``): rank 0 creates the repository if
+    needed before the others open it, and a policy that is not ``by_step`` answers on rank 0
+    for all ranks.
     """
 
-    def __init__(self, repo: Repo | str | Path, *, branch: str | None = None, policy: Policy | None = None) -> None:
+    def __init__(self, repo: Repo | str | Path, *, branch: str | None = None, policy: Policy | None = None,
+                 group: Any = None) -> None:
+        self.group = group
         self._owns_repo = not isinstance(repo, Repo)
-        self.repo = repo if isinstance(repo, Repo) else open_or_init(Path(repo))
+        if isinstance(repo, Repo):
+            self.repo = repo
+        elif group is None:
+            self.repo = open_or_init(Path(repo))
+        else:
+            from ckptrepo.dist import native
+
+            self.repo = native.rank0_first(lambda: open_or_init(Path(repo)), group)
         self.branch = branch or self.repo.head
         self.policy: Policy = policy if policy is not None else Every(1000)
         self.last_rule: str | None = None
         self._handles: list[CommitHandle] = []
         self._clock: float | None = None  # when the current step began
         self._busy = False  # a commit's background phase ran while the current step did
+
+    @property
+    def world(self) -> tuple[int, int]:
+        """``(this process's rank, world size)`` in the stream's group; ``(0, 1)`` without one."""
+        if self.group is None:
+            return 0, 1
+        import torch.distributed as dist
+
+        return dist.get_rank(self.group), dist.get_world_size(self.group)
 
     def reap(self) -> None:
         """Forget the commits that finished; raise the first failure among them (once)."""
@@ -131,16 +163,23 @@ class CommitStream:
         self.reap()
         if self._clock is not None:
             self.policy.step(step, now - self._clock, self._busy)
-        return self.policy.due(step)
+        rule = self.policy.due(step)
+        if self.group is None or getattr(self.policy, "by_step", False):
+            return rule
+        from ckptrepo.dist import native
+
+        return (rule or "rank 0") if native.rank0_decides(rule is not None, self.group) else None
 
     def commit(self, state: Any, step: int, rule: str, *, epoch: int | None = None,
                metrics: Mapping[str, float] | None = None, message: str | None = None,
                allow_pickle: bool = False) -> CommitHandle:
-        """Start a commit of ``state`` at ``step``; ``rule`` (why) goes in the message and the config."""
+        """Start a commit of ``state`` at ``step``; ``rule`` (why) goes in the message and the
+        config, with the world size (on several ranks, rank 0's metrics and rule are recorded)."""
         t0 = time.perf_counter()
+        config = {"checkpointer": {"rule": rule, "world_size": self.world[1]}}
         handle = self.repo.commit(state, branch=self.branch, step=step, epoch=epoch, metrics=metrics,
-                                  message=message or f"step {step} ({rule})", config={"checkpointer": {"rule": rule}},
-                                  allow_pickle=allow_pickle)
+                                  message=message or f"step {step} ({rule})", config=config,
+                                  allow_pickle=allow_pickle, group=self.group)
         self.policy.committed(step, time.perf_counter() - t0)
         self._handles.append(handle)
         self.last_rule = rule
@@ -190,7 +229,9 @@ class Checkpointer(CommitStream):
     values of ``extra``: objects with ``state_dict``/``load_state_dict``. ``branch``: where
     commits go and what ``resume`` reads (default: the repository's current branch).
     ``policy``: when to commit (default ``Every(1000)``; see ``ckptrepo.policy``). ``rng``:
-    record and restore every RNG state.
+    record and restore every RNG state. ``group``: on several ranks, the process group whose
+    ranks commit together (default: the default group, when one with two or more ranks is
+    initialized); every rank of it runs the same loop with its own Checkpointer.
 
     Use::
 
@@ -203,28 +244,27 @@ class Checkpointer(CommitStream):
 
     def __init__(self, repo: Repo | str | Path, *, model: Any = None, optimizer: Any = None, scheduler: Any = None,
                  dataloader: Any = None, extra: Mapping[str, Any] | None = None, branch: str | None = None,
-                 policy: Policy | None = None, rng: bool = True) -> None:
-        _refuse_several_ranks()
+                 policy: Policy | None = None, rng: bool = True, group: Any = None) -> None:
         objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
         for name, obj in [*objects.items(), *((f"extra[{k!r}]", v) for k, v in (extra or {}).items())]:
             if obj is not None and not _stateful(obj):
                 raise UsageError(f"{name} has no state_dict()/load_state_dict(): the Checkpointer cannot save it",
                                  hint="Pass an object with both methods, or keep it out of the Checkpointer.")
-        self._targets: dict[str, Any] = {k: v for k, v in objects.items() if v is not None}
-        if dataloader is not None:
-            if _stateful(dataloader):
-                self._targets["dataloader"] = dataloader
-            else:
-                warnings.warn(
-                    f"{type(dataloader).__name__} has no state_dict(): a resume restarts its epoch from the first "
-                    "batch, with a new order. For an exact resume use "
-                    "torchdata.stateful_dataloader.StatefulDataLoader (pip install torchdata).", stacklevel=2)
-        if extra:
-            self._targets["extra"] = dict(extra)
-        if not self._targets and not rng:
+        if dataloader is not None and not _stateful(dataloader):
+            warnings.warn(
+                f"{type(dataloader).__name__} has no state_dict(): a resume restarts its epoch from the first "
+                "batch, with a new order. For an exact resume use "
+                "torchdata.stateful_dataloader.StatefulDataLoader (pip install torchdata).", stacklevel=2)
+            dataloader = None
+        if model is None and optimizer is None and scheduler is None and not extra and dataloader is None and not rng:
             raise UsageError("nothing to checkpoint", hint="Pass a model, optimizer, ... or leave rng=True.")
-        super().__init__(repo, branch=branch, policy=policy)
-        self.rng = rng
+        group = group if group is not None else _default_group()
+        if group is not None and optimizer is not None and model is None:
+            raise UsageError("on several ranks the Checkpointer saves an optimizer by parameter name, from its model",
+                             hint="Pass model= as well as optimizer=.")
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.dataloader, self.extra, self.rng = dataloader, dict(extra or {}), rng
+        super().__init__(repo, branch=branch, policy=policy, group=group)
 
     # -- resume ------------------------------------------------------------------------------
 
@@ -232,7 +272,9 @@ class Checkpointer(CommitStream):
         """Load the newest commit of the branch (or ``rev``) into every object and RNG.
 
         Returns that commit's step (the count of completed optimizer steps), or 0 when the
-        branch has no commit yet and ``rev`` is None (nothing is loaded then).
+        branch has no commit yet and ``rev`` is None (nothing is loaded then). A commit made
+        at another world size restores the model, optimizer (resharded), scheduler and extra
+        state, but not the ranks' RNG states and data positions: a warning says so.
         """
         try:
             commit = self.repo.get_commit(rev if rev is not None else self.branch)
@@ -240,38 +282,101 @@ class Checkpointer(CommitStream):
             if rev is not None:
                 raise
             return 0
-        restored = self.repo.checkout(commit.id)
-        from ckptrepo.state import load_into
+        rank, world = self.world
+        made = commit.config.get("checkpointer", {}) if isinstance(commit.config, dict) else {}
+        made_at = made.get("world_size", 1) if isinstance(made, dict) else 1
+        self._load_shared(commit.id)
+        if made_at == world:
+            self._load_own(commit.id, "" if world == 1 else f"ranks/{rank}/")
+        elif self.rng or self.dataloader is not None:
+            warnings.warn(f"commit {commit.id[:12]} was made on {made_at} rank(s), this job has {world}: the weights "
+                          "and optimizer, scheduler and extra state are restored, the RNG states and data loader "
+                          "positions are not, so the run does not continue exactly as it would have", stacklevel=2)
+        self.restart_clock()
+        return commit.step or 0
 
-        load_into(self._targets, restored)
-        if "dataloader" in self._targets:
+    def _load_shared(self, cid: str) -> None:
+        read = functools.partial(self.repo.checkout, cid)
+        if self.model is not None:
+            from torch.distributed.checkpoint.state_dict import set_state_dict
+
+            # By parameter name (torch.distributed.checkpoint.state_dict), as _shared() stored them:
+            # on several ranks DCP reads each rank's shards into these, at any world size.
+            model_sd, optim_sd = _model_state(self.model, self.optimizer)
+            if self.group is not None:
+                into = {"model": model_sd} if self.optimizer is None else {"model": model_sd, "optimizer": optim_sd}
+                read(into=into, group=self.group)
+            else:
+                model_sd = read(part="model")
+                optim_sd = read(part="optimizer") if self.optimizer is not None else {}
+            set_state_dict(self.model, self.optimizer or (), model_state_dict=model_sd, optim_state_dict=optim_sd)
+        elif self.optimizer is not None:
+            self.optimizer.load_state_dict(read(part="optimizer"))
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(read(part="scheduler"))
+        for key, obj in self.extra.items():
+            obj.load_state_dict(read(part=join_path(["extra", key])))
+
+    def _load_own(self, cid: str, prefix: str) -> None:
+        """This process's (rank's) data position and RNG states, stored under ``prefix``."""
+        if self.dataloader is not None:
+            set_epoch = getattr(getattr(self.dataloader, "sampler", None), "set_epoch", None)
+            if callable(set_epoch):
+                with contextlib.suppress(UsageError):  # committed without one (its sampler had no epoch)
+                    set_epoch(self.repo.checkout(cid, part=prefix + "sampler_epoch"))
+            self.dataloader.load_state_dict(self.repo.checkout(cid, part=prefix + "dataloader"))
             # A loader makes its next iterator from the loaded state when asked for its state (so
             # StatefulDataLoader does), drawing seeds from torch's generator; done here, before the
             # generators are restored, the loop's `for batch in loader` takes that iterator as is.
-            self._targets["dataloader"].state_dict()
+            self.dataloader.state_dict()
         if self.rng:
-            if "rng" not in restored:
-                raise UsageError(f"commit {commit.id[:12]} holds no RNG states, so the resume cannot be exact",
-                                 hint="Resume with Checkpointer(..., rng=False) to accept that.")
-            restore_rng(restored["rng"])
-        self.restart_clock()
-        return commit.step or 0
+            try:
+                state = self.repo.checkout(cid, part=prefix + "rng")
+            except UsageError as exc:
+                raise UsageError(f"commit {cid[:12]} holds no RNG states, so the resume cannot be exact",
+                                 hint="Resume with Checkpointer(..., rng=False) to accept that.") from exc
+            restore_rng(state)
 
     # -- commit --------------------------------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
-        """What a commit stores now (live objects; the commit copies their state)."""
-        out = dict(self._targets)
+        """What a commit stores now (live objects and state dicts; the commit copies them).
+
+        Shared by all ranks: ``model`` and ``optimizer`` (by parameter name), ``scheduler``,
+        ``extra``. Each process's own: ``dataloader``, ``sampler_epoch``, ``rng``; at the top level
+        in one process, under ``ranks/<rank>`` on several.
+        """
+        out: dict[str, Any] = {}
+        if self.model is not None:
+            out["model"], optim_sd = _model_state(self.model, self.optimizer)
+            if self.optimizer is not None:
+                out["optimizer"] = optim_sd
+        elif self.optimizer is not None:
+            out["optimizer"] = self.optimizer
+        if self.scheduler is not None:
+            out["scheduler"] = self.scheduler
+        if self.extra:
+            out["extra"] = dict(self.extra)
+        own: dict[str, Any] = {}
+        if self.dataloader is not None:
+            epoch = getattr(getattr(self.dataloader, "sampler", None), "epoch", None)
+            if type(epoch) is int:
+                own["sampler_epoch"] = epoch
+            own["dataloader"] = self.dataloader.state_dict()
         if self.rng:
-            out["rng"] = capture_rng()
-        return out
+            own["rng"] = capture_rng()
+        rank, world = self.world
+        if world == 1:
+            return out | own
+        return out | {"ranks": {str(rank): own}}
 
     def after_step(self, step: int, metrics: Mapping[str, float] | None = None, *,
                    epoch: int | None = None) -> CommitHandle | None:
         """Call after every optimizer step with the count of completed steps; commits if the policy says so.
 
         Returns the commit's handle when it committed (durable later; ``close`` waits), else None.
-        Raises the error of an earlier commit that failed in the background.
+        Raises the error of an earlier commit that failed in the background. On several ranks,
+        every rank calls it after every step (a commit is collective).
         """
         rule = self.due(step)
         handle = self.commit_now(step, metrics, epoch=epoch, rule=rule) if rule is not None else None
@@ -291,6 +396,15 @@ class Checkpointer(CommitStream):
         self.close()
 
 
+def _model_state(model: Any, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The model's and optimizer's state dicts keyed by parameter name, as DCP's
+    ``get_state_dict`` gives them (FSDP2's as local shards; no optimizer: an empty dict)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer if optimizer is not None else ())
+    return model_sd, optim_sd
+
+
 def open_or_init(path: Path) -> Repo:
     """The repository at ``path``, created there if there is none."""
     try:
@@ -299,9 +413,10 @@ def open_or_init(path: Path) -> Repo:
         return Repo.init(path)
 
 
-def _refuse_several_ranks() -> None:
+def _default_group() -> Any:
+    """The default process group when one of two or more ranks is initialized, else None."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        raise UsageError("the Checkpointer runs in one process; this one is a rank of a process group",
-                         hint="On several ranks, commit with repo.commit(state, group=...) or ckptrepo.dcp.Writer.")
+        return dist.group.WORLD
+    return None

@@ -22,12 +22,14 @@ tensor its shards hold, whatever layout and world size committed them.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -45,6 +47,7 @@ from ckptrepo.ingest.writer import CommitWriter
 
 _groups: dict[Any, tuple[Any, Any]] = {}  # user group -> (phase-1 group, phase-2 group), both gloo
 _lock = threading.Lock()
+T = TypeVar("T")
 
 
 def is_distributed(state: Any) -> bool:
@@ -177,6 +180,32 @@ def commit(engine: CommitWriter, state: Any, meta: dict[str, Any], *, group: Any
     if blocking:
         handle.wait()
     return handle
+
+
+def rank0_decides(wanted: bool, group: Any) -> bool:
+    """Rank 0's ``wanted``, on every rank of ``group`` (None: the default group): a one-element
+    broadcast on ckptrepo's own gloo group, so it never interleaves with the loop's collectives."""
+    agree, _ = _own_groups(group)
+    flag = torch.tensor([1 if wanted else 0], dtype=torch.int32)
+    dist.broadcast(flag, src=dist.get_global_rank(agree, 0), group=agree)
+    return bool(flag.item())
+
+
+def rank0_first(make: Callable[[], T], group: Any) -> T:
+    """``make()`` on rank 0 of ``group``, then on the other ranks once it succeeded (creating a
+    repository once, say). When rank 0's fails, it raises its error and the others RankFailed."""
+    agree, _ = _own_groups(group)
+    if dist.get_rank(agree) != 0:
+        _agree(agree, "")
+        return make()
+    try:
+        made = make()
+    except Exception as exc:
+        with contextlib.suppress(RankFailed):
+            _agree(agree, f"{type(exc).__name__}: {exc}")
+        raise
+    _agree(agree, "")
+    return made
 
 
 def _agree(group: Any, failure: str) -> None:

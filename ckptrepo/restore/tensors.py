@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Executor, wait
+from typing import Any
 
 import torch
 
@@ -67,6 +68,20 @@ def read_tensors(
     add up to the tensor's size.
     """
     return dict(iter_tensors(reader, pool, items, commit_id=commit_id))
+
+
+def read_state(reader: ChunkReader, pool: Executor, cid: str, skeleton: Any,
+               items: Mapping[str, tuple[Tensor, list[ChunkLocation]]], *, part: str | None = None,
+               allow_pickle: bool = False) -> Any:
+    """The state of commit ``cid`` (``restore.layout.layout_of``'s triple), or with ``part`` (an
+    entry-name prefix: ``"model"``, ``"ranks/1"``) only the value at that key path, reading only
+    the tensors it holds."""
+    if part is not None:
+        skeleton = st.skeleton_part(skeleton, st.split_path(part))
+        wanted = st.skeleton_entries(skeleton)
+        items = {n: i for n, i in items.items() if n in wanted}
+    tensors = read_tensors(reader, pool, [(n, *i) for n, i in items.items()], commit_id=cid)
+    return st.unflatten(skeleton, tensors, allow_pickle=allow_pickle)
 
 
 def iter_tensors(

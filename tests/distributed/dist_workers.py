@@ -299,9 +299,69 @@ def save_ddp(rank: int, world: int, path: Path, seed: int) -> None:
         torch.save({"state": state, "commit": cid}, path / "ddp.pt")
 
 
+def checkpointer_fsdp(rank: int, world: int, path: Path, steps: int) -> None:
+    """An FSDP2 model, AdamW and a scheduler under a ``Checkpointer`` with ``Adaptive`` (rank 0's
+    answer counts), ``steps`` more steps, then one explicit commit; every rank writes the commit
+    ids its handles returned, rank 0 the full state at the end (the head commit's)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    from ckptrepo import Checkpointer
+    from ckptrepo.policy import Adaptive
+
+    model, opt = _fsdp_model(world, 3)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
+    ids = []
+    with Checkpointer(path, model=model, optimizer=opt, scheduler=sched, policy=Adaptive(0.5)) as ckpt:
+        step = ckpt.resume()
+        torch.manual_seed(50 + rank)
+        for _ in range(steps):
+            model(torch.randn(8, 64)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            sched.step()
+            step += 1
+            handle = ckpt.after_step(step, {"loss": float(rank)})
+            if handle is not None:
+                ids.append(handle)
+        ids.append(ckpt.commit_now(step))
+        done = [h.wait().id for h in ids]
+    (path / f"ids-{rank}.txt").write_text("\n".join(done))
+    full_m, full_o = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        torch.save({"model": full_m, "optim": full_o, "sched": sched.state_dict(), "step": step},
+                   path / f"checkpointer-{world}.pt")
+
+
+def checkpointer_resume(rank: int, world: int, path: Path, saved_world: int) -> None:
+    """A fresh FSDP2 model resumed by a ``Checkpointer`` from the head commit made on
+    ``saved_world`` ranks equals the saved full state; at another world size it warns."""
+    import warnings
+
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    from ckptrepo import Checkpointer
+
+    saved = torch.load(path / f"checkpointer-{saved_world}.pt", weights_only=False)
+    model, opt = _fsdp_model(world, 11)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
+    with warnings.catch_warnings(record=True) as caught, Checkpointer(path, model=model, optimizer=opt,
+                                                                      scheduler=sched) as ckpt:
+        warnings.simplefilter("always")
+        assert ckpt.resume() == saved["step"]
+    assert any("was made on" in str(w.message) for w in caught) == (world != saved_world), caught
+    assert sched.state_dict() == saved["sched"]
+    full_m, full_o = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:  # the full state is gathered there
+        for k, v in saved["model"].items():
+            assert torch.equal(full_m[k], v), k
+        for k, v in saved["optim"]["state"].items():
+            for name, x in v.items():
+                assert torch.equal(full_o["state"][k][name], x), (k, name)
+
+
 SCENARIOS: dict[str, Callable[..., None]] = {
     "save_ddp": save_ddp,
     "save_dtensors": save_dtensors, "load_dtensors": load_dtensors, "save_fsdp": save_fsdp, "load_fsdp": load_fsdp,
     "native_commit": native_commit, "native_checkout": native_checkout, "native_failure": native_failure,
-    "save_loop": save_loop,
+    "save_loop": save_loop, "checkpointer_fsdp": checkpointer_fsdp, "checkpointer_resume": checkpointer_resume,
 }

@@ -180,3 +180,35 @@ def test_ddp_state_is_written_once_in_parts_and_restores(repo_path: Path) -> Non
         assert plain.new_bytes == 0  # every chunk identical to the distributed commit's
         ids = {t.name: t.tensor_id for t in repo.tensors(saved["commit"])}
         assert ids == {t.name: t.tensor_id for t in repo.tensors(plain.id)}
+
+
+def test_checkpointer_on_every_rank_commits_together_and_resumes_at_any_size(repo_path: Path) -> None:
+    """A Checkpointer on each of 2 ranks (FSDP2, AdamW, a scheduler, an Adaptive policy whose
+    answer comes from rank 0): every rank's handles give the same commits; a fresh job resumes
+    the head at 2 ranks exactly, at 3 resharded with a warning, and in one process (full tensors)."""
+    run_ranks("checkpointer_fsdp", 2, repo_path, 24, timeout=300)
+    ids = [(repo_path / f"ids-{r}.txt").read_text().split() for r in range(2)]
+    assert ids[0] == ids[1] and len(ids[0]) >= 2  # the probe (or more) and the explicit commit
+    with ckptrepo.Repo.open(repo_path) as repo:
+        head = repo.get_commit("main")
+        assert head.id == ids[0][-1] and head.config["checkpointer"] == {"rule": "explicit", "world_size": 2}
+        log = repo.log("main")
+        assert log[-1].config["checkpointer"]["rule"] == "probe" and log[-1].metrics == {"loss": 0.0}  # rank 0's
+        assert set(repo.checkout(head.id, part="ranks")) == {"0", "1"}
+    run_ranks("checkpointer_resume", 2, repo_path, 2, timeout=300)
+    run_ranks("checkpointer_resume", 3, repo_path, 2, timeout=300)
+    saved = torch.load(repo_path / "checkpointer-2.pt", weights_only=False)
+    torch.manual_seed(9)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 257), torch.nn.ReLU(), torch.nn.Linear(257, 33))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    with pytest.warns(UserWarning, match="was made on 2"), ckptrepo.Checkpointer(repo_path, model=model,
+                                                                                  optimizer=opt) as ckpt:
+        assert ckpt.resume() == saved["step"]
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, opt)
+    for k, v in saved["model"].items():
+        assert torch.equal(model_sd[k], v), k
+    for k, v in saved["optim"]["state"].items():
+        for name, x in v.items():
+            assert torch.equal(optim_sd["state"][k][name], x), (k, name)

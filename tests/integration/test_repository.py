@@ -85,6 +85,32 @@ def test_load_tensor_reads_only_its_chunks(repo: ckptrepo.Repo, monkeypatch: pyt
         repo.load_tensor("main", "nope")
 
 
+def test_checkout_of_a_part_reads_only_its_tensors(repo: ckptrepo.Repo, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = {"model": {"w": torch.randn(100_000), "b": torch.arange(3)}, "ranks": {1: {"rng": torch.arange(5)},
+             "a/b": {"n": 7, "t": (torch.ones(2), "x")}}, "step": 4}
+    repo.commit(state).wait()
+    calls: list[str] = []
+    original = repo._reader.read_into
+
+    def counting(loc: Any, out: memoryview, bases: Any = None) -> None:
+        calls.append(loc.chunk_id)
+        original(loc, out, bases)
+
+    monkeypatch.setattr(repo._reader, "read_into", counting)
+    rng = repo.checkout("main", part="ranks/1")  # an int key, named as entry names write it
+    assert rng.keys() == {"rng"} and torch.equal(rng["rng"], torch.arange(5)) and len(calls) == 1
+    odd = repo.checkout("main", part="ranks/a%2Fb")  # a "/" in a key is escaped
+    assert odd["n"] == 7 and torch.equal(odd["t"][0], torch.ones(2)) and odd["t"][1] == "x"
+    assert repo.checkout("main", part="step") == 4
+    into = {"b": torch.zeros(3, dtype=torch.int64)}
+    repo.checkout("main", part="model", into=into)
+    assert torch.equal(into["b"], torch.arange(3))
+    with pytest.raises(errors.UsageError, match="at that level it has: 'w', 'b'"):
+        repo.checkout("main", part="model/nope")
+    with pytest.raises(errors.UsageError, match="is not a dict"):
+        repo.checkout("main", part="step/x")
+
+
 def test_same_state_again_adds_almost_nothing(repo: ckptrepo.Repo) -> None:
     state = {"w": torch.randn(1 << 20), "b": torch.randn(1000)}
     first = repo.commit(state).wait()
