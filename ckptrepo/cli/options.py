@@ -184,7 +184,7 @@ RunDirArg = Annotated[
         metavar="DIR",
         exists=True,
         file_okay=False,
-        help="A Hugging Face Trainer's output_dir, holding checkpoint-N folders.",
+        help="A Hugging Face Trainer's output_dir (checkpoint-N folders) or a folder of Lightning .ckpt files.",
         show_default=False,
     ),
 ]

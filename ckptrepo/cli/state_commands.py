@@ -137,18 +137,30 @@ def import_run(
     run_dir: RunDirArg,
     message: MessageOpt = None,
     branch: BranchOpt = None,
+    allow_pickle: AllowPickleOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Import a Hugging Face Trainer's output folder: one commit per checkpoint-N folder.
+    """Import a training run's checkpoints: one commit each, in step order.
 
-    The checkpoint-N folders are committed in step order, each on top of the one before,
-    each with the step, epoch and metrics its trainer_state.json records (the metrics
-    logged at that step). Like `ckpt commit DIR...`: if one fails, the commits before it
-    stay and the error names it.
+    A Hugging Face Trainer's output folder: its checkpoint-N folders, each with the step,
+    epoch and metrics its trainer_state.json records (the metrics logged at that step). A
+    Lightning run's checkpoint folder: its .ckpt files, each with the step, epoch and
+    monitored scores it holds (ordered by the step=S in their names, else by the step each
+    holds); last.ckpt, a copy of the newest, is left out when another file has its step.
+    Each checkpoint is committed on top of the one before. Like `ckpt commit DIR...`: if one
+    fails, the commits before it stay and the error names it.
     """
-    from ckptrepo.formats import checkpoint_folders
+    from ckptrepo.formats import lightning_meta, read_state, run_checkpoints
 
-    _commit_many(checkpoint_folders(run_dir), message, branch, as_json, given={})
+    _warn_if_pickle(allow_pickle)
+
+    def step_of(path: Path) -> int | None:
+        return lightning_meta(read_state(path, mapped=True, allow_pickle=allow_pickle)).get("step")
+
+    paths, left_out = run_checkpoints(run_dir, step_of)
+    for path in left_out:
+        render.err.print(f"left out {path.name}: another checkpoint holds its step", markup=False)
+    _commit_many(paths, message, branch, as_json, given={}, allow_pickle=allow_pickle)
 
 
 def checkout(

@@ -18,7 +18,7 @@ from typing import Any
 from ckptrepo.errors import InvalidInput, UsageError
 from ckptrepo.formats.prefetch import read_states
 from ckptrepo.formats.readbuffer import ReadBuffer
-from ckptrepo.formats.run_meta import RunMeta, checkpoint_folders, fill_run_meta, lightning_meta, run_meta
+from ckptrepo.formats.run_meta import RunMeta, fill_run_meta, lightning_meta, run_checkpoints, run_meta
 
 __all__ = [
     "DCP_METADATA",
@@ -28,13 +28,13 @@ __all__ = [
     "ReadBuffer",
     "RunMeta",
     "check_folder_target",
-    "checkpoint_folders",
     "fill_run_meta",
     "is_dcp_folder",
     "lightning_meta",
     "output_format",
     "read_state",
     "read_states",
+    "run_checkpoints",
     "run_meta",
     "suffix_format",
     "write_state",

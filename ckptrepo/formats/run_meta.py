@@ -16,16 +16,17 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any, TypedDict, TypeVar
 
 from ckptrepo.errors import InvalidInput
 
-__all__ = ["RunMeta", "checkpoint_folders", "fill_run_meta", "lightning_meta", "logged_at", "run_meta"]
+__all__ = ["RunMeta", "fill_run_meta", "lightning_meta", "logged_at", "run_checkpoints", "run_meta"]
 
 TRAINER_STATE = "trainer_state.json"
 _CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
+_STEP_IN_NAME = re.compile(r"(?:^|[-_])step=(\d+)(?:$|[-_])")
 
 
 class RunMeta(TypedDict, total=False):
@@ -78,17 +79,38 @@ def _is_metric(key: Any, value: Any) -> bool:
             and not isinstance(value, bool) and math.isfinite(value))
 
 
-def checkpoint_folders(run_dir: Path) -> list[Path]:
-    """The ``checkpoint-N`` folders of a Trainer's output folder, in step order (N ascending).
+def run_checkpoints(run_dir: Path, step_of: Callable[[Path], int | None]) -> tuple[list[Path], list[Path]]:
+    """The checkpoints a training run wrote in ``run_dir``, in step order, and those left out.
 
-    InvalidInput when ``run_dir`` is not a folder or holds none.
+    A Hugging Face Trainer's ``checkpoint-N`` folders (step N) when there are any; else the
+    Lightning ``.ckpt`` files, each at the step its name gives (``epoch=E-step=S.ckpt``, the
+    default) or, for other names, the step ``step_of(path)`` reads from the file. Of files at one
+    step, the first by name is kept and ``last*.ckpt`` (ModelCheckpoint's copy of the newest)
+    comes last: the others are returned as left out. InvalidInput when ``run_dir`` is not a
+    folder, holds neither kind, or a file's step cannot be found.
     """
     if not run_dir.is_dir():
         raise InvalidInput(path=str(run_dir), reason="not a folder")
-    found = [(int(m.group(1)), p) for p in run_dir.iterdir() if p.is_dir() and (m := _CHECKPOINT_DIR.match(p.name))]
-    if not found:
-        raise InvalidInput(path=str(run_dir), reason="no checkpoint-N folders (a Hugging Face Trainer's output_dir)")
-    return [p for _, p in sorted(found)]
+    folders = [(int(m.group(1)), p) for p in run_dir.iterdir() if p.is_dir() and (m := _CHECKPOINT_DIR.match(p.name))]
+    if folders:
+        return [p for _, p in sorted(folders)], []
+    files = sorted((p for p in run_dir.iterdir() if p.is_file() and p.suffix == ".ckpt"),
+                   key=lambda p: (p.name.startswith("last"), p.name))
+    if not files:
+        raise InvalidInput(path=str(run_dir), reason="no checkpoint-N folders (a Hugging Face Trainer's output_dir) "
+                                                     "and no .ckpt files (a Lightning run's checkpoints)")
+    kept: dict[int, Path] = {}
+    left: list[Path] = []
+    for path in files:
+        m = _STEP_IN_NAME.search(path.stem)
+        step = int(m.group(1)) if m else step_of(path)
+        if step is None:
+            raise InvalidInput(path=str(path), reason="no step in its name or its content (global_step)")
+        if step in kept:
+            left.append(path)
+        else:
+            kept[step] = path
+    return [kept[s] for s in sorted(kept)], left
 
 
 def lightning_meta(state: Any) -> RunMeta:

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import ckptrepo
 from ckptrepo import errors
 from ckptrepo.cli.app import app
-from ckptrepo.formats import checkpoint_folders, run_meta
+from ckptrepo.formats import run_checkpoints, run_meta
 
 
 def trainer_checkpoint(root: Path, step: int, epoch: float, loss: float, eval_loss: float | None = None) -> Path:
@@ -49,9 +49,11 @@ def test_checkpoint_folders_are_in_step_order(tmp_path: Path) -> None:
         trainer_checkpoint(tmp_path, step, 0.0, 1.0)
     (tmp_path / "checkpoint-final").mkdir()
     (tmp_path / "runs").mkdir()
-    assert [p.name for p in checkpoint_folders(tmp_path)] == ["checkpoint-20", "checkpoint-300", "checkpoint-1000"]
+    (tmp_path / "stray.ckpt").write_bytes(b"")  # folders first: files are not read
+    found, left = run_checkpoints(tmp_path, lambda p: pytest.fail("no file is read"))
+    assert [p.name for p in found] == ["checkpoint-20", "checkpoint-300", "checkpoint-1000"] and left == []
     with pytest.raises(errors.InvalidInput, match="no checkpoint-N folders"):
-        checkpoint_folders(tmp_path / "runs")
+        run_checkpoints(tmp_path / "runs", lambda p: None)
 
 
 def test_commit_file_takes_what_the_run_recorded_unless_given(tmp_path: Path) -> None:

@@ -102,6 +102,34 @@ def test_ckpt_commit_of_a_lightning_checkpoint_takes_its_step_epoch_and_score(tm
                            torch.load(path, weights_only=True)["state_dict"]["net.0.weight"])
 
 
+def test_import_run_of_a_lightning_checkpoint_folder_is_a_lineage_in_step_order(tmp_path: Path) -> None:
+    """A real run's .ckpt files (ModelCheckpoint every 5 steps, top-k by loss, plus last.ckpt)
+    and one renamed so its step is only inside: one commit per step, in step order."""
+    from typer.testing import CliRunner
+
+    from ckptrepo.cli.app import app
+
+    ckpts = tmp_path / "ckpts"
+    saver = pl.callbacks.ModelCheckpoint(dirpath=str(ckpts), monitor="train_loss", every_n_train_steps=5,
+                                         save_top_k=-1, save_last=True)
+    fit(tmp_path / "run", [saver])
+    assert (ckpts / "last.ckpt").exists()
+    (ckpts / "epoch=2-step=20.ckpt").rename(ckpts / "renamed.ckpt")
+    runner = CliRunner()
+    repo = tmp_path / "repo"
+    assert runner.invoke(app, ["--repo", str(repo), "init"]).exit_code == 0
+    result = runner.invoke(app, ["--repo", str(repo), "import-run", str(ckpts), "--json"])
+    assert result.exit_code == 0, result.output
+    assert "left out last.ckpt" in result.stderr
+    with ckptrepo.Repo.open(repo) as r:
+        log = r.log("main")
+        assert [c.step for c in log] == [20, 15, 10, 5] and [c.epoch for c in log] == [2, 1, 1, 0]
+        assert log[0].message == "renamed.ckpt" and all(set(c.metrics or {}) == {"train_loss"} for c in log)
+        assert [len(c.parents) for c in log] == [1, 1, 1, 0]
+        final = torch.load(ckpts / "renamed.ckpt", weights_only=True)["state_dict"]
+        assert all(torch.equal(r.checkout("main")["state_dict"][k], v) for k, v in final.items())
+
+
 def test_a_checkpoint_with_pickled_objects_needs_allow_pickle(tmp_path: Path) -> None:
     import argparse
 
