@@ -172,10 +172,12 @@ class CommitStream:
 
     def commit(self, state: Any, step: int, rule: str, *, epoch: int | None = None,
                metrics: Mapping[str, float] | None = None, message: str | None = None,
-               allow_pickle: bool = False) -> CommitHandle:
+               allow_pickle: bool = False, started: float | None = None) -> CommitHandle:
         """Start a commit of ``state`` at ``step``; ``rule`` (why) goes in the message and the
-        config, with the world size (on several ranks, rank 0's metrics and rule are recorded)."""
-        t0 = time.perf_counter()
+        config, with the world size (on several ranks, rank 0's metrics and rule are recorded).
+        ``started``: when the loop stopped for it (``time.perf_counter()``; default: now), so
+        the policy hears what gathering the state cost too."""
+        t0 = time.perf_counter() if started is None else started
         config = {"checkpointer": {"rule": rule, "world_size": self.world[1]}}
         handle = self.repo.commit(state, branch=self.branch, step=step, epoch=epoch, metrics=metrics,
                                   message=message or f"step {step} ({rule})", config=config,
@@ -386,7 +388,8 @@ class Checkpointer(CommitStream):
     def commit_now(self, step: int, metrics: Mapping[str, float] | None = None, *, epoch: int | None = None,
                    rule: str = "explicit") -> CommitHandle:
         """Commit now, whatever the policy; ``rule`` names why (recorded in the message and config)."""
-        return self.commit(self.state(), step, rule, epoch=epoch, metrics=metrics)
+        started = time.perf_counter()
+        return self.commit(self.state(), step, rule, epoch=epoch, metrics=metrics, started=started)
 
     def __enter__(self) -> Checkpointer:
         return self

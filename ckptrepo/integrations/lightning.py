@@ -16,6 +16,7 @@ key path named, unless ``allow_pickle=True``.
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +56,11 @@ class RepoCheckpoint(Callback):
         self._last_step = step
         rule = self.stream.due(step)
         if rule is not None and trainer.is_global_zero:
+            started = time.perf_counter()
             checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
             metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if _scalar(v)}
             self.stream.commit(checkpoint, step, rule, epoch=int(trainer.current_epoch), metrics=metrics or None,
-                               allow_pickle=self.allow_pickle)
+                               allow_pickle=self.allow_pickle, started=started)
         self.stream.stepped()
 
     def state_dict(self) -> dict[str, Any]:
