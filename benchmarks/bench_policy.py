@@ -107,6 +107,7 @@ def run_segment(kind: Kind, trainer: Trainer, steps: int, where: Path) -> Segmen
         repo = ckptrepo.Repo.init(where)
         state = {"model": trainer.model, "optim": trainer.opt}
         repo.commit(state, branch="warm-up").wait()  # staging, pools and database made, untimed
+        repo.repack()  # and its deferred encoding done, not left to the segment's idle windows
         ckpt = Checkpointer(repo, model=trainer.model, optimizer=trainer.opt, policy=kind.policy)
     times: list[float] = []
     calls: list[float] = []

@@ -59,7 +59,7 @@ class _Meter:
 
     def __init__(self, window: int = 50, warmup: int = 5) -> None:
         self._steps: deque[float] = deque(maxlen=window)
-        self._costs: deque[float] = deque(maxlen=5)
+        self._costs: deque[float] = deque(maxlen=10)
         self._warmup = warmup
         self._open: float | None = None  # the cost so far of the commit whose background runs
         self.last_commit: int | None = None
@@ -71,8 +71,10 @@ class _Meter:
 
     @property
     def cost_s(self) -> float | None:
-        """Median cost of recent commits (stall + slow-down of overlapped steps); None before one finished."""
-        return statistics.median(self._costs) if self._costs else None
+        """Mean cost of the last 10 commits (stall + slow-down of overlapped steps); None before one
+        finished. The mean, not the median: what the loop loses over many commits is their mean
+        cost, and the occasional slow commit (a staging slot still busy, a collection) counts."""
+        return statistics.fmean(self._costs) if self._costs else None
 
     def step(self, seconds: float, busy: bool) -> None:
         if busy and self._open is not None:

@@ -37,7 +37,7 @@ from types import TracebackType
 from typing import Any
 
 from ckptrepo.entries import join_path
-from ckptrepo.errors import NotARepository, UnknownRevision, UsageError
+from ckptrepo.errors import NotARepository, RepositoryExists, UnknownRevision, UsageError
 from ckptrepo.ingest.handle import CommitHandle
 from ckptrepo.policy import Every, Policy
 from ckptrepo.repository import Repo
@@ -127,20 +127,35 @@ class CommitStream:
                  group: Any = None) -> None:
         self.group = group
         self._owns_repo = not isinstance(repo, Repo)
-        if isinstance(repo, Repo):
-            self.repo = repo
-        elif group is None:
-            self.repo = open_or_init(Path(repo))
-        else:
+        self._repo = repo if isinstance(repo, Repo) else None
+        self._path = None if isinstance(repo, Repo) else Path(repo)
+        if self._path is not None and group is not None:
             from ckptrepo.dist import native
 
-            self.repo = native.rank0_first(lambda: open_or_init(Path(repo)), group)
-        self.branch = branch or self.repo.head
+            path = self._path
+            self._repo = native.rank0_first(lambda: open_or_init(path), group)
+        self._branch = branch
         self.policy: Policy = policy if policy is not None else Every(1000)
         self.last_rule: str | None = None
         self._handles: list[CommitHandle] = []
         self._clock: float | None = None  # when the current step began
         self._busy = False  # a commit's background phase ran while the current step did
+
+    @property
+    def repo(self) -> Repo:
+        """The repository. A path given without ``group`` is opened (or created) on first use, so
+        that in a data-parallel job where one process commits, the others never touch it."""
+        if self._repo is None:
+            assert self._path is not None
+            self._repo = open_or_init(self._path)
+        return self._repo
+
+    @property
+    def branch(self) -> str:
+        """Where commits go (default: the repository's current branch when first asked)."""
+        if self._branch is None:
+            self._branch = self.repo.head
+        return self._branch
 
     @property
     def world(self) -> tuple[int, int]:
@@ -215,8 +230,8 @@ class CommitStream:
         try:
             self.flush()
         finally:
-            if self._owns_repo:
-                self.repo.close()
+            if self._owns_repo and self._repo is not None:
+                self._repo.close()
 
 
 def _stateful(obj: Any) -> bool:
@@ -409,11 +424,16 @@ def _model_state(model: Any, optimizer: Any) -> tuple[dict[str, Any], dict[str, 
 
 
 def open_or_init(path: Path) -> Repo:
-    """The repository at ``path``, created there if there is none."""
+    """The repository at ``path``, created there if there is none (by this process or, racing
+    it, another: every process of a job may call this at once)."""
     try:
         return Repo.open(path)
     except NotARepository:
+        pass
+    try:
         return Repo.init(path)
+    except RepositoryExists:
+        return Repo.open(path)
 
 
 def _default_group() -> Any:

@@ -5,7 +5,9 @@ after the optimizer steps it chooses, the checkpoint Lightning itself would writ
 optimizers, schedulers, loop progress, callback states, precision state), with the step, the
 epoch and the logged values (``trainer.callback_metrics``) as metrics. Commits are two-phase:
 training goes on while they become durable; ``on_train_end`` waits for them. Only global rank 0
-commits (Lightning's data-parallel strategies hold the same state on every rank).
+commits (Lightning's data-parallel strategies hold the same state on every rank) and only it
+opens a repository given as a path, at its first commit; as with Lightning's own checkpoints,
+a resume gives every rank rank 0's RNG states.
 
 To resume, ``RepoCheckpoint.checkout(rev, path)`` writes the commit as a Lightning ``.ckpt``
 file; ``trainer.fit(model, ckpt_path=path)`` restores everything and continues from that step.

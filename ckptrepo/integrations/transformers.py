@@ -5,7 +5,8 @@ the model's weights, the optimizer's and scheduler's state, every RNG state and 
 state (``trainer_state.json`` as JSON), with the step, the completed epochs and the metrics
 logged at that step. Commits are two-phase: training goes on while they become durable, and
 ``on_train_end`` waits for them. On several processes only the main one commits (the Trainer's
-data-parallel replicas hold the same state).
+data-parallel replicas hold the same state) and only it opens a repository given as a path,
+at its first commit (the others touch it only to ``checkout``).
 
 To resume, ``RepoCallback.checkout(rev, folder)`` writes the commit as a Trainer checkpoint
 folder (``model.safetensors``, ``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth``,

@@ -134,3 +134,30 @@ def test_a_refused_checkpointer_creates_no_repository(tmp_path: Path) -> None:
     with pytest.raises(errors.UsageError):
         Checkpointer(tmp_path / "run", rng=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_path_is_opened_at_first_use_and_a_raced_create_is_opened(tmp_path: Path) -> None:
+    """A data-parallel job's non-committing processes never touch the repository; one created
+    by another process between this one's open and create is opened."""
+    from ckptrepo.training import CommitStream, open_or_init
+
+    idle = CommitStream(tmp_path / "idle")
+    idle.due(1)
+    idle.stepped()
+    idle.close()
+    assert not (tmp_path / "idle").exists()
+
+    ckptrepo.Repo.init(tmp_path / "raced").close()
+    real_open = ckptrepo.Repo.open
+    calls = []
+
+    def open_once_too_early(path: Any, **kw: Any) -> ckptrepo.Repo:
+        calls.append(path)
+        if len(calls) == 1:
+            raise errors.NotARepository(path=str(path))
+        return real_open(path, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ckptrepo.Repo, "open", open_once_too_early)
+        open_or_init(tmp_path / "raced").close()
+    assert len(calls) == 2
