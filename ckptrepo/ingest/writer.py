@@ -34,7 +34,7 @@ import sys
 import time
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -72,6 +72,7 @@ if TYPE_CHECKING:
 
 _MAX_PENDING_CHUNKS = 1_000_000  # chunk ids of pending layouts kept for deduplication
 _MAX_HINTS = 100_000  # per-name encoding hints kept across commits (a few hundred bytes each)
+_MOVE_ATTEMPTS = 20  # transactions a commit without given parents makes to land on a moving branch
 
 
 def _now() -> datetime:
@@ -92,6 +93,14 @@ class WriterOptions(TypedDict, total=False):
     staging_budget: int | None
     background_priority: str | None
     idle_repack: bool | None
+
+
+class _BranchMoved(Exception):
+    """Raised inside a commit's transaction to roll it back: the branch is at ``head`` now."""
+
+    def __init__(self, head: str) -> None:
+        super().__init__(head)
+        self.head = head
 
 
 @dataclass
@@ -418,9 +427,13 @@ class CommitWriter:
 
     def record(self, result: IngestResult, plan: CommitPlan, req: CommitRequest) -> t.Commit:
         """Step 2: one transaction makes the commit visible and moves its branch by
-        compare-and-swap. RefConflict when the branch moved meanwhile (the commit is then kept
-        on a ``conflicts/`` branch); ConcurrentChange when a gc of another process removed a
-        chunk or tensor it shares; CommitReadFailed when it is durable but could not be read."""
+        compare-and-swap. A commit whose parents the caller did not give lands on the branch
+        head as of its transaction: when another writer moved the branch meanwhile, the
+        transaction is rolled back and made again on top of the new head (bounded; the chunks
+        stay as written). With parents given, RefConflict when the branch moved (the commit is
+        then kept on a ``conflicts/`` branch). ConcurrentChange when a gc of another process
+        removed a chunk or tensor it shares; CommitReadFailed when it is durable but could not
+        be read."""
         new = result.new_chunk_ids
         parent, lazy = plan.parent, plan.lazy
         if lazy and not all(x in new or x in plan.likely for r in result.tensors for x in r.chunk_ids):
@@ -431,27 +444,35 @@ class CommitWriter:
             if parent is not None and keyless:  # read back with the keys its indexing gave it
                 with self._sessions() as s:
                     parent = catalog.commit_layout(s, parent.commit_id)
-        edges = [catalog.EdgeRow(pid, "parent" if i == 0 else "merge", i) for i, pid in enumerate(plan.parent_ids)]
         entries = {r.name: r.tensor_id for r in result.tensors}
-        transfer = plan.transfer
-        if transfer is not None and transfer[0] not in plan.parent_ids:
-            # A declared mapping is recorded as given; without one, which tensors are byte-identical.
-            mapping = transfer[1] if transfer[1] is not None else self._identical_tensors(entries, transfer[0])
-            edges.append(catalog.EdgeRow(transfer[0], "transfer", len(edges), mapping))
-        row = commit_row(result, entries, edges, req)
-        row["persist_s"] = time.perf_counter() - req.staged_at
-        now = _now()
-        # Write-ordering step 2: one transaction inserts the chunk index, tensors, the commit, its
-        # edges and moves the branch (or, lazy, the commit, its edges and its layout as one pending
-        # row, which names only packs made durable above); nothing of it is visible before.
-        try:
-            with write_transaction(self._sessions) as s:
-                conflict, kept, layout = self._insert(s, result, row, edges, entries, req, plan.head, now, parent,
-                                                      lazy=lazy)
-        except DbIntegrityError as exc:
-            # A foreign key names a row that is gone: a gc in another process removed chunks or
-            # tensors this commit deduplicated against after it looked them up.
-            raise ConcurrentChange(what="commit", other="gc", detail=str(exc.orig).splitlines()[0]) from exc
+        pinned = req.parents is not None
+        for attempt in range(1, _MOVE_ATTEMPTS + 1):
+            keep = pinned or attempt == _MOVE_ATTEMPTS  # else a moved branch rolls it back to try again
+            edges = [catalog.EdgeRow(pid, "parent" if i == 0 else "merge", i) for i, pid in enumerate(plan.parent_ids)]
+            transfer = plan.transfer
+            if transfer is not None and transfer[0] not in plan.parent_ids:
+                # A declared mapping is recorded as given; without one, which tensors are byte-identical.
+                mapping = transfer[1] if transfer[1] is not None else self._identical_tensors(entries, transfer[0])
+                edges.append(catalog.EdgeRow(transfer[0], "transfer", len(edges), mapping))
+            row = commit_row(result, entries, edges, req)
+            row["persist_s"] = time.perf_counter() - req.staged_at
+            now = _now()
+            # Write-ordering step 2: one transaction inserts the chunk index, tensors, the commit, its
+            # edges and moves the branch (or, lazy, the commit, its edges and its layout as one pending
+            # row, which names only packs made durable above); nothing of it is visible before.
+            try:
+                with write_transaction(self._sessions) as s:
+                    conflict, kept, layout = self._insert(s, result, row, edges, entries, req, plan.head, now,
+                                                          parent, lazy=lazy, keep=keep)
+            except _BranchMoved as moved:  # rolled back: again on top of where the branch is now
+                plan = self._on_top_of(moved.head, plan)
+                parent, lazy = plan.parent, False
+                continue
+            except DbIntegrityError as exc:
+                # A foreign key names a row that is gone: a gc in another process removed chunks or
+                # tensors this commit deduplicated against after it looked them up.
+                raise ConcurrentChange(what="commit", other="gc", detail=str(exc.orig).splitlines()[0]) from exc
+            break
         self._last_recorded, self._last_keyless = layout, lazy
         if lazy:
             if len(self._pending_chunks) > _MAX_PENDING_CHUNKS:
@@ -471,14 +492,26 @@ class CommitWriter:
                                    f"of {req.branch}.")
         return commit
 
+    def _on_top_of(self, head: str, plan: CommitPlan) -> CommitPlan:
+        """``plan`` of a commit whose parent was not given, now on top of ``head`` (``""``: the
+        branch was deleted, so the commit creates it again, keeping its parent), with the new
+        first parent's layout read with its keys (its rows are recorded at once, not pending)."""
+        moved = replace(plan, head=head or None, parent_ids=[head] if head else plan.parent_ids, lazy=False)
+        self._index_layouts()
+        with self._sessions() as s:
+            layout = catalog.commit_layout(s, moved.parent_ids[0]) if moved.parent_ids else None
+        return replace(moved, parent=layout)
+
     def _insert(self, s: Session, result: IngestResult, row: dict[str, Any], edges: list[catalog.EdgeRow],
                 entries: dict[str, str], req: CommitRequest, head: str | None, now: datetime,
-                parent: catalog.CommitLayout | None, *, lazy: bool) -> tuple[str | None, str, catalog.CommitLayout]:
+                parent: catalog.CommitLayout | None, *, lazy: bool,
+                keep: bool) -> tuple[str | None, str, catalog.CommitLayout]:
         """Insert one commit's rows and move its branch, inside the caller's transaction. ``lazy``:
         the tensor-level rows are left pending (``db.pending``); the layout returned then holds
         no keys. Returns ``(conflict, kept, layout)``: the branch head found instead of ``head``
         (None when the branch moved as expected), the ``conflicts/`` branch that then keeps the
-        commit, and the commit's layout (``catalog.record_commit``)."""
+        commit (``keep``; else _BranchMoved rolls the transaction back), and the commit's layout
+        (``catalog.record_commit``)."""
         kept = ""
         packs = [catalog.PackRow(p.pack_id, p.size, len(p.locations), result.deferred) for p in result.packs]
         alone = result.alone_lengths
@@ -494,6 +527,8 @@ class CommitWriter:
             layout = catalog.record_commit(s, packs=packs, chunks=chunks, tensors=tensors, commit=row, entries=entries,
                                            edges=edges, metrics=req.metrics, now=now, parent=parent)
         conflict = refs.move_branch(s, req.branch, row["id"], head, now)
+        if conflict is not None and not keep:
+            raise _BranchMoved(conflict)
         if conflict is not None:
             # The branch moved under us: keep the commit reachable under its own branch rather
             # than lose it, and tell the caller.

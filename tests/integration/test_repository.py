@@ -259,14 +259,16 @@ def test_transfer_edges_record_mapping_or_identical_tensors(repo: ckptrepo.Repo)
         repo.commit({"x": torch.ones(1)}, transfer_from="nope")
 
 
-def test_branch_moved_meanwhile_keeps_the_commit_reachable(repo: ckptrepo.Repo, tmp_path: Path) -> None:
+@pytest.mark.parametrize("pinned", [False, True])
+def test_a_branch_moved_meanwhile(repo: ckptrepo.Repo, pinned: bool) -> None:
+    """Another writer moves main while this commit is in phase 2: without given parents it lands
+    on top of the new head; with its parent given it is kept on a conflicts/ branch (RefConflict)."""
     first = repo.commit({"w": torch.randn(10)}).wait()
-    # A second writer (another Repo object on the same repository) moves main meanwhile.
     other = ckptrepo.Repo.open(repo.repo_dir)
     try:
-        import ckptrepo.ingest.writer as repository
+        import ckptrepo.ingest.writer as writer
 
-        real = repository.ingest
+        real = writer.ingest
 
         def racing(*args: Any, **kwargs: Any) -> Any:
             result = real(*args, **kwargs)
@@ -275,19 +277,30 @@ def test_branch_moved_meanwhile_keeps_the_commit_reachable(repo: ckptrepo.Repo, 
                 other.commit({"w": torch.randn(10)}, message="other writer").wait()
             return result
 
-        repository.ingest = racing  # type: ignore[assignment]
+        writer.ingest = racing  # type: ignore[assignment]
         try:
-            with pytest.raises(errors.RefConflict) as exc:
-                repo.commit({"w": torch.randn(10)}, message="mine").wait()
+            state = {"w": torch.randn(10)}
+            if not pinned:
+                mine = repo.commit(state, message="mine").wait()
+            else:
+                with pytest.raises(errors.RefConflict) as exc:
+                    repo.commit(state, message="mine", parents=[first.id]).wait()
         finally:
-            repository.ingest = real
+            writer.ingest = real
     finally:
         other.close()
+    theirs = next(c for c in repo.log() if c.message == "other writer")
+    if not pinned:
+        assert repo.get_commit("main").id == mine.id and mine.parent_ids == [theirs.id]
+        assert torch.equal(repo.checkout("main")["w"], state["w"])
+        assert not [b for b in repo.branches() if b.name.startswith("conflicts/")]
+        assert repo.verify(full=True).ok
+        return
     kept = next(b for b in repo.branches() if b.name.startswith("conflicts/main/"))
     assert kept.name in str(exc.value.hint)
     assert repo.get_commit(kept.commit_id).message == "mine"
     assert repo.get_commit(kept.commit_id).parent_ids == [first.id]
-    assert repo.get_commit("main").message == "other writer"
+    assert repo.get_commit("main").id == theirs.id
 
 
 def test_returned_commit_equals_the_stored_one(repo: ckptrepo.Repo) -> None:
