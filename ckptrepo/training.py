@@ -402,7 +402,8 @@ class Checkpointer(CommitStream):
 
     def commit_now(self, step: int, metrics: Mapping[str, float] | None = None, *, epoch: int | None = None,
                    rule: str = "explicit") -> CommitHandle:
-        """Commit now, whatever the policy; ``rule`` names why (recorded in the message and config)."""
+        """Commit now, whatever the policy; ``rule`` names why (recorded in the message and config).
+        On several ranks, every rank calls it at the same step (a commit is collective)."""
         started = time.perf_counter()
         return self.commit(self.state(), step, rule, epoch=epoch, metrics=metrics, started=started)
 
