@@ -189,6 +189,27 @@ class StorageError(CkptError):
     hint = "Check the store's path or URL, free space and permissions; nothing partial was made visible."
 
 
+class StoreFull(StorageError):
+    """No space left where the repository writes: {detail}."""
+
+    exit_code = 7
+    hint = ("Free space there (delete branches you no longer need, then `ckpt gc`; or move the store) and commit "
+            "again: nothing of this commit was made visible, and the repository is as it was.")
+
+
+def storage_failure(exc: OSError) -> StorageError:
+    """The ckptrepo error for an ``OSError`` a store or its staging raised while writing:
+    StoreFull for a full disk or quota, else StorageError naming the error and the file."""
+    import errno
+
+    detail = exc.strerror or str(exc)
+    if exc.filename:
+        detail += f" ({exc.filename})"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StoreFull(detail=detail)
+    return StorageError(detail=detail)
+
+
 class CommitReadFailed(CkptError):
     """Commit {commit} is durable and visible, but the step after its transaction failed: {detail}."""
 

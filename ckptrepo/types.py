@@ -4,6 +4,7 @@ JSON-safe dicts (non-finite floats become None, times ISO 8601)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from typing import Any
@@ -264,6 +265,11 @@ class VerifyReport:
     incomplete_commits: tuple[Problem, ...] = ()
     unreferenced_packs: tuple[Problem, ...] = ()
     temporary_files: tuple[Problem, ...] = ()
+    heads: Mapping[str, str] = field(default_factory=dict)
+    """Every branch and its head commit."""
+    last_good: Mapping[str, str | None] = field(default_factory=dict)
+    """Per branch, the newest commit of its first-parent line that no error breaks (its head
+    when the branch is whole; None when every commit of the line is broken)."""
 
     @property
     def errors(self) -> tuple[Problem, ...]:
@@ -285,7 +291,8 @@ class VerifyReport:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable dict: ``ok``, ``full``, ``checked``, ``errors``, ``warnings``
-        (lists of problems, each with its ``kind``) and ``damaged_commits``."""
+        (lists of problems, each with its ``kind``), ``damaged_commits``, ``heads``
+        (branch -> commit id) and ``last_good`` (branch -> commit id or null)."""
         return {
             "ok": self.ok,
             "full": self.full,
@@ -293,6 +300,8 @@ class VerifyReport:
             "errors": [p.to_json() for p in self.errors],
             "warnings": [p.to_json() for p in self.warnings],
             "damaged_commits": list(self.damaged_commits),
+            "heads": dict(self.heads),
+            "last_good": dict(self.last_good),
         }
 
 

@@ -280,6 +280,23 @@ def repack_summary(report: RepackReport) -> Table:
     return grid
 
 
+def last_good_table(report: VerifyReport) -> Table:
+    """``ckpt verify``: per branch, the newest commit no error breaks (what to resume from)."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("branch")
+    table.add_column("last known good")
+    heads = dict(report.heads)
+    for branch, commit in report.last_good.items():
+        if commit is None:
+            good = Text("none: every commit of its line is broken", style="red")
+        elif commit == heads.get(branch):
+            good = Text(short_id(commit)).append(" (its head)", style="dim")
+        else:
+            good = Text(short_id(commit), style="yellow").append(" (its head is broken)", style="red")
+        table.add_row(Text(branch, style="cyan"), good)
+    return table
+
+
 def verify_verdict(report: VerifyReport) -> Text:
     """``ckpt verify``'s last line: ok, or how many errors, plus reclaimable warnings."""
     n_err, n_warn = len(report.errors), len(report.warnings)

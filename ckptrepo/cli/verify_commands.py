@@ -14,8 +14,10 @@ def verify(full: FullOpt = False, as_json: JsonOpt = False) -> None:
     """Check that every commit's chunks sit in intact packs and every ref names a commit; list leftovers.
 
     Exits 0 when nothing is missing, corrupt or inconsistent (unreferenced packs and temporary
-    files are warnings: gc reclaims them), else 5. Changes nothing but indexing the commits'
-    pending layouts first (their rows are what it checks).
+    files are warnings: gc reclaims them), else 5. With --full, or when something is broken,
+    it names per branch the newest commit nothing broke (last known good, to resume from).
+    Changes nothing but indexing the commits' pending layouts first (their rows are what it
+    checks).
     """
     with current().open() as repo, render.phases(enabled=not as_json) as phase:
         phase("reading and hash-checking every chunk" if full else "checking packs, chunks and commits")
@@ -28,6 +30,9 @@ def verify(full: FullOpt = False, as_json: JsonOpt = False) -> None:
         if problems:
             render.out.print()
             render.out.print(render.problem_table(problems))
+        if report.full or not report.ok:
+            render.out.print()
+            render.out.print(render.last_good_table(report))
         render.out.print()
         render.out.print(render.verify_verdict(report))
     if not report.ok:

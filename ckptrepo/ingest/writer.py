@@ -48,7 +48,15 @@ from ckptrepo.chunks.store import ChunkReader, PackSink
 from ckptrepo.config import RepoConfig
 from ckptrepo.db import catalog, pending, refs, views
 from ckptrepo.db.engine import write_transaction
-from ckptrepo.errors import CommitFailed, CommitReadFailed, ConcurrentChange, ForkedProcess, RefConflict, UsageError
+from ckptrepo.errors import (
+    CommitFailed,
+    CommitReadFailed,
+    ConcurrentChange,
+    ForkedProcess,
+    RefConflict,
+    UsageError,
+    storage_failure,
+)
 from ckptrepo.ids import hash_json, short
 from ckptrepo.ingest import priority, request
 from ckptrepo.ingest.basecache import DEFAULT_BUDGET, BaseCache
@@ -351,7 +359,10 @@ class CommitWriter:
         try:
             plan = self.plan(req, defer=defer)
             sources = req.sources if req.sources is not None else from_tensors(req.tensors)
-            result = self.write_packs(sources, plan, pool, defer=defer, ahead=req.ahead, summaries=req.summaries)
+            try:
+                result = self.write_packs(sources, plan, pool, defer=defer, ahead=req.ahead, summaries=req.summaries)
+            except OSError as exc:  # a full disk, a store gone read-only: nothing was recorded
+                raise storage_failure(exc) from exc
             return self.record(result, plan, req)
         finally:
             if req.ahead is not None:

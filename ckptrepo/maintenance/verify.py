@@ -20,7 +20,9 @@ What is checked:
   against its id (BLAKE3), through the repository's ``ChunkReader``.
 
 Errors name the commits (and tensor names) that can no longer be restored because of them,
-following delta bases. Read-only contract: the database is read in one read transaction (a
+following delta bases; per branch, the report names the newest commit of its first-parent
+line that none of them breaks (``last_good``: what to resume from; with ``full=True``, every
+one of its chunks was read and verified). Read-only contract: the database is read in one read transaction (a
 snapshot: REPEATABLE READ, read only, on PostgreSQL; SQLite's deferred transaction) before
 the store is listed; nothing is written, created or deleted anywhere, not even the staging
 folder (``Backend.staging_dir`` would create it, so it is looked up without that), except
@@ -36,7 +38,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import blake3
@@ -80,7 +82,23 @@ def verify(reading: Callable[[], AbstractContextManager[Session]], backend: Back
         run.check_packs(s)
         run.resolve_users(s)
     run.check_store()
-    return run.report(time.monotonic() - started)
+    report = run.report(time.monotonic() - started)
+    with reading() as s:
+        rows = s.execute(select(Ref.name, Ref.commit_id).where(Ref.kind == "branch").order_by(Ref.name))
+        heads = {name: cid for name, cid in rows}
+        return replace(report, heads=heads, last_good=_last_good(s, heads, set(report.damaged_commits)))
+
+
+def _last_good(s: Session, heads: dict[str, str], damaged: set[str]) -> dict[str, str | None]:
+    """Per branch, the newest commit of its first-parent line not in ``damaged`` (None: none is,
+    or the line reaches a commit that is gone)."""
+    out: dict[str, str | None] = {}
+    for name, head in heads.items():
+        current: str | None = head
+        while current is not None and current in damaged:
+            current = s.scalar(select(Commit.first_parent_id).where(Commit.id == current))
+        out[name] = current if current is not None and s.get(Commit, current) is not None else None
+    return out
 
 
 def _snapshot(s: Session) -> None:

@@ -143,6 +143,36 @@ def test_flipped_payload_byte_is_found_only_by_full_verify(repo_path: Path) -> N
     assert problem.tensors
 
 
+def test_full_verify_names_each_branchs_last_known_good_commit(repo_path: Path) -> None:
+    """A byte flipped in a chunk only the newest commit has: main's last known good is the
+    commit before it, a branch at that commit is whole, and the CLI shows both."""
+    from ckptrepo.ids import hash_bytes
+    from ckptrepo.state import tensor_bytes
+
+    with ckptrepo.Repo.open(repo_path) as repo:
+        log = repo.log("main")
+        repo.branch("older", log[1].id)
+        by_chunk = {e.chunk_id: (pid, e) for pid in _pack_files(repo_path)
+                    for e in read_index(repo._backend, pack_key(pid))}
+    assert _verify(repo_path, full=True).last_good == {"main": log[0].id, "older": log[1].id}
+    # The first chunk of the newest commit's own "head" tensor (random per commit): corrupt it.
+    pid, entry = by_chunk[hash_bytes(tensor_bytes(_state(2)["head"])[:CHUNK])]
+    with open(_pack_files(repo_path)[pid], "r+b") as fh:
+        fh.seek(entry.offset + entry.length // 2)
+        byte = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([byte[0] ^ 0x5A]))
+    report = _verify(repo_path, full=True)
+    broken = _unrestorable(repo_path)
+    assert log[0].id in broken and log[1].id not in broken
+    assert report.last_good == {"main": log[1].id, "older": log[1].id} and report.heads["main"] == log[0].id
+    assert report.to_json()["last_good"] == {"main": log[1].id, "older": log[1].id}
+    result = CliRunner().invoke(app, ["--repo", str(repo_path), "verify", "--full"])
+    assert result.exit_code == 5
+    assert "last known good" in result.output and f"{log[1].id[:10]} (its head is broken)" in result.output
+    assert f"{log[1].id[:10]} (its head)" in result.output
+
+
 def test_leftovers_are_warnings_and_keep_ok(repo_path: Path) -> None:
     path = next(iter(_pack_files(repo_path).values()))
     fake = "ab" * 32
