@@ -1,14 +1,17 @@
 """Write errors of the store mid-commit: a clear error (``StoreFull``, ``StorageError``, exit
 code 7), nothing visible, and the next commit works once the cause is gone. A full disk is a
-real one: a small tmpfs mounted by the test (root only; skipped otherwise)."""
+real one: a small tmpfs mounted by the test (root only; skipped otherwise); an S3 endpoint
+that goes away is the tests' S3 server behind a proxy that cuts every connection mid-upload."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -106,3 +109,100 @@ def test_an_io_error_writing_the_store_fails_the_commit_cleanly(tmp_path: Path, 
         assert [c.id for c in repo.log()] == [first.id]
         again = repo.commit({"w": torch.ones(10)}).wait()
         assert torch.equal(repo.checkout(again.id)["w"], torch.ones(10)) and repo.verify(full=True).ok
+
+
+class CuttingProxy:
+    """A TCP proxy on loopback in front of the S3 server that goes away (closes every
+    connection and refuses new ones) once ``cut_after`` bytes of requests went through, until
+    ``restore()``."""
+
+    def __init__(self, target_port: int, cut_after: int) -> None:
+        import socket
+        import threading
+
+        self.target_port, self.cut_after, self.sent, self.up = target_port, cut_after, 0, True
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.open: list[socket.socket] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if not self.up:
+                client.close()
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            with self.lock:
+                self.open += [client, upstream]
+            threading.Thread(target=self._pipe, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True).start()
+
+    def _pipe(self, src: Any, dst: Any, request: bool) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                if request:
+                    self.sent += len(data)
+                    if self.up and self.sent > self.cut_after:
+                        self.go_away()
+                        return
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+    def go_away(self) -> None:
+        self.up = False
+        with self.lock:
+            for sock in self.open:
+                with contextlib.suppress(OSError):
+                    sock.close()
+            self.open.clear()
+
+    def restore(self) -> None:
+        self.sent, self.up = 0, True
+        self.cut_after = 1 << 62
+
+    def close(self) -> None:
+        self.go_away()
+        self.listener.close()
+
+
+def test_an_s3_endpoint_that_goes_away_mid_commit_fails_it_cleanly(tmp_path: Path, s3_endpoint: str,
+                                                                   s3_credentials: None) -> None:
+    """The S3 endpoint disappears while a commit's packs upload: StorageError (after boto's
+    retries), nothing visible; with the endpoint back, the same commit succeeds."""
+    import uuid
+    from urllib.parse import urlparse
+
+    import boto3
+
+    bucket = f"ckpt-{uuid.uuid4().hex[:20]}"
+    boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=bucket)
+    proxy = CuttingProxy(int(urlparse(s3_endpoint).port or 0), cut_after=1 << 62)
+    url = f"s3://{bucket}/store?endpoint_url=http://127.0.0.1:{proxy.port}"
+    try:
+        with ckptrepo.Repo.init(tmp_path / "repo", store_url=url, compression=False) as repo:
+            first = repo.commit({"w": torch.arange(1000.0)}, blocking=True).wait()
+            big = {"w": torch.randn(8 * MIB // 4)}
+            proxy.sent, proxy.cut_after = 0, 2 * MIB  # a quarter into the upload
+            with pytest.raises(errors.StorageError) as exc:
+                repo.commit(big).wait()
+            assert exc.value.exit_code == 7 and not proxy.up
+            proxy.restore()
+            assert [c.id for c in repo.log()] == [first.id]
+            again = repo.commit(big).wait()
+            assert torch.equal(repo.checkout(again.id)["w"], big["w"])
+            assert repo.verify(full=True).ok
+    finally:
+        proxy.close()

@@ -2,8 +2,9 @@
 
 Four writer processes, two on each of two branches, commit without naming parents, so each
 commit lands on its branch's head as of its transaction (``CommitWriter.record`` retries the
-compare-and-swap); on SQLite and PostgreSQL. Every commit comes back, each branch is one
-first-parent line holding all its commits, and every commit restores bit-exactly.
+compare-and-swap), while a fifth runs ``gc`` (default grace period) and ``verify`` in a loop;
+on SQLite and PostgreSQL. Every commit comes back, each branch is one first-parent line
+holding all its commits, and every commit restores bit-exactly.
 """
 
 from __future__ import annotations
@@ -33,6 +34,16 @@ def writer_main(path: str, writer: int, out: str) -> None:
     Path(out).write_text("\n".join(ids))
 
 
+def upkeep_main(path: str, stop: str, out: str) -> None:
+    runs = 0
+    with ckptrepo.Repo.open(path) as repo:
+        while not Path(stop).exists():
+            repo.gc()
+            assert repo.verify().ok
+            runs += 1
+    Path(out).write_text(str(runs))
+
+
 def test_four_writers_on_two_branches_all_land(tmp_path: Path, db_url: str) -> None:
     path = tmp_path / "repo"
     with ckptrepo.Repo.init(path, db_url=db_url) as repo:
@@ -42,11 +53,16 @@ def test_four_writers_on_two_branches_all_land(tmp_path: Path, db_url: str) -> N
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=writer_main, args=(str(path), w, str(tmp_path / f"ids-{w}.txt")))
              for w in range(WRITERS)]
+    upkeep = ctx.Process(target=upkeep_main, args=(str(path), str(tmp_path / "stop"), str(tmp_path / "gc-runs")))
+    upkeep.start()
     for p in procs:
         p.start()
     for p in procs:
         p.join(timeout=300)
         assert p.exitcode == 0, f"writer exited with {p.exitcode}"
+    (tmp_path / "stop").touch()
+    upkeep.join(timeout=120)
+    assert upkeep.exitcode == 0 and int((tmp_path / "gc-runs").read_text()) >= 1
     with ckptrepo.Repo.open(path) as repo:
         for b in range(2):
             line = [repo.get_commit(f"b{b}")]  # its first-parent line, walked from the head
