@@ -7,7 +7,9 @@ None of these functions opens the repository, so they work on one whose schema n
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from ckptrepo.config import CONFIG_NAME, REPO_DIRNAME, RepoConfig
@@ -41,27 +43,43 @@ def create(path: str | Path, config: RepoConfig) -> Path:
     """Create a repository with ``config`` (validated first) at ``path``; returns its folder.
 
     Nothing is changed if one exists already (RepositoryExists) or the store is unusable (a bad
-    URL, a missing bucket). ``config.json`` is written last, so a failed create leaves no folder
-    that looks like a repository (and removes the folder if it made it)."""
+    URL, a missing bucket). The folder is made whole under a temporary name beside it and
+    renamed into place, so a failed create leaves nothing, and of several processes creating
+    the same repository at once one succeeds and the others get RepositoryExists. (An existing
+    ``.ckpt`` folder without ``config.json`` is initialised in place, ``config.json`` last.)"""
     repo_dir = repo_dir_of(path)
     if (repo_dir / CONFIG_NAME).exists():
         raise RepositoryExists(path=str(repo_dir))
     config.validate()
     open_backend(config.store_url, repo_dir / "store").close()
-    created = not repo_dir.exists()
-    repo_dir.mkdir(parents=True, exist_ok=True)
+    if repo_dir.is_dir():
+        _initialize(repo_dir, config)
+        return repo_dir
+    repo_dir.parent.mkdir(parents=True, exist_ok=True)
+    building = Path(tempfile.mkdtemp(prefix=f"{REPO_DIRNAME}-init-", dir=repo_dir.parent))
     try:
-        engine = make_engine(database_url(config.db_url, repo_dir))
+        _initialize(building, config)
         try:
-            migrate.initialize(engine, {"repo_id": config.repo_id, "format_version": str(config.format_version)})
-        finally:
-            engine.dispose()
-        config.save(repo_dir)
+            os.rename(building, repo_dir)
+        except OSError as exc:
+            if repo_dir.exists():  # another process created it meanwhile
+                raise RepositoryExists(path=str(repo_dir)) from exc
+            raise
     except BaseException:
-        if created:
-            shutil.rmtree(repo_dir, ignore_errors=True)
+        shutil.rmtree(building, ignore_errors=True)
         raise
     return repo_dir
+
+
+def _initialize(repo_dir: Path, config: RepoConfig) -> None:
+    """The schema in the repository's database, then ``config.json`` (last: until it exists, the
+    folder is not a repository)."""
+    engine = make_engine(database_url(config.db_url, repo_dir))
+    try:
+        migrate.initialize(engine, {"repo_id": config.repo_id, "format_version": str(config.format_version)})
+    finally:
+        engine.dispose()
+    config.save(repo_dir)
 
 
 def upgrade_database(path: str | Path) -> tuple[str | None, str]:

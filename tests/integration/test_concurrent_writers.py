@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -77,4 +78,33 @@ def test_four_writers_on_two_branches_all_land(tmp_path: Path, db_url: str) -> N
                 for i, cid in enumerate(ids):
                     assert torch.equal(repo.checkout(cid)["w"], tensor_of(w, i))
         assert not [r for r in repo.branches() if r.name.startswith("conflicts/")]
+        assert repo.verify(full=True).ok
+
+
+def init_main(path: str, out: str, start: Any) -> None:
+    start.wait()  # every process imported and ready: the creates race
+    try:
+        ckptrepo.Repo.init(path).close()
+        Path(out).write_text("created")
+    except ckptrepo.errors.RepositoryExists:
+        Path(out).write_text("exists")
+
+
+def test_processes_creating_one_repository_at_once_make_one(tmp_path: Path) -> None:
+    """Six processes run Repo.init on one path at once: one creates it, the others get
+    RepositoryExists, and what is there is a whole repository (no half-built folder left)."""
+    ctx = mp.get_context("spawn")
+    start = ctx.Barrier(6)
+    procs = [ctx.Process(target=init_main, args=(str(tmp_path / "run"), str(tmp_path / f"init-{i}.txt"), start))
+             for i in range(6)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        assert p.exitcode == 0
+    outcomes = sorted((tmp_path / f"init-{i}.txt").read_text() for i in range(6))
+    assert outcomes == ["created"] + ["exists"] * 5
+    assert [p.name for p in (tmp_path / "run").iterdir()] == [".ckpt"]
+    with ckptrepo.Repo.open(tmp_path / "run") as repo:
+        repo.commit({"w": torch.ones(3)}, blocking=True).wait()
         assert repo.verify(full=True).ok
