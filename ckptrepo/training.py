@@ -317,7 +317,7 @@ class Checkpointer(CommitStream):
         if self.model is not None:
             from torch.distributed.checkpoint.state_dict import set_state_dict
 
-            # By parameter name (torch.distributed.checkpoint.state_dict), as _shared() stored them:
+            # By parameter name (torch.distributed.checkpoint.state_dict), as state() stored them:
             # on several ranks DCP reads each rank's shards into these, at any world size.
             model_sd, optim_sd = _model_state(self.model, self.optimizer)
             if self.group is not None:
