@@ -39,6 +39,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from sqlalchemy.exc import IntegrityError as DbIntegrityError
+from sqlalchemy.exc import OperationalError as DbOperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ckptrepo import faults, knobs
@@ -54,6 +55,7 @@ from ckptrepo.errors import (
     ConcurrentChange,
     ForkedProcess,
     RefConflict,
+    StoreFull,
     UsageError,
     storage_failure,
 )
@@ -483,6 +485,10 @@ class CommitWriter:
                 # A foreign key names a row that is gone: a gc in another process removed chunks or
                 # tensors this commit deduplicated against after it looked them up.
                 raise ConcurrentChange(what="commit", other="gc", detail=str(exc.orig).splitlines()[0]) from exc
+            except DbOperationalError as exc:
+                if "full" in str(exc.orig).lower():  # SQLite's "database or disk is full": rolled back
+                    raise StoreFull(detail=f"the database: {str(exc.orig).splitlines()[0]}") from exc
+                raise
             break
         self._last_recorded, self._last_keyless = layout, lazy
         if lazy:

@@ -206,3 +206,18 @@ def test_an_s3_endpoint_that_goes_away_mid_commit_fails_it_cleanly(tmp_path: Pat
             assert repo.verify(full=True).ok
     finally:
         proxy.close()
+
+
+def test_a_full_disk_under_the_database_fails_the_commit_cleanly(small_fs: Path, tmp_path: Path) -> None:
+    """The packs go to a store elsewhere and fit; the database's own disk is full: StoreFull
+    from its transaction, nothing visible, and the next commit works once space is freed."""
+    with ckptrepo.Repo.init(small_fs / "repo", store_url=str(tmp_path / "store"), compression=False) as repo:
+        first = repo.commit({"w": torch.arange(1000.0)}, blocking=True).wait()
+        filler = fill(small_fs, leave=0)
+        state = {"w": torch.randn(MIB // 4)}
+        with pytest.raises(errors.StoreFull, match="the database"):
+            repo.commit(state).wait()
+        filler.unlink()
+        assert [c.id for c in repo.log()] == [first.id]
+        again = repo.commit(state).wait()
+        assert torch.equal(repo.checkout(again.id)["w"], state["w"]) and repo.verify(full=True).ok
