@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ckptrepo.atomic import fsync_dir
 from ckptrepo.config import CONFIG_NAME, REPO_DIRNAME, RepoConfig
 from ckptrepo.db import migrate
 from ckptrepo.db.engine import database_url, make_engine
@@ -65,6 +66,9 @@ def create(path: str | Path, config: RepoConfig) -> Path:
             if repo_dir.exists():  # another process created it meanwhile
                 raise RepositoryExists(path=str(repo_dir)) from exc
             raise
+        # The rename is durable only once the parent folder is: commits made next fsync only
+        # inside the repository, and a crash must not take the whole folder's name with it.
+        fsync_dir(repo_dir.parent)
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise

@@ -65,9 +65,8 @@ def test_commit_checkout_round_trip_into_live_objects(repo: ckptrepo.Repo) -> No
     assert fresh["sched"].state_dict() == live["sched"].state_dict()
 
 
-def test_load_tensor_reads_only_its_chunks(repo: ckptrepo.Repo, monkeypatch: pytest.MonkeyPatch) -> None:
-    state = {"big": torch.randn(100_000), "small": torch.arange(10)}
-    repo.commit(state).wait()
+def _count_chunk_reads(repo: ckptrepo.Repo, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The ids of the chunks the repository reads from now on, in order."""
     calls: list[str] = []
     original = repo._reader.read_into
 
@@ -76,6 +75,13 @@ def test_load_tensor_reads_only_its_chunks(repo: ckptrepo.Repo, monkeypatch: pyt
         original(loc, out, bases)
 
     monkeypatch.setattr(repo._reader, "read_into", counting)
+    return calls
+
+
+def test_load_tensor_reads_only_its_chunks(repo: ckptrepo.Repo, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = {"big": torch.randn(100_000), "small": torch.arange(10)}
+    repo.commit(state).wait()
+    calls = _count_chunk_reads(repo, monkeypatch)
     got = repo.load_tensor("main", "small")
     assert torch.equal(got, state["small"]) and len(calls) == 1
     info = {i.name: i for i in repo.tensors("main")}
@@ -89,14 +95,7 @@ def test_checkout_of_a_part_reads_only_its_tensors(repo: ckptrepo.Repo, monkeypa
     state = {"model": {"w": torch.randn(100_000), "b": torch.arange(3)}, "ranks": {1: {"rng": torch.arange(5)},
              "a/b": {"n": 7, "t": (torch.ones(2), "x")}}, "step": 4}
     repo.commit(state).wait()
-    calls: list[str] = []
-    original = repo._reader.read_into
-
-    def counting(loc: Any, out: memoryview, bases: Any = None) -> None:
-        calls.append(loc.chunk_id)
-        original(loc, out, bases)
-
-    monkeypatch.setattr(repo._reader, "read_into", counting)
+    calls = _count_chunk_reads(repo, monkeypatch)
     rng = repo.checkout("main", part="ranks/1")  # an int key, named as entry names write it
     assert rng.keys() == {"rng"} and torch.equal(rng["rng"], torch.arange(5)) and len(calls) == 1
     odd = repo.checkout("main", part="ranks/a%2Fb")  # a "/" in a key is escaped
