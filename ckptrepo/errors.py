@@ -147,6 +147,13 @@ class UnknownRef(CkptError):
     hint = "List them with `ckpt branch` or `ckpt tag`."
 
 
+class CommitPruned(CkptError):
+    """Commit {commit} was pruned: its metadata and statistics are kept, its tensors are not."""
+
+    exit_code = 3
+    hint = "Check out a commit that still has data; `ckpt log` marks pruned commits."
+
+
 class NoPath(CkptError):
     """No lineage path between {a} and {b}: they share no ancestor."""
 
@@ -193,7 +200,8 @@ class StoreFull(StorageError):
     """No space left where the repository writes: {detail}."""
 
     exit_code = 7
-    hint = ("Free space there (delete branches you no longer need, then `ckpt gc`; or move the store) and commit "
+    hint = ("Free space there (`ckpt prune` old commits' data or delete branches you no longer need, then "
+            "`ckpt gc`; or move the store) and commit "
             "again: nothing of this commit was made visible, and the repository is as it was.")
 
 

@@ -10,10 +10,13 @@ point is reached (default 1), counted per process.
 
 Points: ``stage.copy`` (phase 1, per tensor), ``ingest.chunk`` (per chunk job),
 ``pack.write`` (per chunk appended to a pack file, per request of a write-ahead), ``pack.before_put`` /
-``pack.after_put`` (around making a pack durable in the store), ``db.before_commit`` /
-``db.after_commit`` (around the transaction that makes a commit visible); ``gc.after_commit``;
+``pack.after_put`` (around making a pack durable in the store), ``commit.after_manifest`` (its
+manifest is durable, its transaction not begun), ``db.before_commit`` /
+``db.after_commit`` (around the transaction that makes a commit visible); ``gc.before_commit``,
+``gc.after_commit`` (``GC_POINTS``); ``prune.before_commit``, ``prune.after_commit`` (``PRUNE_POINTS``);
 ``db.index_pending`` (per layout indexed, ``db.pending``);
-``repack.chunk``, ``repack.before_commit``, ``repack.after_commit`` (see ``REPACK_POINTS``).
+``repack.chunk``, ``repack.before_commit``, ``repack.after_commit`` (see ``REPACK_POINTS``);
+``rebuild.after_commit`` (per commit recorded), ``rebuild.before_commit`` (``REBUILD_POINTS``).
 """
 
 from __future__ import annotations
@@ -33,17 +36,29 @@ POINTS = (
     "pack.write",
     "pack.before_put",
     "pack.after_put",
+    "commit.after_manifest",
     "db.before_commit",
     "db.after_commit",
 )
 """The points a commit passes, in order."""
-GC_POINTS = ("gc.after_commit",)
-"""The points a gc passes."""
+GC_POINTS = ("gc.before_commit", "gc.after_commit")
+"""The points a gc passes (inside its transaction once it deleted the rows; after it commits)."""
+PRUNE_POINTS = ("prune.before_commit", "prune.after_commit")
+"""The points a prune passes (inside the transaction that marks commits, once marked; after it commits)."""
 INDEX_POINTS = ("db.index_pending",)
 """The point indexing pending layouts passes (per layout, inside its batch's transaction)."""
 REPACK_POINTS = ("repack.chunk", "repack.before_commit", "repack.after_commit")
 """The points a repack passes (per chunk; inside each batch's transaction, after it commits),
 besides ``pack.write``, ``pack.before_put`` and ``pack.after_put`` of the packs it writes."""
+
+
+REBUILD_POINTS = ("rebuild.after_commit", "rebuild.before_commit")
+"""The points a database rebuild passes (per commit recorded; before its one transaction commits)."""
+
+
+def known_points() -> tuple[str, ...]:
+    """Every fault point production code has."""
+    return POINTS + GC_POINTS + PRUNE_POINTS + INDEX_POINTS + REPACK_POINTS + REBUILD_POINTS
 
 
 class InjectedFault(RuntimeError):
@@ -60,8 +75,8 @@ def _parse(spec: str) -> dict[str, tuple[str, int]]:
     for item in filter(None, (part.strip() for part in spec.split(","))):
         name, _, action = item.partition("=")
         action, _, nth = action.partition("@")
-        if name not in POINTS + GC_POINTS + INDEX_POINTS + REPACK_POINTS or action not in ("kill", "raise"):
-            known = ", ".join(POINTS + GC_POINTS + INDEX_POINTS + REPACK_POINTS)
+        if name not in known_points() or action not in ("kill", "raise"):
+            known = ", ".join(known_points())
             raise ValueError(f"{ENV}: bad fault {item!r}; points: {known}; actions: kill, raise")
         armed[name] = (action, int(nth or 1))
     return armed
@@ -89,7 +104,7 @@ def point(name: str) -> None:
 @contextmanager
 def inject(name: str, action: str = "raise", nth: int = 1) -> Iterator[None]:
     """Arm ``name`` for the duration of the block (in this process)."""
-    if name not in POINTS + GC_POINTS + INDEX_POINTS + REPACK_POINTS:
+    if name not in known_points():
         raise ValueError(f"unknown fault point {name!r}")
     with _lock:
         _armed[name] = (action, nth)

@@ -24,8 +24,10 @@ from ckptrepo.errors import ForkedProcess, UnknownRevision, UnknownTensor, Usage
 from ckptrepo.ids import short
 from ckptrepo.ingest.handle import CommitHandle
 from ckptrepo.ingest.request import prepare
+from ckptrepo.ledger import journal
 from ckptrepo.lineage import analysis, queries, revparse
 from ckptrepo.maintenance import DEFAULT_GRACE_S
+from ckptrepo.maintenance.autoprune import AutoRetention
 from ckptrepo.restore.layout import layout_of
 from ckptrepo.storage import open_backend
 from ckptrepo.types import EDGE_KINDS
@@ -67,6 +69,7 @@ class Repo:
         # Reads of tensor-level tables see no pending layout (db.pending: SQLite only).
         self._reading = functools.partial(pending.reading, self._sessions,
                                           defers=self._engine.dialect.name == "sqlite")
+        self._retention = AutoRetention(self._sessions, self._reading, self._backend)  # the setting, after commits
         self._pool = ThreadPoolExecutor(max_workers=knobs.workers(), thread_name_prefix="ckpt")
         if writer_options:
             self._writer.check_usable()  # options are checked now, not at the first commit
@@ -85,7 +88,8 @@ class Repo:
         from ckptrepo.ingest.writer import CommitWriter
 
         return CommitWriter(self._sessions, self._backend, self._reader, self.config, self._pool,
-                            defers_layouts=self._engine.dialect.name == "sqlite", **self._writer_options)
+                            defers_layouts=self._engine.dialect.name == "sqlite",
+                            after_commit=self._retention.after_commit, **self._writer_options)
 
     @classmethod
     def init(cls, path: str | Path = ".", *, db_url: str | None = None, store_url: str | None = None,
@@ -114,6 +118,22 @@ class Repo:
         """``open(start, search_parents=True)``."""
         return cls.open(start, search_parents=True, **options)
 
+    @classmethod
+    def rebuild_database(cls, path: str | Path = ".", *, replace: bool = False) -> t.RebuildReport:
+        """Recreate the database of the repository at ``path`` from its store alone: packs, commit
+        manifests and the journal (``maintenance.rebuild``), in one transaction. RepositoryExists
+        when the database holds a repository, unless ``replace`` (a SQLite file is kept beside the
+        new one). Run it while no other process uses the repository."""
+        from ckptrepo.maintenance.rebuild import rebuild
+
+        repo_dir = folder.find_repo(path)
+        config = RepoConfig.load(repo_dir)
+        backend = open_backend(config.store_url, repo_dir / "store")
+        try:
+            return rebuild(repo_dir, config, backend, replace=replace)
+        finally:
+            backend.close()
+
     def __enter__(self) -> Repo:
         return self
 
@@ -133,6 +153,7 @@ class Repo:
         if os.getpid() != self._owner:
             self._engine.dispose(close=False)  # the connections stay the parent's, unclosed
             return
+        self._retention.close()  # after the writer: the last commit's run has been queued
         self._pool.shutdown(wait=True)
         self._backend.close()
         self._engine.dispose()
@@ -141,10 +162,12 @@ class Repo:
         return f"Repo({str(self.repo_dir)!r})"
 
     def _settle(self) -> None:
-        """Check open, then wait for this repository's pending commits and background repack."""
+        """Check open, then wait for this repository's pending commits, background repack and
+        retention run."""
         self._check_open()
         if "_writer" in self.__dict__:
             self._writer.settle()
+        self._retention.wait()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -182,8 +205,10 @@ class Repo:
         self._check_open()
         meta: CommitMeta = {"message": message, "step": step, "epoch": epoch, "metrics": metrics, "config": config,
                             "parents": parents, "transfer_from": transfer_from, "code_version": code_version}
-        return self._writer.commit_state(state, meta, branch=branch or self.head, blocking=blocking,
-                                         allow_pickle=allow_pickle, group=group, entered=entered)
+        handle = self._writer.commit_state(state, meta, branch=branch or self.head, blocking=blocking,
+                                           allow_pickle=allow_pickle, group=group, entered=entered)
+        self._retention.track(handle)
+        return handle
 
     def commit_file(self, path: str | Path, *, branch: str | None = None, allow_pickle: bool = False,
                     **meta: Unpack[CommitMeta]) -> t.Commit:
@@ -379,8 +404,10 @@ class Repo:
     def _set_ref(self, kind: str, name: str, at: str | None, *, force: bool) -> t.RefInfo:
         self._check_open()
         refs.check_ref_name(name, kind)
-        with write_transaction(self._sessions) as s:
+        with self._sessions() as s:
             target = revparse.resolve(s, at) if at is not None else refs.default_target(s)
+        with journal.entry(self._backend, {"op": "ref", "kind": kind, "name": name, "to": target}), \
+                write_transaction(self._sessions) as s:
             return refs.create(s, kind, name, target, force=force)
 
     def delete_branch(self, name: str, *, force: bool = False) -> t.RefInfo:
@@ -394,7 +421,8 @@ class Repo:
 
     def _delete_ref(self, kind: str, name: str, *, force: bool) -> t.RefInfo:
         self._check_open()
-        with write_transaction(self._sessions) as s:
+        with journal.entry(self._backend, {"op": "ref", "kind": kind, "name": name, "to": None}), \
+                write_transaction(self._sessions) as s:
             return refs.delete_ref(s, kind, name, force=force)
 
     def branches(self) -> list[t.RefInfo]:
@@ -425,6 +453,43 @@ class Repo:
         self._settle()
         return collector.collect(self._sessions, self._backend, grace=grace, dry_run=dry_run)
 
+    def prune(self, *, keep_last: int | None = None, keep_every: int | None = None,
+              keep_best: str | tuple[str, int] | None = None, maximize: bool = False, keep_dense_early: bool = False,
+              keep_younger_than: str | float | None = None, branches: Collection[str] | None = None,
+              rules: t.RetentionRules | None = None, dry_run: bool = False) -> t.PruneReport:
+        """Drop the data of the commits no keep rule keeps, keeping them in the lineage (``maintenance.prune``;
+        the rules: ``maintenance.retention``, at least one; ``rules``: given whole instead, e.g.
+        ``retention()``). Marks them pruned in one transaction; the next ``gc`` frees their data.
+        Branch heads, tags and fork points are always kept. ``dry_run``: what would be pruned."""
+        from ckptrepo.maintenance import prune as pruner
+        from ckptrepo.maintenance import retention
+
+        self._settle()
+        chosen = retention.chosen(rules, keep_last=keep_last, keep_every=keep_every, keep_best=keep_best,
+                                  maximize=maximize, keep_dense_early=keep_dense_early,
+                                  keep_younger_than=keep_younger_than, branches=branches)
+        return pruner.prune(self._sessions, self._reading, self._backend, chosen, dry_run=dry_run)
+
+    def set_retention(self, rules: t.RetentionRules | Mapping[str, Any] | None) -> None:
+        """Store ``rules`` (or their ``to_json``) as the repository's retention setting, None to remove
+        it (``maintenance.setting``). While set, it is applied in the background after every commit
+        this process makes (a prune, then a gc when something was pruned; never on a commit's path)."""
+        from ckptrepo.maintenance import setting
+
+        self._check_open()
+        if rules is not None and not isinstance(rules, t.RetentionRules):
+            rules = t.RetentionRules.from_json(rules)
+        setting.write(self._sessions, self._backend, rules)
+        self._retention.set_rules(rules)
+
+    def retention(self) -> t.RetentionRules | None:
+        """The stored retention setting (``set_retention``), or None."""
+        from ckptrepo.maintenance import setting
+
+        self._check_open()
+        with self._sessions() as s:
+            return setting.read(s)
+
     def repack(self, *, compact_below: float = 0.0, dry_run: bool = False) -> t.RepackReport:
         """Encode the chunks commits stored raw and, with ``compact_below`` (a fraction), move the
         live chunks of packs less live than that into new packs (``maintenance.repack``)."""
@@ -439,6 +504,15 @@ class Repo:
         self._check_open()
         with self._sessions() as s:
             return catalog.awaiting_repack(s)
+
+    def write_missing_manifests(self) -> int:
+        """Write the manifests commits made before manifests existed lack, and journal entries that
+        pin today's refs and pruned marks, so that ``rebuild_database`` recreates this database
+        (``maintenance.backfill``); returns how many manifests were written."""
+        from ckptrepo.maintenance import backfill
+
+        self._settle()
+        return backfill.write_missing(self._sessions, self._backend)
 
     def verify(self, *, full: bool = False) -> t.VerifyReport:
         """Check database and packs against each other (``full``: read and hash-check every chunk)."""

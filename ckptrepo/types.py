@@ -42,7 +42,9 @@ class Commit:
     are durable and the transaction that makes the commit visible begins. A commit made on
     every rank records the coordinator's figures; one made by ``dcp.save`` through
     ``ckptrepo.dcp.Writer`` records no stall (DCP decides what blocks its caller) and counts
-    ``persist_s`` from the start of the save.
+    ``persist_s`` from the start of the save. ``pruned``: retention dropped the commit's
+    data (``Repo.prune``): it stays in the lineage with its metadata and tensor statistics,
+    but its state can no longer be read (``CommitPruned``).
     """
 
     id: str
@@ -66,6 +68,7 @@ class Commit:
     persist_s: float
     nonfinite: int = 0
     refs: tuple[str, ...] = field(default=())
+    pruned: bool = False
 
     @property
     def short_id(self) -> str:
@@ -192,8 +195,10 @@ class RepoStats:
 VERIFY_ERRORS = (
     "missing_pack", "damaged_pack", "bad_chunk", "corrupt_chunk", "broken_ref", "incomplete_commit",
 )
-#: Problem kinds that are reclaimable leftovers of interrupted writes (``gc`` removes them).
-VERIFY_WARNINGS = ("unreferenced_pack", "temporary_file")
+#: Problem kinds that do not stop any commit from restoring: leftovers of interrupted writes
+#: (``gc`` removes them), and commits the store has no manifest of (a rebuild of the database
+#: from the store would not bring them back).
+VERIFY_WARNINGS = ("unreferenced_pack", "temporary_file", "unreferenced_manifest", "missing_manifest")
 
 
 @dataclass(frozen=True)
@@ -251,7 +256,8 @@ class VerifyReport:
     """The result of ``Repo.verify``: problems by kind, and what was checked.
 
     ``ok`` is True when there is no error (``VERIFY_ERRORS``); warnings (unreferenced
-    packs, temporary files) are leftovers of interrupted writes that ``gc`` reclaims.
+    packs and manifests, temporary files) are leftovers of interrupted writes that ``gc``
+    reclaims, or commits without a manifest (``missing_manifests``: kept by the database only).
     ``corrupt_chunks`` is only filled by a full verify (which reads every chunk).
     """
 
@@ -265,6 +271,8 @@ class VerifyReport:
     incomplete_commits: tuple[Problem, ...] = ()
     unreferenced_packs: tuple[Problem, ...] = ()
     temporary_files: tuple[Problem, ...] = ()
+    unreferenced_manifests: tuple[Problem, ...] = ()
+    missing_manifests: tuple[Problem, ...] = ()
     heads: Mapping[str, str] = field(default_factory=dict)
     """Every branch and its head commit."""
     last_good: Mapping[str, str | None] = field(default_factory=dict)
@@ -278,7 +286,8 @@ class VerifyReport:
 
     @property
     def warnings(self) -> tuple[Problem, ...]:
-        return (*self.unreferenced_packs, *self.temporary_files)
+        return (*self.unreferenced_packs, *self.temporary_files, *self.unreferenced_manifests,
+                *self.missing_manifests)
 
     @property
     def ok(self) -> bool:
@@ -334,9 +343,92 @@ class GcReport:
     partial_packs: int
     dead_bytes_in_partial_packs: int
     seconds: float
+    pruned_tensors_dropped: int = 0
+    """Tensors only pruned commits name whose chunk lists went (their rows and statistics stay)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# -- retention ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RetentionRules:
+    """Which commits keep their data when ``Repo.prune`` runs: a commit is kept if ANY rule keeps
+    it on any first-parent line it is on (``maintenance.retention`` has the exact rules).
+
+    ``keep_last``: the N newest commits of each line; ``keep_every``: one commit per STEPS-wide
+    bucket of step; ``keep_best``: ``(metric, N)``, the N best of each line by that metric
+    (lowest, or highest with ``maximize``); ``keep_dense_early``: the first commit of each step
+    bucket ``[2^k, 2^(k+1))`` and step 0; ``keep_younger_than``: commits created within that
+    many seconds. ``branches``: the lines of these branches only (None: every branch).
+    Build and validate with ``Repo.prune``'s arguments or ``RetentionRules.from_json``.
+    """
+
+    keep_last: int | None = None
+    keep_every: int | None = None
+    keep_best: tuple[str, int] | None = None
+    maximize: bool = False
+    keep_dense_early: bool = False
+    keep_younger_than: float | None = None
+    branches: tuple[str, ...] | None = None
+
+    @property
+    def any_rule(self) -> bool:
+        """Whether at least one keep rule is set (prune refuses to run without one)."""
+        return any(x not in (None, False) for x in (self.keep_last, self.keep_every, self.keep_best,
+                                                     self.keep_dense_early, self.keep_younger_than))
+
+    def to_json(self) -> dict[str, Any]:
+        """The rules as a JSON object (what the repository stores as its retention setting)."""
+        data = asdict(self)
+        data["keep_best"] = list(self.keep_best) if self.keep_best is not None else None
+        data["branches"] = list(self.branches) if self.branches is not None else None
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RetentionRules:
+        """The rules ``to_json`` gave (unknown keys are ignored; values are not validated here)."""
+        best, branches = data.get("keep_best"), data.get("branches")
+        return cls(keep_last=data.get("keep_last"), keep_every=data.get("keep_every"),
+                   keep_best=(str(best[0]), int(best[1])) if best is not None else None,
+                   maximize=bool(data.get("maximize", False)), keep_dense_early=bool(data.get("keep_dense_early")),
+                   keep_younger_than=data.get("keep_younger_than"),
+                   branches=tuple(str(b) for b in branches) if branches is not None else None)
+
+
+@dataclass(frozen=True)
+class PruneReport:
+    """What ``Repo.prune`` marked (or, with ``dry_run``, would mark) as pruned.
+
+    ``considered``: commits on the first-parent lines of the branches in scope; ``kept`` of
+    them, with ``kept_by`` counting commits per reason (the rules: ``last``, ``every``,
+    ``best``, ``dense_early``, ``younger``; always kept: ``head``, ``tag``, ``conflict``,
+    ``fork``, ``merged``, ``transfer``, ``junction``; ``other_branch``: also on a line outside
+    ``branches``); ``pruned``: the full ids newly pruned; ``already_pruned``: considered commits
+    pruned before. What the next ``gc`` then frees of the data only pruned commits use:
+    ``freeable_chunks`` and their stored ``freeable_bytes``, of which ``freeable_packs`` packs
+    (``freeable_pack_bytes`` on disk) go whole; the rest sits in packs kept for their live chunks.
+    """
+
+    dry_run: bool
+    rules: RetentionRules
+    considered: int
+    kept: int
+    pruned: tuple[str, ...]
+    already_pruned: int
+    kept_by: Mapping[str, int]
+    freeable_chunks: int
+    freeable_bytes: int
+    freeable_packs: int
+    freeable_pack_bytes: int
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(rules=self.rules.to_json(), pruned=list(self.pruned), kept_by=dict(self.kept_by))
+        return data
 
 
 # -- repack ------------------------------------------------------------------------------------
@@ -572,3 +664,40 @@ class MetricPoint:
     created_at: datetime
     depth: int
     values: dict[str, float]
+
+
+# -- rebuild -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RebuildReport:
+    """What ``Repo.rebuild_database`` recreated from the store alone.
+
+    ``packs`` / ``chunks``: read from the packs' footers; ``commits`` from their manifests
+    (``pruned``: of them, marked pruned: by the journal, or because their chunks are gone);
+    ``branches`` / ``tags``: replayed from the commits' branch moves and the journal
+    (``conflicts``: commits whose move did not apply, kept on ``conflicts/`` branches).
+    ``skipped``: what could not be used, each with why (a corrupt pack or manifest, a commit
+    whose parent has no manifest). ``moved_aside``: where the database it replaced went (a
+    SQLite file kept beside the new one), if any. ``manifest_bytes``: the manifests' stored
+    size in all.
+    """
+
+    database: str
+    packs: int
+    chunks: int
+    commits: int
+    pruned: int
+    branches: int
+    tags: int
+    conflicts: int
+    journal_entries: int
+    manifest_bytes: int
+    skipped: tuple[str, ...]
+    moved_aside: str | None
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["skipped"] = list(self.skipped)
+        return data

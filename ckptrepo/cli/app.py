@@ -20,6 +20,7 @@ from . import (
     lineage_commands,
     ref_commands,
     repo_commands,
+    retention_commands,
     state_commands,
     verify_commands,
 )
@@ -92,6 +93,7 @@ app.command(rich_help_panel=REFS)(ref_commands.tag)
 app.command(rich_help_panel=REPOSITORY)(repo_commands.stats)
 app.command(rich_help_panel=REPOSITORY)(verify_commands.verify)
 app.command(rich_help_panel=REPOSITORY)(verify_commands.gc)
+app.command(rich_help_panel=REPOSITORY)(retention_commands.prune)
 app.command(rich_help_panel=REPOSITORY)(verify_commands.repack)
 app.add_typer(lineage_app, name="lineage", rich_help_panel=COMMITS)
 lineage_app.command("ancestors")(lineage_commands.ancestors)
@@ -101,6 +103,8 @@ lineage_app.command("merge-base")(lineage_commands.merge_base)
 app.command(rich_help_panel=COMMITS)(lineage_commands.best)
 app.add_typer(db_app, name="db", rich_help_panel=REPOSITORY)
 db_app.command("upgrade")(repo_commands.db_upgrade)
+db_app.command("rebuild")(repo_commands.db_rebuild)
+db_app.command("manifests")(repo_commands.db_manifests)
 app.command(rich_help_panel=REPOSITORY)(repo_commands.demo)
 app.command(rich_help_panel=ANALYSIS)(analysis_commands.diff)
 app.command(rich_help_panel=ANALYSIS)(analysis_commands.history)

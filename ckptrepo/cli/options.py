@@ -339,6 +339,48 @@ GraceOpt = Annotated[
     ),
 ]
 
+# prune --------------------------------------------------------------------------
+
+KeepLastOpt = Annotated[
+    int | None,
+    typer.Option("--keep-last", min=1, metavar="N", help="Keep the N newest commits of each branch's first-parent "
+                 "line.", show_default=False),
+]
+KeepEveryOpt = Annotated[
+    int | None,
+    typer.Option("--keep-every", min=1, metavar="STEPS", help="Keep one commit per STEPS-wide bucket of step (the "
+                 "first at or after each multiple of STEPS).", show_default=False),
+]
+KeepBestOpt = Annotated[
+    str | None,
+    typer.Option("--keep-best", metavar="METRIC:N", help="Keep the N best commits of each line by METRIC (lowest; "
+                 "highest with --max).", show_default=False),
+]
+KeepDenseEarlyOpt = Annotated[
+    bool,
+    typer.Option("--keep-dense-early", help="Keep the first commit of step 0 and of each step range [2^k, 2^(k+1)): "
+                 "dense early in training, sparse late."),
+]
+KeepYoungerOpt = Annotated[
+    str | None,
+    typer.Option("--keep-younger-than", metavar="DURATION", help="Keep commits made within DURATION: 90s, 30m, 12h, "
+                 "7d, 2w.", show_default=False),
+]
+PruneBranchOpt = Annotated[
+    list[str] | None,
+    typer.Option("--branch", "-b", metavar="B", help="Prune only B's first-parent line (repeatable; a commit also "
+                 "on another branch's line is kept). Default: every branch.", show_default=False),
+]
+PruneDryRunOpt = Annotated[
+    bool, typer.Option("--dry-run", "-n", help="Show what would be pruned and what gc would then free; change nothing.")
+]
+SaveRulesOpt = Annotated[
+    bool, typer.Option("--save", help="Also store the rules as the repository's retention setting, applied after "
+                       "every commit (a prune, then a gc when something was pruned).")
+]
+SavedRulesOpt = Annotated[bool, typer.Option("--saved", help="Prune by the stored retention setting.")]
+ForgetRulesOpt = Annotated[bool, typer.Option("--forget", help="Remove the stored retention setting; prune nothing.")]
+
 # demo ---------------------------------------------------------------------------
 
 DemoDirOpt = Annotated[
@@ -462,3 +504,5 @@ SubtreeOpt = Annotated[
     typer.Option("--subtree", metavar="REV", help="Only REV and its descendants.", show_default=False),
 ]
 TopOpt = Annotated[int, typer.Option("--max-count", "-n", min=1, metavar="N", help="Show the N best commits.")]
+ReplaceDbOpt = Annotated[bool, typer.Option(
+    "--replace", help="Rebuild over a database that holds a repository (a SQLite file is kept beside the new one).")]

@@ -24,6 +24,8 @@ from ckptrepo.types import (
     GcReport,
     HistoryPoint,
     Problem,
+    PruneReport,
+    RebuildReport,
     RefInfo,
     RepackReport,
     RepoStats,
@@ -117,6 +119,8 @@ def log_line(commit: Commit) -> Text:
         line.append(f" step {commit.step}", style="bold")
     if commit.metrics:
         line.append("  " + metrics(commit.metrics), style="green")
+    if commit.pruned:
+        line.append(" (pruned)", style="dim red")
     if commit.message:
         line.append("  " + commit.message)
     return line
@@ -153,6 +157,7 @@ def commit_fields(commit: Commit) -> Table:
             "",
         ),
         ("nonfinite", f"{commit.nonfinite} NaN/Inf values" if commit.nonfinite else "", "red"),
+        ("pruned", "yes: metadata and statistics kept, tensors dropped" if commit.pruned else "", "red"),
     ]
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
@@ -230,7 +235,7 @@ def verify_summary(report: VerifyReport) -> Table:
         grid.add_row("chunks read", str(c.chunks_read), f"{size(c.bytes_read)} decoded and hash-verified")
     grid.add_row("tensors", str(c.tensors), "chunk lists complete")
     grid.add_row("commits", str(c.commits), f"{c.refs} refs; entries, tensors and parents present")
-    grid.add_row("store objects", str(c.store_objects), "each named by a pack row, else listed as unreferenced")
+    grid.add_row("store objects", str(c.store_objects), "each named by a pack row or a commit, else unreferenced")
     grid.add_row("time", seconds(c.seconds), "")
     return grid
 
@@ -255,6 +260,42 @@ def gc_summary(report: GcReport) -> Table:
     if report.partial_packs:
         grid.add_row("kept (partly live)", str(report.partial_packs),
                      f"packs also holding live chunks; {size(report.dead_bytes_in_partial_packs)} of dead ones")
+    grid.add_row("time", seconds(report.seconds), "")
+    return grid
+
+
+def prune_table(commits: Sequence[Commit], more: int) -> Table:
+    """``ckpt prune``: the commits it pruned (or would), ``more`` of them left out."""
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table.add_column("pruned", style="yellow", no_wrap=True)
+    table.add_column("step", justify="right")
+    table.add_column("branch", style="cyan")
+    table.add_column("metrics", style="green")
+    table.add_column("message", overflow="fold")
+    for c in commits:
+        table.add_row(c.short_id, optional(c.step), Text(optional(c.branch)), metrics(c.metrics), Text(c.message))
+    if more:
+        table.add_row(f"+{more} more", "", "", "", "")
+    return table
+
+
+def prune_summary(report: PruneReport, rules: str, saved: bool) -> Table:
+    """``ckpt prune``: what was considered, kept (and why) and pruned, and what gc then frees."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column(justify="right")
+    grid.add_column(style="dim")
+    grid.add_row("rules", "", rules + ("  (saved: applied after every commit)" if saved else ""))
+    grid.add_row("considered", str(report.considered), "commits on the first-parent lines in scope")
+    kept = ", ".join(f"{reason} {n}" for reason, n in report.kept_by.items())
+    grid.add_row("kept", str(report.kept), kept)
+    grid.add_row("would prune" if report.dry_run else "pruned", str(len(report.pruned)),
+                 "they stay in log, show, history and diff; their state can no longer be checked out")
+    if report.already_pruned:
+        grid.add_row("already pruned", str(report.already_pruned), "")
+    grid.add_row("gc would free" if report.dry_run else "gc frees", size(report.freeable_bytes),
+                 f"{report.freeable_chunks} chunks only pruned commits use; {report.freeable_packs} packs "
+                 f"({size(report.freeable_pack_bytes)}) go whole" + ("" if report.dry_run else "; run `ckpt gc`"))
     grid.add_row("time", seconds(report.seconds), "")
     return grid
 
@@ -431,3 +472,24 @@ def history_table(points: Sequence[HistoryPoint]) -> Table:
             _relative(p.previous.stats.l2_norm, s.l2_norm) if changed and p.previous and s else "",
         )
     return table
+
+
+def rebuild_summary(report: RebuildReport) -> Table:
+    """``ckpt db rebuild``: what came back from the store, and what could not."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column(justify="right")
+    grid.add_column(style="dim")
+    grid.add_row("database", "", report.database)
+    grid.add_row("commits", str(report.commits), f"from their manifests ({size(report.manifest_bytes)}), "
+                 f"{report.pruned} of them pruned")
+    grid.add_row("branches", str(report.branches), f"{report.conflicts} kept on conflicts/ branches")
+    grid.add_row("tags", str(report.tags), f"replayed with {report.journal_entries} journal entries")
+    grid.add_row("packs", str(report.packs), f"{report.chunks} chunks indexed from their footers")
+    if report.moved_aside:
+        grid.add_row("old database", "", f"kept as {report.moved_aside}")
+    for why in report.skipped:
+        grid.add_row("skipped", "", why, style="yellow")
+    grid.add_row("time", seconds(report.seconds), "")
+    return grid
+

@@ -1,4 +1,4 @@
-"""Commands about the repository as a whole: ``init``, ``stats``, ``db upgrade``, ``demo``."""
+"""Commands about the repository as a whole: ``init``, ``stats``, ``db upgrade|rebuild|manifests``, ``demo``."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from .options import (
     EncodeOpt,
     InitPathArg,
     JsonOpt,
+    ReplaceDbOpt,
     StoreUrlOpt,
 )
 from .session import current
@@ -86,6 +87,30 @@ def db_upgrade(as_json: JsonOpt = False) -> None:
         render.out.print(f"database schema already at {after}", markup=False)
     else:
         render.out.print(f"database schema upgraded from {before or 'nothing'} to {after}", markup=False)
+
+
+def db_rebuild(replace: ReplaceDbOpt = False, as_json: JsonOpt = False) -> None:
+    """Recreate the repository's database from its store alone (packs, commit manifests, the journal).
+
+    For a lost or damaged database: commits, lineage, branches, tags, metrics, pruned marks and
+    the chunk index come back, in one transaction. Stop every process using the repository first.
+    """
+    report = Repo.rebuild_database(current().location(), replace=replace)
+    if as_json:
+        render.emit_json(report.to_json())
+        return
+    render.out.print(render.rebuild_summary(report), markup=False)
+
+
+def db_manifests(as_json: JsonOpt = False) -> None:
+    """Write the store's manifests of commits made before commits wrote them, so `db rebuild` can recreate them."""
+    with current().open() as repo:
+        written = repo.write_missing_manifests()
+    if as_json:
+        render.emit_json({"manifests_written": written})
+    else:
+        render.out.print(f"{written} manifest(s) written" if written else "every commit has its manifest",
+                         markup=False)
 
 
 def demo(directory: DemoDirOpt = None, steps: DemoStepsOpt = 400) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, cast
 
-from sqlalchemy import BindParameter, Table, bindparam, func, select
+from sqlalchemy import BindParameter, Table, bindparam, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from ckptrepo.db import lines
@@ -84,7 +84,7 @@ _CHUNK_LISTS_OF_COMMITS = (
     .join(_CHUNKS_T, _CHUNKS.key == _TENSOR_CHUNKS.chunk_key)
     .where(_TENSOR_CHUNKS.tensor_key.in_(select(_ENTRIES.tensor_key).where(_ENTRIES.commit_id.in_(_IDS))))
 )
-_ENTRIES_OF = (select(_ENTRIES.name, _TENSORS.id, _TENSORS.key)
+_ENTRIES_OF = (select(_ENTRIES.name, _TENSORS.id, _TENSORS.key, _TENSORS.lead_key)
                .join(_TENSORS_T, _TENSORS.key == _ENTRIES.tensor_key)
                .where(_ENTRIES.commit_id == bindparam("commit_id")))
 _PLACES_OF = select(_COMMITS.id, _COMMITS.line_id, _COMMITS.fp_depth, _COMMITS.generation).where(
@@ -193,12 +193,15 @@ class CommitLayout(NamedTuple):
 
 
 def commit_layout(session: Session, commit_id: str) -> CommitLayout:
-    """The layout of a stored commit (empty for an id that names none)."""
+    """The layout of a stored commit (empty for an id that names none). Tensors whose chunk
+    lists gc dropped (``drop_chunk_lists``: a pruned commit's) have no key or chunk list in it:
+    a child of the same tensor records it anew."""
     entries: dict[str, str] = {}
     tensor_keys: dict[str, int] = {}
-    for name, tid, key in fetch_tuples(session.connection(), _ENTRIES_OF, {"commit_id": commit_id}):
+    for name, tid, key, lead in fetch_tuples(session.connection(), _ENTRIES_OF, {"commit_id": commit_id}):
         entries[name] = tid
-        tensor_keys[tid] = key
+        if lead >= 0:
+            tensor_keys[tid] = key
     chunk_keys: dict[str, int] = {}
     return CommitLayout(commit_id, entries, _chunk_lists(session, [commit_id], chunk_keys), tensor_keys, chunk_keys)
 
@@ -253,6 +256,23 @@ def _require_stored(missing: set[str]) -> None:
                                detail=f"{len(missing)} chunk(s) it shares, e.g. {min(missing)}, are no longer stored")
 
 
+def insert_chunks(session: Session, chunks: Iterable[ChunkLocation]) -> dict[str, int]:
+    """Insert chunk index rows (``maintenance.rebuild``: read from pack footers), delta bases
+    first, and return every chunk's key by id. A base must be among ``chunks`` or stored."""
+    rows = sorted(chunks, key=lambda c: (c.depth, c.chunk_id))
+    keys = chunk_keys_of(session, {c.base_id for c in rows if c.base_id is not None})
+
+    def stored(found: list[tuple[Any, ...]]) -> dict[str, int]:
+        return chunk_keys_of(session, [r[0] for r in found])
+
+    for level in sorted({c.depth for c in rows}):
+        _insert_keyed(session, "chunks", Chunk, CHUNK_COLUMNS, [
+            (c.chunk_id, c.pack_id, c.offset, c.length, c.raw_length, c.encoding, c.depth,
+             None if c.base_id is None else keys[c.base_id], c.alone_length)
+            for c in rows if c.depth == level], keys, stored)
+    return keys
+
+
 def record_commit(
     session: Session,
     *,
@@ -265,6 +285,7 @@ def record_commit(
     metrics: dict[str, float],
     now: datetime,
     parent: CommitLayout | None,
+    dataless: Collection[str] = (),
 ) -> CommitLayout:
     """Insert everything one commit adds and return the commit's layout (``CommitLayout``):
     ``record_head`` then ``record_layout`` (see both). Rows another commit inserted
@@ -279,7 +300,7 @@ def record_commit(
         raise ValueError(f"the layout given is not that of the first parent {first}")
     spot = record_head(session, packs=packs, commit=commit, edges=edge_list, metrics=metrics, now=now)
     return record_layout(session, commit_id=commit["id"], place=(spot.line_id, spot.fp_depth), first=first,
-                         chunks=chunks, tensors=tensors, entries=entries, parent=parent)
+                         chunks=chunks, tensors=tensors, entries=entries, parent=parent, dataless=dataless)
 
 
 def first_parent_of(edges: Iterable[EdgeRow]) -> str | None:
@@ -329,6 +350,7 @@ def record_layout(
     tensors: Iterable[TensorRow],
     entries: dict[str, str],
     parent: CommitLayout | None,
+    dataless: Collection[str] = (),
 ) -> CommitLayout:
     """Insert the tensor-level rows of a commit whose row exists (``record_head``), placed at
     ``place`` (``(line_id, fp_depth)``) with first parent ``first``, and return its layout.
@@ -338,7 +360,9 @@ def record_layout(
     hold are looked up; new rows get new keys (``allocate_keys``). Rows are inserted through
     the driver (``engine.insert_tuples``), chunks and tensors in id order: two transactions
     inserting overlapping ids then lock them in the same order and cannot deadlock
-    (PostgreSQL); base chunks are inserted before their deltas.
+    (PostgreSQL); base chunks are inserted before their deltas. ``dataless``: ids of tensors
+    whose chunks are gone (a pruned commit's, recorded again by ``maintenance.rebuild``): their
+    rows keep statistics and chunk counts but get no ``tensor_chunks`` rows.
     """
     cid = commit_id
     line, depth = place
@@ -349,6 +373,8 @@ def record_layout(
     new_tensors = [t for t in tensor_list if t.tensor_id not in tensor_keys]
     chunk_rows = sorted(chunks, key=lambda c: (c.depth, c.chunk_id))
     new_chunk_ids = {c.chunk_id for c in chunk_rows}
+    without = set(dataless)
+    with_data = [t for t in new_tensors if t.tensor_id not in without]
     # Keys of the chunks this commit refers to and does not insert, beyond the parent's.
     chunk_keys.update(chunk_keys_of(session, _stored_chunks_named(chunk_rows, new_tensors) - chunk_keys.keys()))
     # A tensor with a chunk new to the store is new; the others may be stored already (those
@@ -357,7 +383,8 @@ def record_layout(
              if new_chunk_ids.isdisjoint(t.chunk_ids) and (not t.chunk_ids or t.chunk_ids[0] in chunk_keys)}
     tensor_keys.update(tensor_keys_of(session, leads))
     new_tensors = [t for t in new_tensors if t.tensor_id not in tensor_keys]
-    _require_stored(_stored_chunks_named(chunk_rows, new_tensors) - chunk_keys.keys())
+    with_data = [t for t in with_data if t.tensor_id not in tensor_keys]
+    _require_stored(_stored_chunks_named(chunk_rows, with_data) - chunk_keys.keys())
 
     def stored_chunks(rows: list[tuple[Any, ...]]) -> dict[str, int]:
         return chunk_keys_of(session, [r[0] for r in rows])
@@ -372,15 +399,20 @@ def record_layout(
              None if c.base_id is None else chunk_keys[c.base_id], c.alone_length)
             for c in chunk_rows if c.depth == level], chunk_keys, stored_chunks)
     _insert_keyed(session, "tensors", Tensor, _TENSOR_COLUMNS, [
-        (t.tensor_id, chunk_keys[t.chunk_ids[0]] if t.chunk_ids else 0, t.dtype, t.shape, t.nbytes, t.chunk_size,
+        (t.tensor_id, chunk_keys.get(t.chunk_ids[0], 0) if t.chunk_ids else 0, t.dtype, t.shape, t.nbytes,
+         t.chunk_size,
          len(t.chunk_ids), t.boxes, *[t.stats[k] for k in STAT_COLUMNS])
         for t in new_tensors
     ], tensor_keys, stored_tensors)
     insert_tuples(conn, TensorChunk, ("tensor_key", "seq", "chunk_key"), [
-        (tensor_keys[t.tensor_id], i, chunk_keys[x]) for t in new_tensors for i, x in enumerate(t.chunk_ids)
+        (tensor_keys[t.tensor_id], i, chunk_keys[x]) for t in with_data for i, x in enumerate(t.chunk_ids)
     ], ignore=True)
     insert_tuples(conn, Entry, ("commit_id", "name", "tensor_key"),
                   [(cid, n, tensor_keys[tid]) for n, tid in sorted(entries.items())], ignore=True)
+    # The tensors it shares must keep their chunk lists: a gc (of another process) may have
+    # dropped them meanwhile, had only pruned commits named them (``drop_chunk_lists``).
+    fresh = {t.tensor_id for t in new_tensors}
+    _require_linked(session, {tensor_keys[tid] for tid in entries.values() if tid not in fresh and tid not in without})
     # Where this commit's tensors change along its line: against its first parent's entries
     # when it continues that parent's line, all of them when it starts a line; with how many
     # chunk positions differ from the first parent's tensor of the same name.
@@ -400,6 +432,31 @@ def record_layout(
         {tid: tensor_keys[tid] for tid in mine},
         {x: chunk_keys[x] for tid in mine for x in lists.get(tid, ()) if x in chunk_keys},
     )
+
+
+_DROPPED = select(_TENSORS.key).where(_TENSORS.key.in_(bindparam("keys", expanding=True)), _TENSORS.lead_key < 0)
+
+
+def _require_linked(session: Session, keys: Iterable[int]) -> None:
+    """ConcurrentChange when one of the tensors ``keys`` has lost its chunk list."""
+    wanted = sorted(keys)
+    conn = session.connection()
+    for start in range(0, len(wanted), _IN_BATCH):
+        if conn.execute(_DROPPED, {"keys": wanted[start : start + _IN_BATCH]}).first() is not None:
+            raise ConcurrentChange(what="commit", other="gc",
+                                   detail="a tensor it shares lost its chunks meanwhile (only pruned commits used it)")
+
+
+def drop_chunk_lists(session: Session, keys: Sequence[int]) -> None:
+    """Delete the chunk lists (``tensor_chunks``) of the tensors ``keys`` and set each one's
+    ``lead_key`` to ``-key``, so that no lookup by first chunk (``tensor_keys_of``) and no
+    ``commit_layout`` offers it for reuse: gc, for the tensors only pruned commits name. Their
+    rows, with statistics and chunk counts, stay. In the caller's write transaction."""
+    conn = session.connection()
+    for start in range(0, len(keys), _IN_BATCH):
+        batch = list(keys[start : start + _IN_BATCH])
+        conn.execute(delete(_TENSOR_CHUNKS_T).where(_TENSOR_CHUNKS.tensor_key.in_(batch)))
+        conn.execute(update(_TENSORS_T).where(_TENSORS.key.in_(batch)).values(lead_key=-_TENSORS.key))
 
 
 def changed_chunks(pairs: Iterable[tuple[str, str]],

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Connection, Engine, insert, inspect, select, text
 
 from ckptrepo.db.engine import write_connection
-from ckptrepo.db.models import RepoMeta
+from ckptrepo.db.models import RepoMeta, schema_metadata
 from ckptrepo.errors import FormatError, RepositoryExists, SchemaOutdated, SchemaTooNew, UsageError
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 # The head of the packaged migrations (a test checks it against the scripts): a database
 # stamped with it needs no Alembic to open.
-HEAD = "0012"
+HEAD = "0013"
 
 # Key of the PostgreSQL advisory lock that serializes concurrent migrations ("ckpt").
 _PG_MIGRATION_LOCK = 0x636B7074
@@ -161,6 +161,38 @@ def initialize(engine: Engine, meta: dict[str, str], *, scripts: Path | None = N
                 raise RepositoryExists(path=_where(engine))
         command.upgrade(_config(scripts, conn), "head")
         conn.execute(insert(RepoMeta), [{"key": key, "value": value} for key, value in meta.items()])
+
+
+def drop_schema(conn: Connection) -> None:
+    """Drop every ckptrepo table, sequence and the Alembic stamp, with their data, in the
+    caller's transaction (what a rebuild with ``replace`` and tests of a lost database do; a
+    downgrade refuses to drop what an older schema cannot describe, this does not ask)."""
+    schema_metadata().drop_all(conn, checkfirst=True)
+    conn.execute(text("DROP TABLE IF EXISTS alembic_version"))
+
+
+@contextmanager
+def building(engine: Engine, meta: dict[str, str], *, replace: bool = False,
+             scripts: Path | None = None) -> Iterator[Connection]:
+    """A connection inside one transaction that creates the schema at head and stores ``meta``,
+    for the caller to fill (``maintenance.rebuild``); all of it commits when the block ends, or
+    none of it. A database that holds a repository already is refused (RepositoryExists), unless
+    ``replace``: then its tables are dropped first, in the same transaction (a failure or a crash
+    before the end leaves it as it was)."""
+    if "repo_id" not in meta:
+        raise UsageError("repository metadata needs a repo_id")
+    from alembic import command
+
+    with _migration_transaction(engine) as conn:
+        if inspect(conn).has_table(RepoMeta.__tablename__):
+            existing = conn.execute(select(RepoMeta.value).where(RepoMeta.key == "repo_id")).scalar()
+            if existing is not None and not replace:
+                raise RepositoryExists(path=_where(engine), hint="Pass replace=True (`ckpt db rebuild --replace`) "
+                                       "to rebuild over it, or point the repository at an empty database.")
+            drop_schema(conn)
+        command.upgrade(_config(scripts, conn), "head")
+        conn.execute(insert(RepoMeta), [{"key": key, "value": value} for key, value in meta.items()])
+        yield conn
 
 
 def _sqlite_file(engine: Engine) -> Path | None:

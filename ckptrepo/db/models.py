@@ -183,13 +183,16 @@ class Tensor(Base):
     ``id`` hashes dtype, shape, chunk size, chunk ids (and ``boxes`` when set), so identical
     tensors are one row (unique with ``lead_key``, which the id determines).
     Statistics are over the tensor's elements as float64 (None where not meaningful,
-    e.g. bool or complex tensors' min/max).
+    e.g. bool or complex tensors' min/max). A tensor only pruned commits name loses its chunk
+    list to ``gc`` and keeps its row (the statistics) with ``lead_key`` = ``-key``: no lookup
+    by first chunk finds it again, so a commit of the same value inserts a new row.
     """
 
     __tablename__ = "tensors"
     key: Mapped[int] = mapped_column(Key, TENSOR_KEYS, primary_key=True, autoincrement=False)
     id: Mapped[str] = mapped_column(Id)
-    # The key of the tensor's first chunk (0 for a tensor without chunks). Tensors are unique and
+    # The key of the tensor's first chunk (0 for a tensor without chunks; ``-key`` once gc dropped
+    # the chunk list of a tensor only pruned commits name). Tensors are unique and
     # looked up by (lead_key, id): a new tensor's first chunk is usually new too, so its row goes
     # to the end of that index, where an index of ids alone takes it at a random place.
     lead_key: Mapped[int] = mapped_column(Key)
@@ -238,6 +241,9 @@ class Commit(Base):
     ``line_id`` and ``fp_depth`` (first-parent hops to a root) place the commit on a line of
     first parents (``ckptrepo.db.lines``), so that a chain is read as a few index ranges;
     ``linear``: every ancestor is on that chain (no merge or transfer on the way).
+    ``pruned`` (schema 0013): retention dropped the commit's data (``maintenance.prune``); it
+    stays a lineage node with its edges, metrics, entries and tensor statistics, but ``gc``
+    does not count its tensors as live and reading its state is refused.
     """
 
     __tablename__ = "commits"
@@ -265,6 +271,9 @@ class Commit(Base):
     wait_s: Mapped[float] = mapped_column(Float, default=0.0)
     persist_s: Mapped[float] = mapped_column(Float, default=0.0)
     nonfinite: Mapped[int] = mapped_column(BigInteger, default=0)
+    # The server's default only: rows inserted through the driver (``engine.insert_tuples``)
+    # need not name it.
+    pruned: Mapped[bool] = mapped_column(Boolean, server_default=false())
 
 
 class Entry(Base):

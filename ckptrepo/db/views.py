@@ -61,7 +61,7 @@ def _commit(r: Any, parents: tuple[t.Parent, ...], metrics: dict[str, float], re
         branch=r.branch, step=r.step, epoch=r.epoch, parents=parents, metrics=metrics, config=r.config,
         code_version=r.code_version, n_tensors=r.n_tensors, logical_bytes=r.logical_bytes, new_bytes=r.new_bytes,
         stored_bytes=r.stored_bytes, stall_s=r.stall_s, wait_s=r.wait_s, persist_s=r.persist_s,
-        nonfinite=r.nonfinite, refs=refs,
+        nonfinite=r.nonfinite, refs=refs, pruned=bool(r.pruned),
     )
 
 
@@ -73,7 +73,7 @@ def recorded_commit(row: Mapping[str, Any], parents: Sequence[tuple[str, str, An
     in position order, ``metrics`` the values inserted, ``refs`` the refs that point at it
     (``refs_at``'s names and order). JSON values (config, a transfer's mapping) come back as
     the database returns them: through the JSON columns' encoding."""
-    stored = SimpleNamespace(**{**row, "created_at": row["created_at"].astimezone(timezone.utc),
+    stored = SimpleNamespace(**{"pruned": False, **row, "created_at": row["created_at"].astimezone(timezone.utc),
                                 "config": _as_stored(row["config"])})
     return _commit(stored, tuple(t.Parent(pid, kind, _as_stored(mapping)) for pid, kind, mapping in parents),
                    dict(metrics), tuple(refs))

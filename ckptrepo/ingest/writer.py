@@ -32,6 +32,7 @@ import os
 import socket
 import sys
 import time
+import warnings
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -59,7 +60,7 @@ from ckptrepo.errors import (
     UsageError,
     storage_failure,
 )
-from ckptrepo.ids import hash_json, short
+from ckptrepo.ids import short
 from ckptrepo.ingest import priority, request
 from ckptrepo.ingest.basecache import DEFAULT_BUDGET, BaseCache
 from ckptrepo.ingest.bases import delta_plan
@@ -70,6 +71,7 @@ from ckptrepo.ingest.pipeline import DeltaPlan, IngestOptions, IngestResult, ing
 from ckptrepo.ingest.request import CommitMeta, CommitRequest
 from ckptrepo.ingest.sources import Source, from_tensors
 from ckptrepo.ingest.spare import SpareCpuGate
+from ckptrepo.ledger import manifest
 from ckptrepo.lineage import revparse
 from ckptrepo.storage.base import Backend
 
@@ -142,8 +144,11 @@ class CommitWriter:
     def __init__(self, sessions: sessionmaker[Session], backend: Backend, reader: ChunkReader, config: RepoConfig,
                  pool: ThreadPoolExecutor, *, defers_layouts: bool, max_inflight: int | None = None,
                  staging_budget: int | None = None, background_priority: str | None = None,
-                 idle_repack: bool | None = None) -> None:
+                 idle_repack: bool | None = None, after_commit: Callable[[str], None] | None = None) -> None:
         self._sessions, self._backend, self._reader, self._config = sessions, backend, reader, config
+        # Called with a commit's id once ``_persist`` recorded it (durable and visible), on the
+        # thread that ran it: must return at once (``Repo``: queues the retention setting's run).
+        self._after_commit = after_commit
         self._pool = pool
         self.background_priority = priority.resolve(background_priority)
         workers = knobs.workers()
@@ -365,10 +370,16 @@ class CommitWriter:
                 result = self.write_packs(sources, plan, pool, defer=defer, ahead=req.ahead, summaries=req.summaries)
             except OSError as exc:  # a full disk, a store gone read-only: nothing was recorded
                 raise storage_failure(exc) from exc
-            return self.record(result, plan, req)
+            commit = self.record(result, plan, req)
         finally:
             if req.ahead is not None:
                 req.ahead.close()
+        if self._after_commit is not None:
+            try:
+                self._after_commit(commit.id)
+            except Exception as exc:  # the commit is durable: what follows it never fails it
+                warnings.warn(f"after commit {short(commit.id)}: {exc}", RuntimeWarning, stacklevel=1)
+        return commit
 
     # -- the three steps -------------------------------------------------------------------
 
@@ -469,15 +480,26 @@ class CommitWriter:
                 edges.append(catalog.EdgeRow(transfer[0], "transfer", len(edges), mapping))
             row = commit_row(result, entries, edges, req)
             row["persist_s"] = time.perf_counter() - req.staged_at
-            now = _now()
-            # Write-ordering step 2: one transaction inserts the chunk index, tensors, the commit, its
-            # edges and moves the branch (or, lazy, the commit, its edges and its layout as one pending
-            # row, which names only packs made durable above); nothing of it is visible before.
+            # Write-ordering step 2: the commit's manifest (with its branch move: the ref journal's
+            # entry of it), durable in the store before the transaction; taken back if that fails.
             try:
-                with write_transaction(self._sessions) as s:
-                    conflict, kept, layout = self._insert(s, result, row, edges, entries, req, plan.head, now,
-                                                          parent, lazy=lazy, keep=keep)
-            except _BranchMoved as moved:  # rolled back: again on top of where the branch is now
+                manifest.write(self._backend, commit_manifest(row, edges, result, entries, req, plan.head))
+            except OSError as exc:
+                raise storage_failure(exc) from exc
+            now = _now()
+            # Step 3: one transaction inserts the chunk index, tensors, the commit, its edges and
+            # moves the branch (or, lazy, the commit, its edges and its layout as one pending row,
+            # which names only packs made durable above); nothing of it is visible before.
+            try:
+                try:
+                    faults.point("commit.after_manifest")
+                    with write_transaction(self._sessions) as s:
+                        conflict, kept, layout = self._insert(s, result, row, edges, entries, req, plan.head, now,
+                                                              parent, lazy=lazy, keep=keep)
+                except BaseException:
+                    manifest.discard(self._backend, [row["id"]])  # rolled back: nothing names it
+                    raise
+            except _BranchMoved as moved:  # again on top of where the branch is now
                 plan = self._on_top_of(moved.head, plan)
                 parent, lazy = plan.parent, False
                 continue
@@ -602,17 +624,27 @@ def commit_row(result: IngestResult, entries: dict[str, str], edges: Collection[
     metadata (message, step, epoch, metrics, config, time, author, host)."""
     author = request.author()
     host = socket.gethostname()
-    identity = {
-        "entries": sorted(entries.items()), "skeleton": req.skeleton,
-        "edges": [[e.parent_id, e.kind, e.position, e.mapping] for e in edges],
-        "message": req.message, "step": req.step, "epoch": req.epoch, "metrics": sorted(req.metrics.items()),
-        "config": req.config, "created_at": req.created_at.isoformat(), "author": author, "host": host,
-    }
+    cid = manifest.commit_id(entries=entries, skeleton=req.skeleton, edges=_edge_lists(edges), message=req.message,
+                             step=req.step, epoch=req.epoch, metrics=req.metrics, config=req.config,
+                             created_at=req.created_at.isoformat(), author=author, host=host)
     return {
-        "id": hash_json(identity), "message": req.message, "created_at": req.created_at, "author": author,
+        "id": cid, "message": req.message, "created_at": req.created_at, "author": author,
         "host": host, "branch": req.branch, "step": req.step, "epoch": req.epoch, "config": req.config,
         "code_version": req.code_version, "skeleton": req.skeleton, "n_tensors": len(entries),
         "logical_bytes": result.logical_bytes, "new_bytes": result.new_bytes,
         "stored_bytes": result.stored_bytes, "stall_s": req.stall_s, "wait_s": req.wait_s, "persist_s": 0.0,
         "nonfinite": result.nonfinite,
     }
+
+
+def _edge_lists(edges: Collection[catalog.EdgeRow]) -> list[list[Any]]:
+    return [[e.parent_id, e.kind, e.position, e.mapping] for e in edges]
+
+
+def commit_manifest(row: dict[str, Any], edges: Collection[catalog.EdgeRow], result: IngestResult,
+                    entries: dict[str, str], req: CommitRequest, expected: str | None) -> dict[str, Any]:
+    """The manifest (``ledger.manifest``) of the commit whose row is ``row``."""
+    tensors = [(r.tensor_id, r.dtype, r.shape, r.nbytes, r.chunk_size, r.boxes, r.stats, r.chunk_ids)
+               for r in {r.tensor_id: r for r in result.tensors}.values()]
+    return manifest.build(row, _edge_lists(edges), req.metrics, entries, tensors, branch=req.branch,
+                          expected=expected, at=time.time())

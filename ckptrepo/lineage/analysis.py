@@ -9,7 +9,8 @@ ids differ, through the repository's verifying ``ChunkReader``: the difference o
 identical chunks is zero, and their share of the norms is recovered from the stored L2
 norms (``ckptrepo.lineage.exact``). Result types are in ``ckptrepo.types``.
 
-Query budget: ``diff`` runs two queries whatever the number of tensors; ``history`` two: the
+Query budget: ``diff`` runs two queries whatever the number of tensors (and one to see whether
+either commit is pruned, plus one for a pruned commit's tensors without chunk lists); ``history`` two: the
 first-parent chain (one index range per line, ``ckptrepo.db.lines``) and the tensor's runs
 along it (``entry_runs``: one key range per line, joined with tensors where it changes), plus
 one query for close name matches when the tensor is nowhere on the chain.
@@ -38,7 +39,7 @@ from ckptrepo.db.engine import Sessions, fetch_tuples, serial_plans
 from ckptrepo.db.models import Chunk, Commit, Entry, EntryRun, Id, Metric, Tensor, TensorChunk, utc_datetime
 from ckptrepo.errors import UnknownTensor, UsageError, did_you_mean
 from ckptrepo.ids import short
-from ckptrepo.lineage import revparse
+from ckptrepo.lineage import nearest, revparse
 from ckptrepo.lineage.exact import ChunkPair, ExactRequest
 from ckptrepo.locations import ChunkLocation
 from ckptrepo.types import (
@@ -135,9 +136,17 @@ def diff(reading: Sessions, a: str, b: str, *, exact: bool = False, reader: Chun
     revision; IntegrityError when a chunk read fails its hash check. ``reading``: sessions
     whose snapshot holds no pending layout (``db.pending.reading``); ``reader`` and ``pool``
     read the chunks of an exact diff.
+
+    A pruned commit compares by tensor ids and statistics, which it keeps; once gc dropped the
+    chunk lists of its tensors, a changed tensor among them counts every chunk as changed (with
+    a ``note`` saying so). An exact diff of a pruned commit raises CommitPruned.
     """
     with reading() as s:
         a_id, b_id = revparse.resolve(s, a), revparse.resolve(s, b)
+        pruned = list(s.scalars(select(Commit.id).where(Commit.id.in_([a_id, b_id]), Commit.pruned.is_(True))))
+        if exact and pruned:
+            nearest.refuse(s, a_id if a_id in pruned else b_id)
+        dropped = _dropped_tensors(s, pruned)
         sides: dict[str, list[_Side | None]] = {}
         differing: dict[str, int] = {}
         shapes: dict[Any, tuple[int, ...]] = {}  # layers share shapes: each JSON text parsed once
@@ -159,7 +168,11 @@ def diff(reading: Sessions, a: str, b: str, *, exact: bool = False, reader: Chun
     for name in sorted(sides):
         sa, sb = sides[name]
         status, changed, n = _compare(sa, sb, differing.get(name, 0))
-        out.append(TensorDelta(name, status, sa.info if sa else None, sb.info if sb else None, changed, n))
+        note = None
+        if status == "changed" and dropped and {x.info.tensor_id for x in (sa, sb) if x} & dropped:
+            changed, note = n, "pruned data: its chunk list is gone, every chunk counted as changed"
+        out.append(TensorDelta(name, status, sa.info if sa else None, sb.info if sb else None, changed, n,
+                               note=note))
     if exact:
         from ckptrepo.lineage.exact import compare  # torch: only an exact diff reads tensors
 
@@ -167,6 +180,15 @@ def diff(reading: Sessions, a: str, b: str, *, exact: bool = False, reader: Chun
             raise UsageError("an exact diff needs a chunk reader and a worker pool")
         out = _with_exact(out, sides, compare(reader, pool, requests))
     return Diff(a_id, b_id, exact, tuple(out))
+
+
+def _dropped_tensors(s: Session, commits: Sequence[str]) -> set[str]:
+    """Ids of the tensors of ``commits`` whose chunk lists gc dropped (``catalog.drop_chunk_lists``)."""
+    if not commits:
+        return set()
+    q = (select(Tensor.id).join(Entry, Entry.tensor_key == Tensor.key)
+         .where(Entry.commit_id.in_(list(commits)), Tensor.lead_key < 0))
+    return set(s.scalars(q))
 
 
 @functools.cache

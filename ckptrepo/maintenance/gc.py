@@ -1,21 +1,28 @@
 """Garbage collection: remove what no ref reaches, then the packs and files nothing needs.
 
-What is live: every commit reachable from a ref (branches, tags, ``conflicts/`` branches)
-through edges of any kind (parent, merge, transfer); the tensors of live commits; their
-chunks, and transitively the delta bases of those chunks; every pack holding a live chunk.
-Everything else is garbage.
+What is live (``liveness``): every commit reachable from a ref (branches, tags,
+``conflicts/`` branches) through edges of any kind (parent, merge, transfer); the tensors of
+live commits that are not pruned; their chunks, and transitively the delta bases of those
+chunks; every pack holding a live chunk. Everything else is garbage, but for the rows of a
+pruned reachable commit: it stays a lineage node (commit row, edges, metrics, entries, and its
+tensors' rows with their statistics); only the chunk lists of the tensors no live commit names
+go (``catalog.drop_chunk_lists``), and the chunks nothing live needs with them. A kept chunk's
+delta base is kept, even if only pruned commits used it otherwise: nothing is re-encoded, so
+every live chunk decodes as before.
 
 Order (the write-ordering invariant run backwards):
 
 1. One write transaction indexes the pending layouts (``db.pending``: until then a commit's
    tensors and new chunks have no rows, and its packs look empty), then deletes the rows of
-   unreachable commits (metrics, entries, edges, commit), then tensors no live commit names,
-   chunks no live tensor or live delta needs, and packs left without chunk rows. On SQLite
+   unreachable commits (metrics, entries, edges, commit), then tensors no reachable commit
+   names, the chunk lists of tensors only pruned commits name, chunks no live tensor or live
+   delta needs, and packs left without chunk rows. On SQLite
    the transaction takes the write lock first, so commits of other processes wait for it or
    it waits for them.
-2. After it commits, the pack objects whose rows went are deleted from the store. A crash
-   in between leaves unreferenced packs, which the next run deletes.
-3. Store objects no ``packs`` row names (packs of interrupted or in-flight commits) and
+2. After it commits, the pack objects whose rows went are deleted from the store, and the
+   manifests of the commits deleted (``ledger.manifest``). A crash in between leaves
+   unreferenced packs and manifests, which the next run deletes.
+3. Store objects no row names (packs and manifests of interrupted or in-flight commits) and
    temporary files in the store's local staging folder are deleted once older than the
    grace period.
 
@@ -50,12 +57,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ckptrepo import faults
 from ckptrepo.chunks.pack import pack_key
-from ckptrepo.db import pending
+from ckptrepo.db import catalog, pending
 from ckptrepo.db.engine import write_transaction
 from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Metric, Pack, Tensor, TensorChunk
-from ckptrepo.db.refs import live_commits
 from ckptrepo.errors import CkptError, ConcurrentChange, UsageError
-from ckptrepo.maintenance import DEFAULT_GRACE_S
+from ckptrepo.ledger import manifest
+from ckptrepo.maintenance import DEFAULT_GRACE_S, liveness
 from ckptrepo.storage import Backend, local_staging
 from ckptrepo.types import GcReport
 
@@ -72,16 +79,13 @@ class _Plan:
     """What one run removes from the database, computed inside its write transaction."""
 
     def __init__(self, s: Session, cutoff: float) -> None:
-        live = live_commits()
-        self.commits: list[str] = list(s.scalars(select(Commit.id).where(Commit.id.not_in(select(live.c.id)))))
+        live = liveness.Live()
+        self.commits: list[str] = list(s.scalars(select(Commit.id).where(Commit.id.not_in(live.reachable))))
         # Tensors and chunks by key: the rows that refer to them hold keys (schema 0010).
-        live_tensors = select(Entry.tensor_key).where(Entry.commit_id.in_(select(live.c.id)))
-        self.tensors: list[int] = list(s.scalars(select(Tensor.key).where(Tensor.key.not_in(live_tensors))))
-        seed = select(TensorChunk.chunk_key.label("key")).where(TensorChunk.tensor_key.in_(live_tensors))
-        needed = seed.cte("live_chunks", recursive=True)
-        needed = needed.union(
-            select(Chunk.base_key.label("key")).where(Chunk.key == needed.c.key, Chunk.base_key.is_not(None))
-        )
+        self.tensors: list[int] = list(s.scalars(select(Tensor.key).where(Tensor.key.not_in(live.reachable_tensors))))
+        # Tensors only pruned commits name: their rows (statistics) stay, their chunk lists go.
+        self.stripped: list[int] = list(s.scalars(live.pruned_tensors()))
+        needed = live.needed()
         dead = select(Chunk.key, Chunk.pack_id, Chunk.length, Chunk.depth).where(
             Chunk.key.not_in(select(needed.c.key))
         )
@@ -122,10 +126,12 @@ class _Plan:
         for keys in _batches(self.tensors):
             s.execute(delete(TensorChunk).where(TensorChunk.tensor_key.in_(keys)))
             s.execute(delete(Tensor).where(Tensor.key.in_(keys)))
+        catalog.drop_chunk_lists(s, self.stripped)  # before their chunks go
         for keys in _batches(self.chunks):
             s.execute(delete(Chunk).where(Chunk.key.in_(keys)))
         for ids in _batches(self.packs):
             s.execute(delete(Pack).where(Pack.id.in_(ids)))
+        liveness.require_unused(s, self.stripped)
 
 
 class _Sweep:
@@ -172,6 +178,17 @@ class _Sweep:
                 if pid not in named:
                     self.delete(key)
 
+    def unreferenced_manifests(self, s_factory: sessionmaker[Session]) -> None:
+        """Delete manifests (``ledger.manifest``) of commits no ``commits`` row names (a commit
+        interrupted before its transaction; rechecked just before each deletion)."""
+        ids = list(manifest.stored_ids(self.backend))
+        for chunk in _batches(ids):
+            with s_factory() as s:
+                named = set(s.scalars(select(Commit.id).where(Commit.id.in_(chunk))))
+            for cid in chunk:
+                if cid not in named:
+                    self.delete(manifest.key_of(cid))
+
     def staging_files(self) -> tuple[int, int]:
         """Delete temporary files older than the cutoff from the store's local staging folder."""
         staging = local_staging(self.backend)
@@ -213,15 +230,20 @@ def collect(sessions: sessionmaker[Session], backend: Backend, *, grace: float =
             plan = _Plan(s, cutoff)
             if not dry_run:
                 plan.apply(s)
+                faults.point("gc.before_commit")
     except DbIntegrityError as exc:
         raise ConcurrentChange(what="gc", other="commit", detail=str(exc.orig).splitlines()[0]) from exc
     faults.point("gc.after_commit")
+    if not dry_run:  # their rows are gone: their manifests go too, else a rebuild brings them back
+        manifest.discard(backend, plan.commits)
     sweep = _Sweep(backend, cutoff, dry_run)
     # Step 2: only now, with no row naming them, may the objects go.
     for pid in plan.packs:
         sweep.delete(pack_key(pid))
     removed_with_rows, removed_bytes_with_rows = sweep.deleted, sweep.deleted_bytes
     sweep.unreferenced_packs(sessions)
+    unreferenced_packs = sweep.deleted - removed_with_rows
+    sweep.unreferenced_manifests(sessions)
     temp_files, temp_bytes = sweep.staging_files()
     return GcReport(
         dry_run=dry_run,
@@ -230,7 +252,7 @@ def collect(sessions: sessionmaker[Session], backend: Backend, *, grace: float =
         tensors_removed=len(plan.tensors),
         chunks_removed=len(plan.chunks),
         packs_removed=removed_with_rows,
-        unreferenced_packs_removed=sweep.deleted - removed_with_rows,
+        unreferenced_packs_removed=unreferenced_packs,
         temporary_files_removed=temp_files,
         bytes_freed=sweep.deleted_bytes + temp_bytes,
         pack_bytes_freed=removed_bytes_with_rows,
@@ -239,4 +261,5 @@ def collect(sessions: sessionmaker[Session], backend: Backend, *, grace: float =
         partial_packs=plan.partial_packs,
         dead_bytes_in_partial_packs=plan.dead_bytes_in_partial_packs,
         seconds=time.perf_counter() - started,
+        pruned_tensors_dropped=len(plan.stripped),
     )

@@ -4,7 +4,8 @@ that hold mostly bytes of deleted chunks, without changing any chunk's id or byt
 What moves: every chunk row of a *deferred* pack (written by a commit that left encoding to
 repack, ``packs.deferred``): a RAW chunk is encoded the way ingest would have (byte groups,
 zstd of the planes that pay, and a delta against the same-offset chunk of the same tensor in
-the first parent of the oldest commit using it, or that chunk's keyframe); an already
+the first parent of the oldest commit using it, or that chunk's keyframe; none when that
+parent is pruned); an already
 encoded chunk is copied as it is. With ``compact_below``, also every live chunk of a pack
 whose chunk rows cover less than that fraction of its bytes (what ``gc`` leaves in packs it
 keeps whole), copied as it is.
@@ -231,7 +232,12 @@ def _owners(s: Session, config: RepoConfig, items: list[_Item]) -> None:
         item.hint_key = tid
         if parent is not None and config.delta:
             wanted[parent][name].append((item, seq, dtype))
+    # Not against a pruned commit's chunks: that would keep them live, which pruning is to free.
+    pruned = {str(c) for batch in _batches(sorted(wanted))
+              for c in s.scalars(select(Commit.id).where(Commit.id.in_(batch), Commit.pruned.is_(True)))}
     for parent, names in wanted.items():
+        if parent in pruned:
+            continue
         layout = catalog.tensor_layout(s, parent, sorted(names))
         chunks = catalog.chunk_locations(s, [row for _, row in layout])
         for entry, row in layout:

@@ -12,16 +12,20 @@ What is checked:
 - every ref names an existing commit; every commit's parents exist, its entry count is
   the one recorded, its entries' tensor keys name existing tensors, and each of those
   tensors has ``tensor_chunks`` seq 0..n-1 whose chunk keys name existing chunks whose raw
-  lengths add up to its bytes;
-- the store: an object no ``packs`` row names is an *unreferenced pack*, a file left in a
-  store's local staging folder a *temporary file* (warnings: leftovers of interrupted
-  writes that ``gc`` reclaims; a commit running concurrently shows up there too);
+  lengths add up to its bytes, but for a tensor whose chunk list gc dropped because only pruned
+  commits name it (``catalog.drop_chunk_lists``): it must have none, and no commit that is not
+  pruned may name it;
+- the store: an object no ``packs`` row names is an *unreferenced pack*, a manifest of no
+  commit an *unreferenced manifest*, a file left in a store's local staging folder a
+  *temporary file* (warnings: leftovers of interrupted writes that ``gc`` reclaims; a commit
+  running concurrently shows up there too); a commit without a manifest is a *missing
+  manifest* (a warning: it restores, but a database rebuilt from the store would lack it);
 - with ``full=True``: every chunk of every readable pack is read, decoded and checked
   against its id (BLAKE3), through the repository's ``ChunkReader``.
 
 Errors name the commits (and tensor names) that can no longer be restored because of them,
 following delta bases; per branch, the report names the newest commit of its first-parent
-line that none of them breaks (``last_good``: what to resume from; with ``full=True``, every
+line that none of them breaks and that is not pruned (``last_good``: what to resume from; with ``full=True``, every
 one of its chunks was read and verified). Read-only contract: the database is read in one read transaction (a
 snapshot: REPEATABLE READ, read only, on PostgreSQL; SQLite's deferred transaction) before
 the store is listed; nothing is written, created or deleted anywhere, not even the staging
@@ -50,6 +54,7 @@ from ckptrepo.chunks.pack import ENTRY, HEADER, TRAILER, pack_key, read_index
 from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Pack, Ref, Tensor, TensorChunk
 from ckptrepo.errors import CkptError
 from ckptrepo.ids import short
+from ckptrepo.ledger import journal, manifest
 from ckptrepo.locations import ChunkLocation
 from ckptrepo.storage import Backend, local_staging
 from ckptrepo.types import Problem, VerifyCounts, VerifyReport
@@ -90,14 +95,16 @@ def verify(reading: Callable[[], AbstractContextManager[Session]], backend: Back
 
 
 def _last_good(s: Session, heads: dict[str, str], damaged: set[str]) -> dict[str, str | None]:
-    """Per branch, the newest commit of its first-parent line not in ``damaged`` (None: none is,
-    or the line reaches a commit that is gone)."""
+    """Per branch, the newest commit of its first-parent line not in ``damaged`` and not pruned
+    (None: none is, or the line reaches a commit that is gone)."""
     out: dict[str, str | None] = {}
     for name, head in heads.items():
         current: str | None = head
-        while current is not None and current in damaged:
-            current = s.scalar(select(Commit.first_parent_id).where(Commit.id == current))
-        out[name] = current if current is not None and s.get(Commit, current) is not None else None
+        row = s.execute(select(Commit.first_parent_id, Commit.pruned).where(Commit.id == current)).first()
+        while current is not None and row is not None and (current in damaged or row[1]):
+            current = row[0]
+            row = s.execute(select(Commit.first_parent_id, Commit.pruned).where(Commit.id == current)).first()
+        out[name] = current if row is not None else None
     return out
 
 
@@ -147,6 +154,7 @@ class _Run:
     commit_reasons: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     commit_tensors: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     pack_ids: set[str] = field(default_factory=set)
+    commit_ids: set[str] = field(default_factory=set)
 
     # -- lineage: refs, commits, entries ----------------------------------------------------
 
@@ -158,7 +166,8 @@ class _Run:
             self.found["broken_ref"].append(Problem(
                 "broken_ref", f"{kind} {name}", f"{kind} {name!r} points at {short(target)}, which is not a commit"))
         self.counts["refs"] = int(s.scalar(select(func.count()).select_from(Ref)) or 0)
-        self.counts["commits"] = int(s.scalar(select(func.count()).select_from(Commit)) or 0)
+        self.commit_ids = set(s.scalars(select(Commit.id)))
+        self.counts["commits"] = len(self.commit_ids)
         for child, parent, kind in s.execute(
             select(Edge.child_id, Edge.parent_id, Edge.kind).outerjoin(Commit, Commit.id == Edge.parent_id)
             .where(Commit.id.is_(None))
@@ -184,7 +193,7 @@ class _Run:
         raw = func.coalesce(func.sum(Chunk.raw_length), 0)
         q = (
             select(Tensor.key, Tensor.id, Tensor.n_chunks, Tensor.nbytes, n_links, n_found, raw,
-                   func.min(TensorChunk.seq), func.max(TensorChunk.seq))
+                   func.min(TensorChunk.seq), func.max(TensorChunk.seq), Tensor.lead_key)
             .outerjoin(TensorChunk, TensorChunk.tensor_key == Tensor.key)
             .outerjoin(Chunk, Chunk.key == TensorChunk.chunk_key)
             # By the primary key alone (the other columns depend on it): SQLite then reads
@@ -192,14 +201,25 @@ class _Run:
             .group_by(Tensor.key)
         )
         bad: dict[int, tuple[str, str]] = {}  # tensor key -> (tensor id, what is wrong)
-        for tkey, tid, n_chunks, nbytes, links, found, raw_sum, lo, hi in s.execute(q):
+        dropped: list[int] = []  # chunk lists gc dropped: only pruned commits named them
+        for tkey, tid, n_chunks, nbytes, links, found, raw_sum, lo, hi, lead in s.execute(q):
             self.counts["tensors"] += 1
-            if links != n_chunks or (links and (lo != 0 or hi != links - 1)):
+            if lead < 0 and not links:
+                dropped.append(tkey)
+            elif lead < 0:
+                bad[tkey] = tid, f"has {links} chunk links, but gc dropped its chunk list"
+            elif links != n_chunks or (links and (lo != 0 or hi != links - 1)):
                 bad[tkey] = tid, f"has {links} chunk links (seq {lo}..{hi}), its row records {n_chunks}"
             elif found != links:
                 bad[tkey] = tid, f"{links - found} of its {links} chunks have no chunk row"
             elif int(raw_sum) != nbytes:
                 bad[tkey] = tid, f"its chunks add up to {raw_sum} bytes, its row records {nbytes}"
+        for batch in _batches(dropped):
+            for cid, name in s.execute(select(Entry.commit_id, Entry.name).join(Commit, Commit.id == Entry.commit_id)
+                                       .where(Entry.tensor_key.in_(batch), Commit.pruned.is_(False))):
+                bad_reason = f"tensor {name!r} has no chunks: gc dropped them when only pruned commits named it"
+                self.commit_reasons[cid].append(bad_reason)
+                self.commit_tensors[cid].add(name)
         # A commit's reasons in the order of its tensors' ids (as before schema 0010), not of their keys.
         for batch in _batches(sorted(bad, key=lambda k: bad[k][0])):
             users = s.execute(
@@ -324,19 +344,27 @@ class _Run:
 
     def check_store(self) -> None:
         now = time.time()
+        manifests: set[str] = set()
         for key in self.backend.list(""):
             self.counts["store_objects"] += 1
+            if key.startswith(journal.PREFIX):
+                continue
+            cid = manifest.commit_of_key(key)
+            if cid is not None:
+                manifests.add(cid)
+                if cid not in self.commit_ids:
+                    self._leftover("unreferenced_manifest", key, "no commit has it", now)
+                continue
             match = _PACK_KEY.fullmatch(key)
             pid = match.group(2) if match and match.group(2).startswith(match.group(1)) else None
             if pid in self.pack_ids:
                 continue
-            try:
-                size, age = self.backend.size(key), now - self.backend.mtime(key)
-            except CkptError:
-                continue  # deleted since listed (a concurrent gc): nothing left to report
-            what = "no packs row names it" if pid else "not a pack name"
-            self.found["unreferenced_pack"].append(Problem(
-                "unreferenced_pack", key, f"{key}: {what}; gc reclaims it", pack_id=pid, size=size, age_s=age))
+            self._leftover("unreferenced_pack", key, "no packs row names it" if pid else "not a pack name", now,
+                           pack_id=pid)
+        for cid in sorted(self.commit_ids - manifests):
+            self.found["missing_manifest"].append(Problem(
+                "missing_manifest", cid, f"commit {short(cid)} has no manifest in the store: a database rebuilt "
+                "from the store would not have it (`ckpt db manifests` writes it)", commits=(cid,)))
         staging = local_staging(self.backend)
         if staging is None or not staging.is_dir():
             return
@@ -349,6 +377,14 @@ class _Run:
                 self.found["temporary_file"].append(Problem(
                     "temporary_file", str(path), f"{path.name}: left by an interrupted write; gc reclaims it",
                     size=st.st_size, age_s=now - st.st_mtime))
+
+    def _leftover(self, kind: str, key: str, what: str, now: float, *, pack_id: str | None = None) -> None:
+        try:
+            size, age = self.backend.size(key), now - self.backend.mtime(key)
+        except CkptError:
+            return  # deleted since listed (a concurrent gc): nothing left to report
+        self.found[kind].append(Problem(kind, key, f"{key}: {what}; gc reclaims it", pack_id=pack_id, size=size,
+                                        age_s=age))
 
     def report(self, seconds: float) -> VerifyReport:
         for cid, reasons in self.commit_reasons.items():
@@ -371,6 +407,8 @@ class _Run:
             incomplete_commits=kind("incomplete_commit"),
             unreferenced_packs=kind("unreferenced_pack"),
             temporary_files=kind("temporary_file"),
+            unreferenced_manifests=kind("unreferenced_manifest"),
+            missing_manifests=kind("missing_manifest"),
         )
 
 

@@ -7,7 +7,7 @@ from typing import Any
 from ckptrepo.db import catalog
 from ckptrepo.db.engine import Sessions
 from ckptrepo.db.models import Commit, Tensor
-from ckptrepo.lineage import revparse
+from ckptrepo.lineage import nearest, revparse
 from ckptrepo.locations import ChunkLocation
 
 
@@ -15,11 +15,15 @@ def layout_of(reading: Sessions, rev: str,
               names: list[str] | None = None) -> tuple[str, Any, dict[str, tuple[Tensor, list[ChunkLocation]]]]:
     """``(commit id, skeleton, {entry name: (tensor row, ordered chunk locations)})`` of the commit
     ``rev`` names, for all its entries or those ``names`` it has. ``reading``: sessions whose
-    snapshot holds no pending layout (``db.pending.reading``). UnknownRevision for a bad ``rev``."""
+    snapshot holds no pending layout (``db.pending.reading``). UnknownRevision for a bad ``rev``;
+    CommitPruned for a pruned commit (from the moment it is marked, before gc drops its data):
+    every read of a commit's state (checkout, export, load_tensor, DCP loads) comes here."""
     with reading() as s:
         cid = revparse.resolve(s, rev)
         row = s.get(Commit, cid)
         assert row is not None  # resolve found it in this snapshot
+        if row.pruned:
+            nearest.refuse(s, cid)
         layout = catalog.tensor_layout(s, cid, names)
         chunks = catalog.chunk_locations(s, [tr for _, tr in layout])
     return cid, row.skeleton, {e.name: (tr, chunks[tr.id]) for e, tr in layout}

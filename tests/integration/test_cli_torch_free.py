@@ -43,6 +43,8 @@ TORCH_FREE = [
     ["gc", "--dry-run"],
     ["repack", "--dry-run"],
     ["repack"],
+    ["prune", "--keep-last", "3", "--dry-run"],
+    ["prune", "--keep-last", "3"],
     ["gc"],
     ["commit", "{file}", "-m", "imported", "--step", "9"],
     ["checkout", "side"],

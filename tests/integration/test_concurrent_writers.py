@@ -2,9 +2,10 @@
 
 Four writer processes, two on each of two branches, commit without naming parents, so each
 commit lands on its branch's head as of its transaction (``CommitWriter.record`` retries the
-compare-and-swap), while a fifth runs ``gc`` (default grace period) and ``verify`` in a loop;
-on SQLite and PostgreSQL. Every commit comes back, each branch is one first-parent line
-holding all its commits, and every commit restores bit-exactly.
+compare-and-swap), while a fifth runs ``gc`` (default grace period) and ``verify`` in a loop
+(or ``prune(keep_last=2)``, ``gc`` and ``verify``); on SQLite and PostgreSQL. Every commit comes
+back, each branch is one first-parent line holding all its commits, and every commit restores
+bit-exactly (but those pruned, which refuse with CommitPruned).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import multiprocessing as mp
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 import ckptrepo
@@ -45,25 +47,112 @@ def upkeep_main(path: str, stop: str, out: str) -> None:
     Path(out).write_text(str(runs))
 
 
-def test_four_writers_on_two_branches_all_land(tmp_path: Path, db_url: str) -> None:
-    path = tmp_path / "repo"
+def pruning_main(path: str, stop: str, out: str) -> None:
+    runs = pruned = 0
+    with ckptrepo.Repo.open(path) as repo:
+        while not Path(stop).exists():
+            pruned += len(repo.prune(keep_last=2).pruned)
+            repo.gc()
+            assert repo.verify().ok
+            runs += 1
+    Path(out).write_text(f"{runs} {pruned}")
+
+
+def _run_beside(path: Path, db_url: str, upkeep_main: Any, runs: Path) -> ckptrepo.Commit:
+    """A repository at ``path`` with a root commit and branches b0, b1 at it; the writers
+    (ids in ``ids-W.txt`` beside ``path``) run to their end beside ``upkeep_main`` (which
+    writes ``runs``). Returns the root commit."""
     with ckptrepo.Repo.init(path, db_url=db_url) as repo:
         root = repo.commit({"w": torch.zeros(256)}, blocking=True).wait()
         repo.branch("b0", root.id)
         repo.branch("b1", root.id)
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=writer_main, args=(str(path), w, str(tmp_path / f"ids-{w}.txt")))
+    procs = [ctx.Process(target=writer_main, args=(str(path), w, str(path.parent / f"ids-{w}.txt")))
              for w in range(WRITERS)]
-    upkeep = ctx.Process(target=upkeep_main, args=(str(path), str(tmp_path / "stop"), str(tmp_path / "gc-runs")))
+    stop = path.parent / "stop"
+    upkeep = ctx.Process(target=upkeep_main, args=(str(path), str(stop), str(runs)))
     upkeep.start()
     for p in procs:
         p.start()
     for p in procs:
         p.join(timeout=300)
         assert p.exitcode == 0, f"writer exited with {p.exitcode}"
-    (tmp_path / "stop").touch()
+    stop.touch()
     upkeep.join(timeout=120)
-    assert upkeep.exitcode == 0 and int((tmp_path / "gc-runs").read_text()) >= 1
+    assert upkeep.exitcode == 0
+    return root
+
+
+def _lines_hold_every_commit(repo: ckptrepo.Repo, root: str) -> list[ckptrepo.Commit]:
+    """Each branch's first-parent line: all its writers' commits and the root."""
+    every = []
+    for b in range(2):
+        line = [repo.get_commit(f"b{b}")]  # its first-parent line, walked from the head
+        while line[-1].parent_ids:
+            assert len(line[-1].parent_ids) == 1
+            line.append(repo.get_commit(line[-1].parent_ids[0]))
+        ours = [w for w in range(WRITERS) if w % 2 == b]
+        assert line[-1].id == root and len(line) == 1 + COMMITS * len(ours)  # all of them, and the root
+        every += line
+    return every
+
+
+def test_four_writers_beside_a_process_that_prunes_all_land(tmp_path: Path, db_url: str) -> None:
+    path = tmp_path / "repo"
+    root = _run_beside(path, db_url, pruning_main, tmp_path / "runs")
+    runs, pruned = (int(x) for x in (tmp_path / "runs").read_text().split())
+    print(f"prune + gc + verify runs beside the writers: {runs}, commits pruned by them: {pruned}")
+    assert runs >= 1
+    with ckptrepo.Repo.open(path) as repo:
+        repo.prune(keep_last=2)  # once more, after the last commit
+        repo.gc(grace=0)
+        line = {c.id: c for c in _lines_hold_every_commit(repo, root.id)}
+        heads = {repo.get_commit(f"b{b}").id for b in range(2)}
+        # All but each branch's 2 newest (the root, where both branches leave, is kept too).
+        assert sum(c.pruned for c in line.values()) == 2 * (2 * COMMITS - 2)
+        for w in range(WRITERS):
+            ids = (tmp_path / f"ids-{w}.txt").read_text().split()
+            assert len(ids) == COMMITS and set(ids) <= set(line)
+            for i, cid in enumerate(ids):
+                if line[cid].pruned:
+                    assert cid not in heads
+                    with pytest.raises(ckptrepo.errors.CommitPruned):
+                        repo.checkout(cid)
+                else:
+                    assert torch.equal(repo.checkout(cid)["w"], tensor_of(w, i))
+        assert not [r for r in repo.branches() if r.name.startswith("conflicts/")]
+        report = repo.verify(full=True)
+        assert report.ok and not report.warnings, report.to_json()
+        before = _lineage(repo)
+    # The store alone gives the same repository back: the writers' branch moves, made by
+    # compare-and-swap with retries, replay to the same lines; the prunes to the same marks.
+    _lose_database(path, db_url)
+    rebuilt = ckptrepo.Repo.rebuild_database(path)
+    assert not rebuilt.skipped and rebuilt.conflicts == 0
+    with ckptrepo.Repo.open(path) as repo:
+        assert _lineage(repo) == before
+        assert repo.verify(full=True).ok
+
+
+def _lineage(repo: ckptrepo.Repo) -> tuple[Any, ...]:
+    return ([(c.id, c.parent_ids, c.pruned, sorted(c.refs)) for c in repo.log()],
+            [(b.name, b.commit_id) for b in repo.branches()])
+
+
+def _lose_database(path: Path, db_url: str) -> None:
+    from ckptrepo.db import migrate
+    from ckptrepo.db.engine import make_engine
+
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        migrate.drop_schema(conn)
+    engine.dispose()
+
+
+def test_four_writers_on_two_branches_all_land(tmp_path: Path, db_url: str) -> None:
+    path = tmp_path / "repo"
+    root = _run_beside(path, db_url, upkeep_main, tmp_path / "gc-runs")
+    assert int((tmp_path / "gc-runs").read_text()) >= 1
     with ckptrepo.Repo.open(path) as repo:
         for b in range(2):
             line = [repo.get_commit(f"b{b}")]  # its first-parent line, walked from the head

@@ -48,7 +48,8 @@ def test_repo_on_s3_commit_checkout_verify_gc(tmp_path: Path, s3_url: str) -> No
     with Repo.init(tmp_path / "work", store_url=s3_url, chunk_size=16 << 10) as repo:
         assert isinstance(repo._backend, S3Backend)
         first = repo.commit(_state(1), step=1, blocking=True).wait()
-        assert _objects(s3_url) and all(key.startswith("repo/store/packs/") for key in _objects(s3_url))
+        assert _objects(s3_url) and all(key.startswith(("repo/store/packs/", "repo/store/manifests/"))
+                                        for key in _objects(s3_url))
         second_state = dict(_state(1), **{"head.weight": _state(2)["head.weight"]})
         second = repo.commit(second_state, step=2).wait()
         assert 0 < second.new_bytes < second.logical_bytes / 4
@@ -71,7 +72,10 @@ def test_repo_on_s3_commit_checkout_verify_gc(tmp_path: Path, s3_url: str) -> No
         report = repo.gc(grace=0)
         assert report.commits_removed == 1 and report.packs_removed >= 1
         assert report.temporary_files_removed == 1 and list(staging.iterdir()) == []
-        assert len(_objects(s3_url)) == len(kept) - report.packs_removed
+        # The removed commit's packs and its manifest went; the branch's deletion was journalled.
+        now = _objects(s3_url)
+        assert len(now) == len(kept) - report.packs_removed - report.commits_removed + 1
+        assert len([k for k in now if k.startswith("repo/store/journal/")]) == 2  # branch explore, its deletion
         assert _bit_identical(repo.checkout("main"), second_state)
         assert repo.verify(full=True).ok
 
