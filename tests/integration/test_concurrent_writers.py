@@ -170,10 +170,10 @@ def test_four_writers_on_two_branches_all_land(tmp_path: Path, db_url: str) -> N
         assert repo.verify(full=True).ok
 
 
-def init_main(path: str, out: str, start: Any) -> None:
+def init_main(path: str, out: str, start: Any, db_url: str | None = None) -> None:
     start.wait()  # every process imported and ready: the creates race
     try:
-        ckptrepo.Repo.init(path).close()
+        ckptrepo.Repo.init(path, db_url=db_url).close()
         Path(out).write_text("created")
     except ckptrepo.errors.RepositoryExists:
         Path(out).write_text("exists")
@@ -197,3 +197,30 @@ def test_processes_creating_one_repository_at_once_make_one(tmp_path: Path) -> N
     with ckptrepo.Repo.open(tmp_path / "run") as repo:
         repo.commit({"w": torch.ones(3)}, blocking=True).wait()
         assert repo.verify(full=True).ok
+
+
+@pytest.mark.postgres
+def test_processes_creating_repositories_in_one_database_at_once_make_one(tmp_path: Path, db_url: str) -> None:
+    """Six processes run Repo.init at once, each for its own folder, all on one PostgreSQL
+    database: one creates a repository there, the others get RepositoryExists and leave no
+    repository folder behind."""
+    if db_url.startswith("sqlite"):
+        pytest.skip("one shared database: PostgreSQL")
+    ctx = mp.get_context("spawn")
+    start = ctx.Barrier(6)
+    procs = [ctx.Process(target=init_main, args=(str(tmp_path / f"run{i}"), str(tmp_path / f"init-{i}.txt"), start,
+                                                 db_url)) for i in range(6)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        assert p.exitcode == 0
+    outcomes = [(tmp_path / f"init-{i}.txt").read_text() for i in range(6)]
+    assert sorted(outcomes) == ["created"] + ["exists"] * 5
+    made = outcomes.index("created")
+    # Each loser's folder holds nothing (not even a half-built .ckpt); the winner's a repository.
+    assert [i for i in range(6) if any((tmp_path / f"run{i}").iterdir())] == [made]
+    with ckptrepo.Repo.open(tmp_path / f"run{made}") as repo:
+        repo.commit({"w": torch.ones(3)}, blocking=True).wait()
+        assert repo.verify(full=True).ok
+
