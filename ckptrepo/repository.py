@@ -252,6 +252,12 @@ class Repo:
         self._check_open()
         return queries.log(self._sessions, rev, where=where, limit=limit, offset=offset)
 
+    def graph(self, rev: str | None = None) -> t.LineageGraph:
+        """The lineage graph (every commit, or ``rev`` and its ancestors): nodes with the fields a
+        drawing needs, edges and refs (``LineageGraph``), one lean read for thousands of commits."""
+        self._check_open()
+        return queries.lineage_graph(self._sessions, rev)
+
     def commits(self, ids: Collection[str]) -> list[t.Commit]:
         """The commits with these full ids, in the order given (unknown ids left out)."""
         self._check_open()

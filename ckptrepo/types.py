@@ -666,6 +666,70 @@ class MetricPoint:
     values: dict[str, float]
 
 
+# -- the lineage graph -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GraphNode:
+    """One commit as a drawing of the lineage graph needs it (``Repo.graph``), without its
+    metrics, config or figures.
+
+    ``title``: the first line of its message. ``generation``: 1 + the highest generation of its
+    parents through any edge kind (1 for a root), so every edge goes from a higher generation to
+    a lower one. ``line`` / ``line_depth``: its first-parent line (named by the id of the line's
+    first commit) and its first-parent hops to a root; the commits of one line form a chain of
+    first parents, one commit per depth (see ``Commit``'s docstring in ``db.models``).
+    """
+
+    id: str
+    title: str
+    created_at: datetime
+    branch: str | None
+    step: int | None
+    pruned: bool
+    generation: int
+    line: str
+    line_depth: int
+
+    @property
+    def short_id(self) -> str:
+        return short(self.id)
+
+
+@dataclass(frozen=True)
+class GraphEdge:
+    """An edge of the lineage graph: ``child`` -> ``parent``, ``kind`` one of ``EDGE_KINDS``,
+    ``position`` its order among the child's parents (0: the first parent)."""
+
+    child: str
+    parent: str
+    kind: str
+    position: int
+
+
+@dataclass(frozen=True)
+class LineageGraph:
+    """The lineage graph, or the part of it a revision descends from (``Repo.graph``).
+
+    ``nodes``: oldest first (by generation, then time, then id), so a commit comes after all
+    its parents. ``edges``: every edge between two of them, by child then position. ``refs``:
+    every branch, then every tag, by name (including refs at commits outside ``nodes``).
+    """
+
+    nodes: tuple[GraphNode, ...]
+    edges: tuple[GraphEdge, ...]
+    refs: tuple[RefInfo, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """``nodes`` (with ``short_id``; times ISO 8601), ``edges`` and ``refs`` as JSON objects."""
+        nodes = []
+        for n in self.nodes:
+            data = asdict(n)
+            data.update(created_at=n.created_at.isoformat(), short_id=n.short_id)
+            nodes.append(data)
+        return {"nodes": nodes, "edges": [asdict(e) for e in self.edges], "refs": [r.to_json() for r in self.refs]}
+
+
 # -- rebuild -----------------------------------------------------------------------------------
 
 

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine, create_engine
@@ -73,6 +74,14 @@ def pg_schema_url(base_url: str) -> Iterator[str]:
                 conn.exec_driver_sql(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
     finally:
         admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_schemas() -> Any:
+    """For fixtures wider than a test: ``pg_schema_url`` over ``CKPT_TEST_POSTGRES_URL`` (a
+    context manager of a fresh schema's URL), or None when that is unset."""
+    base = postgres_base_url()
+    return None if base is None else (lambda: pg_schema_url(base))
 
 
 @pytest.fixture(

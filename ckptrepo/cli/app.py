@@ -22,6 +22,7 @@ from . import (
     repo_commands,
     retention_commands,
     state_commands,
+    ui_commands,
     verify_commands,
 )
 from .options import DebugOpt, RepoOpt
@@ -111,6 +112,7 @@ app.command(rich_help_panel=ANALYSIS)(analysis_commands.history)
 app.add_typer(plot_app, name="plot", rich_help_panel=ANALYSIS)
 plot_app.command("history")(analysis_commands.plot_history)
 plot_app.command("metrics")(analysis_commands.plot_metrics)
+app.command(rich_help_panel=ANALYSIS)(ui_commands.ui)
 
 
 def main() -> None:

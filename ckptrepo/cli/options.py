@@ -506,3 +506,16 @@ SubtreeOpt = Annotated[
 TopOpt = Annotated[int, typer.Option("--max-count", "-n", min=1, metavar="N", help="Show the N best commits.")]
 ReplaceDbOpt = Annotated[bool, typer.Option(
     "--replace", help="Rebuild over a database that holds a repository (a SQLite file is kept beside the new one).")]
+
+# ui -----------------------------------------------------------------------------
+
+UiHostOpt = Annotated[
+    str,
+    typer.Option("--host", metavar="HOST", help="Address to listen on. Anything but loopback (127.0.0.1, ::1, "
+                 "localhost) lets other machines read the repository: the UI is read-only but has no authentication."),
+]
+UiPortOpt = Annotated[
+    int,
+    typer.Option("--port", "-p", min=0, max=65535, metavar="PORT", help="TCP port to listen on (0: any free port)."),
+]
+UiOpenOpt = Annotated[bool, typer.Option("--open", help="Open the UI in the default web browser once it is up.")]

@@ -48,6 +48,7 @@ TORCH_FREE = [
     ["gc"],
     ["commit", "{file}", "-m", "imported", "--step", "9"],
     ["checkout", "side"],
+    ["ui", "--help"],
 ]
 NEEDS_TORCH = [
     ["diff", "--exact", "main~1", "main"],
