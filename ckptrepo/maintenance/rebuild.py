@@ -361,6 +361,8 @@ def rebuild(repo_dir: Path, config: RepoConfig, backend: Backend, *, replace: bo
                 with contextlib.suppress(FileNotFoundError):
                     os.rename(f"{target}{suffix}", f"{aside}{suffix}")
             moved_aside = str(aside)
+        # The new file is whole (its one transaction committed, synchronous=FULL): the rename
+        # makes it the database, and the folder's fsync makes the rename durable.
         os.replace(building, target)
         fsync_dir(target.parent)
     chunks, commits, pruned, branches, tags, conflicts = counts

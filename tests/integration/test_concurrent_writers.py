@@ -83,9 +83,10 @@ def _run_beside(path: Path, db_url: str, upkeep_main: Any, runs: Path) -> ckptre
     return root
 
 
-def _lines_hold_every_commit(repo: ckptrepo.Repo, root: str) -> list[ckptrepo.Commit]:
-    """Each branch's first-parent line: all its writers' commits and the root."""
-    every = []
+def _lines_hold_every_commit(repo: ckptrepo.Repo, root: str) -> dict[int, list[ckptrepo.Commit]]:
+    """Each branch's first-parent line (by branch number), checked to hold all its writers'
+    commits and the root."""
+    lines = {}
     for b in range(2):
         line = [repo.get_commit(f"b{b}")]  # its first-parent line, walked from the head
         while line[-1].parent_ids:
@@ -93,8 +94,8 @@ def _lines_hold_every_commit(repo: ckptrepo.Repo, root: str) -> list[ckptrepo.Co
             line.append(repo.get_commit(line[-1].parent_ids[0]))
         ours = [w for w in range(WRITERS) if w % 2 == b]
         assert line[-1].id == root and len(line) == 1 + COMMITS * len(ours)  # all of them, and the root
-        every += line
-    return every
+        lines[b] = line
+    return lines
 
 
 def test_four_writers_beside_a_process_that_prunes_all_land(tmp_path: Path, db_url: str) -> None:
@@ -106,7 +107,7 @@ def test_four_writers_beside_a_process_that_prunes_all_land(tmp_path: Path, db_u
     with ckptrepo.Repo.open(path) as repo:
         repo.prune(keep_last=2)  # once more, after the last commit
         repo.gc(grace=0)
-        line = {c.id: c for c in _lines_hold_every_commit(repo, root.id)}
+        line = {c.id: c for commits in _lines_hold_every_commit(repo, root.id).values() for c in commits}
         heads = {repo.get_commit(f"b{b}").id for b in range(2)}
         # All but each branch's 2 newest (the root, where both branches leave, is kept too).
         assert sum(c.pruned for c in line.values()) == 2 * (2 * COMMITS - 2)
@@ -154,14 +155,8 @@ def test_four_writers_on_two_branches_all_land(tmp_path: Path, db_url: str) -> N
     root = _run_beside(path, db_url, upkeep_main, tmp_path / "gc-runs")
     assert int((tmp_path / "gc-runs").read_text()) >= 1
     with ckptrepo.Repo.open(path) as repo:
-        for b in range(2):
-            line = [repo.get_commit(f"b{b}")]  # its first-parent line, walked from the head
-            while line[-1].parent_ids:
-                assert len(line[-1].parent_ids) == 1
-                line.append(repo.get_commit(line[-1].parent_ids[0]))
-            ours = [w for w in range(WRITERS) if w % 2 == b]
-            assert line[-1].id == root.id and len(line) == 1 + COMMITS * len(ours)  # all of them, and the root
-            for w in ours:
+        for b, line in _lines_hold_every_commit(repo, root.id).items():
+            for w in (w for w in range(WRITERS) if w % 2 == b):
                 ids = (tmp_path / f"ids-{w}.txt").read_text().split()
                 assert len(ids) == COMMITS and set(ids) <= {c.id for c in line}
                 for i, cid in enumerate(ids):

@@ -319,3 +319,33 @@ def test_commits_without_manifests_are_listed_and_backfilled(tmp_path: Path, db_
         assert _view(repo) == before
         assert {c.id for c in repo.log() if c.pruned} == pruned
         _restores(repo, {cid: s for cid, s in states.items() if cid not in pruned})
+
+
+def test_a_store_that_refuses_manifests_and_journal_entries_changes_nothing(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Write-ordering step 2 failing: a full store refuses the manifest or journal entry, so the
+    commit, ref change or prune fails with StoreFull before its transaction and nothing changes."""
+    import errno
+
+    with ckptrepo.Repo.init(tmp_path / "work", chunk_size=CHUNK) as repo:
+        ids = [repo.commit(_state(i), step=i).wait().id for i in range(3)]
+        first = ids[0]
+        before = _view(repo)
+        put = repo._backend.put_bytes
+
+        def full(key: str, data: Any) -> None:
+            if key.startswith((manifest.PREFIX, journal.PREFIX)):
+                raise OSError(errno.ENOSPC, "No space left on device", key)
+            put(key, data)
+
+        monkeypatch.setattr(repo._backend, "put_bytes", full)
+        with pytest.raises(ckptrepo.errors.StoreFull):
+            repo.commit(_state(9), step=9).wait()
+        with pytest.raises(ckptrepo.errors.StoreFull):
+            repo.branch("x", at=first)
+        with pytest.raises(ckptrepo.errors.StoreFull):
+            repo.prune(keep_last=1)
+        assert _view(repo) == before and not any(c.pruned for c in repo.log())
+        monkeypatch.undo()
+        assert repo.commit(_state(9), step=9).wait().parent_ids == [before["log"][0][0]]
+        assert repo.verify().ok
