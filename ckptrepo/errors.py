@@ -154,6 +154,31 @@ class CommitPruned(CkptError):
     hint = "Check out a commit that still has data; `ckpt log` marks pruned commits."
 
 
+class CommitDamaged(CkptError):
+    """Commit {commit} is damaged: {why}."""
+
+    exit_code = 5
+    hint = ("Its data or manifest was missing or corrupt in the store when the database was rebuilt. Restore "
+            "the missing store objects from a backup and run `ckpt db rebuild --replace`; `ckpt verify` names "
+            "per branch the last good commit to resume from.")
+
+
+class DamagedCommits(CkptError):
+    """{count} commit(s) are damaged ({examples}); {what} would delete data they may still need."""
+
+    exit_code = 5
+    hint = ("Restore the missing packs or manifests and run `ckpt db rebuild --replace`; or accept the loss "
+            "with `ckpt prune --damaged` (the commits stay in the lineage, pruned) and run it again.")
+
+
+class StoreInUse(CkptError):
+    """The store {url} belongs to repository {found}, not to this one ({expected})."""
+
+    exit_code = 4
+    hint = ("A store holds one repository: give each repository its own store (another folder, or another "
+            "s3:// prefix). Nothing was changed.")
+
+
 class NoPath(CkptError):
     """No lineage path between {a} and {b}: they share no ancestor."""
 

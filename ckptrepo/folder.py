@@ -17,6 +17,7 @@ from ckptrepo.config import CONFIG_NAME, REPO_DIRNAME, RepoConfig
 from ckptrepo.db import migrate
 from ckptrepo.db.engine import database_url, make_engine
 from ckptrepo.errors import NotARepository, RepositoryExists
+from ckptrepo.ledger import identity
 from ckptrepo.storage import open_backend
 
 
@@ -76,8 +77,14 @@ def create(path: str | Path, config: RepoConfig) -> Path:
 
 
 def _initialize(repo_dir: Path, config: RepoConfig) -> None:
-    """The schema in the repository's database, then ``config.json`` (last: until it exists, the
-    folder is not a repository)."""
+    """The store's identity (``ledger.identity``: StoreInUse for a store of another repository,
+    before anything is made), the schema in the repository's database, then ``config.json``
+    (last: until it exists, the folder is not a repository)."""
+    backend = open_backend(config.store_url, repo_dir / "store")
+    try:
+        identity.claim(backend, config.repo_id)
+    finally:
+        backend.close()
     engine = make_engine(database_url(config.db_url, repo_dir))
     try:
         migrate.initialize(engine, {"repo_id": config.repo_id, "format_version": str(config.format_version)})

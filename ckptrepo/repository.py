@@ -15,16 +15,19 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy import select
+
 from ckptrepo import folder, knobs
 from ckptrepo import types as t
 from ckptrepo.config import RepoConfig
 from ckptrepo.db import catalog, migrate, pending, refs, views
 from ckptrepo.db.engine import database_url, make_engine, session_factory, write_transaction
+from ckptrepo.db.models import RepoMeta
 from ckptrepo.errors import ForkedProcess, UnknownRevision, UnknownTensor, UsageError
 from ckptrepo.ids import short
 from ckptrepo.ingest.handle import CommitHandle
 from ckptrepo.ingest.request import prepare
-from ckptrepo.ledger import journal
+from ckptrepo.ledger import identity, journal
 from ckptrepo.lineage import analysis, queries, revparse
 from ckptrepo.maintenance import DEFAULT_GRACE_S
 from ckptrepo.maintenance.autoprune import AutoRetention
@@ -87,6 +90,7 @@ class Repo:
         """The commit engine, made by the first call that writes."""
         from ckptrepo.ingest.writer import CommitWriter
 
+        self._own_store()
         return CommitWriter(self._sessions, self._backend, self._reader, self.config, self._pool,
                             defers_layouts=self._engine.dialect.name == "sqlite",
                             after_commit=self._retention.after_commit, **self._writer_options)
@@ -168,6 +172,16 @@ class Repo:
         if "_writer" in self.__dict__:
             self._writer.settle()
         self._retention.wait()
+
+    def _own_store(self) -> None:
+        """Refuse (StoreInUse) a store that belongs to another repository, once per process
+        (``ledger.identity``); a store made before identities is claimed for this one."""
+        if self.__dict__.get("_store_owned"):
+            return
+        with self._sessions() as s:
+            repo_id = s.scalar(select(RepoMeta.value).where(RepoMeta.key == "repo_id"))
+        identity.check(self._backend, repo_id or self.config.repo_id)
+        self._store_owned = True
 
     def _check_open(self) -> None:
         if self._closed:
@@ -409,11 +423,13 @@ class Repo:
 
     def _set_ref(self, kind: str, name: str, at: str | None, *, force: bool) -> t.RefInfo:
         self._check_open()
+        self._own_store()
         refs.check_ref_name(name, kind)
         with self._sessions() as s:
             target = revparse.resolve(s, at) if at is not None else refs.default_target(s)
-        with journal.entry(self._backend, {"op": "ref", "kind": kind, "name": name, "to": target}), \
+        with journal.entry(self._backend, {"op": "ref", "kind": kind, "name": name, "to": target}) as key, \
                 write_transaction(self._sessions) as s:
+            catalog.record_journal_key(s, key)
             return refs.create(s, kind, name, target, force=force)
 
     def delete_branch(self, name: str, *, force: bool = False) -> t.RefInfo:
@@ -427,8 +443,10 @@ class Repo:
 
     def _delete_ref(self, kind: str, name: str, *, force: bool) -> t.RefInfo:
         self._check_open()
-        with journal.entry(self._backend, {"op": "ref", "kind": kind, "name": name, "to": None}), \
+        self._own_store()
+        with journal.entry(self._backend, {"op": "ref", "kind": kind, "name": name, "to": None}) as key, \
                 write_transaction(self._sessions) as s:
+            catalog.record_journal_key(s, key)
             return refs.delete_ref(s, kind, name, force=force)
 
     def branches(self) -> list[t.RefInfo]:
@@ -457,20 +475,30 @@ class Repo:
         from ckptrepo.maintenance import gc as collector  # imported here: it loads numpy (packs)
 
         self._settle()
+        self._own_store()
         return collector.collect(self._sessions, self._backend, grace=grace, dry_run=dry_run)
 
     def prune(self, *, keep_last: int | None = None, keep_every: int | None = None,
               keep_best: str | tuple[str, int] | None = None, maximize: bool = False, keep_dense_early: bool = False,
               keep_younger_than: str | float | None = None, branches: Collection[str] | None = None,
-              rules: t.RetentionRules | None = None, dry_run: bool = False) -> t.PruneReport:
+              rules: t.RetentionRules | None = None, damaged: bool = False, dry_run: bool = False) -> t.PruneReport:
         """Drop the data of the commits no keep rule keeps, keeping them in the lineage (``maintenance.prune``;
         the rules: ``maintenance.retention``, at least one; ``rules``: given whole instead, e.g.
         ``retention()``). Marks them pruned in one transaction; the next ``gc`` frees their data.
-        Branch heads, tags and fork points are always kept. ``dry_run``: what would be pruned."""
+        Branch heads, tags and fork points are always kept. ``dry_run``: what would be pruned.
+        ``damaged`` (without rules): accept the loss of every damaged commit (``Commit.damage``)
+        instead: they are marked pruned, so that ``gc`` runs again."""
         from ckptrepo.maintenance import prune as pruner
         from ckptrepo.maintenance import retention
 
         self._settle()
+        self._own_store()
+        if damaged:
+            if rules is not None or any(x not in (None, False) for x in (keep_last, keep_every, keep_best,
+                                                                        keep_dense_early, keep_younger_than)):
+                raise UsageError("damaged=True takes no keep rules", hint="Prune the damaged commits on their "
+                                 "own (`ckpt prune --damaged`), then with rules.")
+            return pruner.prune_damaged(self._sessions, self._reading, self._backend, dry_run=dry_run)
         chosen = retention.chosen(rules, keep_last=keep_last, keep_every=keep_every, keep_best=keep_best,
                                   maximize=maximize, keep_dense_early=keep_dense_early,
                                   keep_younger_than=keep_younger_than, branches=branches)
@@ -483,6 +511,7 @@ class Repo:
         from ckptrepo.maintenance import setting
 
         self._check_open()
+        self._own_store()
         if rules is not None and not isinstance(rules, t.RetentionRules):
             rules = t.RetentionRules.from_json(rules)
         setting.write(self._sessions, self._backend, rules)
@@ -512,13 +541,14 @@ class Repo:
             return catalog.awaiting_repack(s)
 
     def write_missing_manifests(self) -> int:
-        """Write the manifests commits made before manifests existed lack, and journal entries that
-        pin today's refs and pruned marks, so that ``rebuild_database`` recreates this database
-        (``maintenance.backfill``); returns how many manifests were written."""
+        """Write the manifests that are missing (commits made before manifests existed), damaged or
+        of format 1, from the database, and journal entries that pin today's refs and pruned marks,
+        so that ``rebuild_database`` recreates this database (``maintenance.backfill``); returns
+        how many manifests were written."""
         from ckptrepo.maintenance import backfill
 
         self._settle()
-        return backfill.write_missing(self._sessions, self._backend)
+        return backfill.write_missing(self._reading, self._sessions, self._backend).written
 
     def verify(self, *, full: bool = False) -> t.VerifyReport:
         """Check database and packs against each other (``full``: read and hash-check every chunk)."""

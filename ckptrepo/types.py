@@ -44,7 +44,10 @@ class Commit:
     ``ckptrepo.dcp.Writer`` records no stall (DCP decides what blocks its caller) and counts
     ``persist_s`` from the start of the save. ``pruned``: retention dropped the commit's
     data (``Repo.prune``): it stays in the lineage with its metadata and tensor statistics,
-    but its state can no longer be read (``CommitPruned``).
+    but its state can no longer be read (``CommitPruned``). ``damage``: why the commit is
+    damaged, else None: a database rebuild found its data or its manifest missing or corrupt in
+    the store; it stays in the lineage but its state cannot be read (``CommitDamaged``), and
+    ``verify`` fails until it is pruned (``Repo.prune(damaged=True)``).
     """
 
     id: str
@@ -69,6 +72,7 @@ class Commit:
     nonfinite: int = 0
     refs: tuple[str, ...] = field(default=())
     pruned: bool = False
+    damage: str | None = None
 
     @property
     def short_id(self) -> str:
@@ -194,11 +198,14 @@ class RepoStats:
 #: corrupt or inconsistent.
 VERIFY_ERRORS = (
     "missing_pack", "damaged_pack", "bad_chunk", "corrupt_chunk", "broken_ref", "incomplete_commit",
+    "damaged_commit", "missing_manifest", "damaged_manifest", "missing_journal_entry", "damaged_journal_entry",
+    "store_identity",
 )
-#: Problem kinds that do not stop any commit from restoring: leftovers of interrupted writes
-#: (``gc`` removes them), and commits the store has no manifest of (a rebuild of the database
-#: from the store would not bring them back).
-VERIFY_WARNINGS = ("unreferenced_pack", "temporary_file", "unreferenced_manifest", "missing_manifest")
+#: Problem kinds that lose nothing: leftovers of interrupted writes (``gc`` removes them), a
+#: journal entry of a change interrupted before its transaction, a format-1 manifest (no
+#: checksum), a store that names no repository yet.
+VERIFY_WARNINGS = ("unreferenced_pack", "temporary_file", "unreferenced_manifest", "unrecorded_journal_entry",
+                   "outdated_manifest", "unclaimed_store")
 
 
 @dataclass(frozen=True)
@@ -248,6 +255,9 @@ class VerifyCounts:
     store_objects: int = 0  # objects listed in the store
     chunks_read: int = 0  # full: chunks read, decoded and hash-verified
     bytes_read: int = 0  # full: stored bytes read for that
+    manifests: int = 0  # full: manifests read, checked and compared with the database
+    journal_entries: int = 0  # full: journal entries read and checked
+    unverifiable_chunks: int = 0  # full: dead copies in packs whose delta base is stored nowhere
     seconds: float = 0.0
 
 
@@ -257,8 +267,13 @@ class VerifyReport:
 
     ``ok`` is True when there is no error (``VERIFY_ERRORS``); warnings (unreferenced
     packs and manifests, temporary files) are leftovers of interrupted writes that ``gc``
-    reclaims, or commits without a manifest (``missing_manifests``: kept by the database only).
-    ``corrupt_chunks`` is only filled by a full verify (which reads every chunk).
+    reclaims, or lose nothing (``VERIFY_WARNINGS``). Errors about the store's own record
+    (``maintenance.verify_ledger``): ``missing_manifests`` / ``damaged_manifests`` (a rebuild
+    would lose those commits' records), ``missing_journal_entries`` /
+    ``damaged_journal_entries``, ``store_identity`` (the store is another repository's, or its
+    identity is damaged); ``marked_damaged``: commits a rebuild marked damaged and nobody pruned.
+    ``corrupt_chunks``, ``damaged_manifests`` and ``damaged_journal_entries`` are only filled by
+    a full verify (which reads every chunk, manifest and journal entry).
     """
 
     full: bool
@@ -273,6 +288,14 @@ class VerifyReport:
     temporary_files: tuple[Problem, ...] = ()
     unreferenced_manifests: tuple[Problem, ...] = ()
     missing_manifests: tuple[Problem, ...] = ()
+    damaged_manifests: tuple[Problem, ...] = ()
+    missing_journal_entries: tuple[Problem, ...] = ()
+    damaged_journal_entries: tuple[Problem, ...] = ()
+    marked_damaged: tuple[Problem, ...] = ()
+    store_identity: tuple[Problem, ...] = ()
+    unrecorded_journal_entries: tuple[Problem, ...] = ()
+    outdated_manifests: tuple[Problem, ...] = ()
+    unclaimed_store: tuple[Problem, ...] = ()
     heads: Mapping[str, str] = field(default_factory=dict)
     """Every branch and its head commit."""
     last_good: Mapping[str, str | None] = field(default_factory=dict)
@@ -282,12 +305,14 @@ class VerifyReport:
     @property
     def errors(self) -> tuple[Problem, ...]:
         return (*self.missing_packs, *self.damaged_packs, *self.bad_chunks, *self.corrupt_chunks,
-                *self.broken_refs, *self.incomplete_commits)
+                *self.broken_refs, *self.incomplete_commits, *self.marked_damaged, *self.missing_manifests,
+                *self.damaged_manifests, *self.missing_journal_entries, *self.damaged_journal_entries,
+                *self.store_identity)
 
     @property
     def warnings(self) -> tuple[Problem, ...]:
         return (*self.unreferenced_packs, *self.temporary_files, *self.unreferenced_manifests,
-                *self.missing_manifests)
+                *self.unrecorded_journal_entries, *self.outdated_manifests, *self.unclaimed_store)
 
     @property
     def ok(self) -> bool:
@@ -679,6 +704,7 @@ class GraphNode:
     a lower one. ``line`` / ``line_depth``: its first-parent line (named by the id of the line's
     first commit) and its first-parent hops to a root; the commits of one line form a chain of
     first parents, one commit per depth (see ``Commit``'s docstring in ``db.models``).
+    ``damaged``: the commit is damaged (``Commit.damage``).
     """
 
     id: str
@@ -690,6 +716,7 @@ class GraphNode:
     generation: int
     line: str
     line_depth: int
+    damaged: bool = False
 
     @property
     def short_id(self) -> str:
@@ -744,7 +771,10 @@ class RebuildReport:
     ``skipped``: what could not be used, each with why (a corrupt pack or manifest, a commit
     whose parent has no manifest). ``moved_aside``: where the database it replaced went (a
     SQLite file kept beside the new one), if any. ``manifest_bytes``: the manifests' stored
-    size in all.
+    size in all. ``damaged``: commits recorded as damaged (their manifest, or data they need,
+    missing or refused: ``Commit.damage``); ``recovered``: commits whose record came from the
+    database being replaced, their manifest being missing or refused. ``ok``: nothing was
+    skipped and nothing is damaged.
     """
 
     database: str
@@ -760,8 +790,15 @@ class RebuildReport:
     skipped: tuple[str, ...]
     moved_aside: str | None
     seconds: float
+    damaged: int = 0
+    recovered: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.skipped and not self.damaged
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["skipped"] = list(self.skipped)
+        data["ok"] = self.ok
         return data

@@ -233,19 +233,27 @@ def parse_index(data: bytes, file_size: int | None = None, *, pack_id: str = "")
     return _parse_entries(index, count, digest, index_offset, pack_id)
 
 
-def read_index(backend: Backend, key: str, *, pack_id: str = "") -> list[ChunkLocation]:
+def read_index(backend: Backend, key: str, *, pack_id: str = "", named: bool = False) -> list[ChunkLocation]:
     """The entries of the pack stored under ``key`` (located in pack ``pack_id``), reading only
-    its header, trailer and index."""
+    its header, trailer and index. ``named``: also check that header, index and trailer hash to
+    ``pack_id`` (a pack stored under another pack's name, or renamed, is refused)."""
     try:
         size = backend.size(key)
         if size < HEADER.size + TRAILER.size:
             raise _corrupt(f"{size} bytes is too short to be a pack")
-        _check_header(backend.get_range(key, 0, HEADER.size))
+        head = backend.get_range(key, 0, HEADER.size)
+        _check_header(head)
         tail_len = min(size, _TAIL_GUESS)
         tail = backend.get_range(key, size - tail_len, tail_len)
         index_offset, _, _ = _parse_trailer(tail, size)
         if size - index_offset > tail_len:
             tail = backend.get_range(key, index_offset, size - index_offset)
-        return parse_index(tail, size, pack_id=pack_id)
+        entries = parse_index(tail, size, pack_id=pack_id)
+        if named:
+            own = tail[len(tail) - (size - index_offset):]
+            got = blake3.blake3(head + own).hexdigest()
+            if got != pack_id:
+                raise _corrupt(f"it hashes to {got[:10]}, not to its name")
+        return entries
     except IntegrityError as exc:
         raise _corrupt(f"pack {key}: {exc.fields.get('detail', exc)}") from exc

@@ -380,6 +380,9 @@ SaveRulesOpt = Annotated[
 ]
 SavedRulesOpt = Annotated[bool, typer.Option("--saved", help="Prune by the stored retention setting.")]
 ForgetRulesOpt = Annotated[bool, typer.Option("--forget", help="Remove the stored retention setting; prune nothing.")]
+PruneDamagedOpt = Annotated[bool, typer.Option(
+    "--damaged", help="Accept the loss of every damaged commit (its data or manifest gone, as `ckpt db rebuild` "
+                      "found): mark them pruned, so that gc runs again. Takes no rules.")]
 
 # demo ---------------------------------------------------------------------------
 

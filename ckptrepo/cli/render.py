@@ -121,6 +121,8 @@ def log_line(commit: Commit) -> Text:
         line.append("  " + metrics(commit.metrics), style="green")
     if commit.pruned:
         line.append(" (pruned)", style="dim red")
+    if commit.damage is not None:
+        line.append(" (damaged)", style="bold red")
     if commit.message:
         line.append("  " + commit.message)
     return line
@@ -158,6 +160,7 @@ def commit_fields(commit: Commit) -> Table:
         ),
         ("nonfinite", f"{commit.nonfinite} NaN/Inf values" if commit.nonfinite else "", "red"),
         ("pruned", "yes: metadata and statistics kept, tensors dropped" if commit.pruned else "", "red"),
+        ("damaged", commit.damage or "", "bold red"),
     ]
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold", no_wrap=True)
@@ -483,6 +486,12 @@ def rebuild_summary(report: RebuildReport) -> Table:
     grid.add_row("database", "", report.database)
     grid.add_row("commits", str(report.commits), f"from their manifests ({size(report.manifest_bytes)}), "
                  f"{report.pruned} of them pruned")
+    if report.recovered:
+        grid.add_row("recovered", str(report.recovered), "commits whose manifest was missing or damaged, "
+                     "from the database replaced")
+    if report.damaged:
+        grid.add_row("damaged", str(report.damaged), "commits whose manifest or data is missing or damaged: "
+                     "kept in the lineage, not readable", style="red")
     grid.add_row("branches", str(report.branches), f"{report.conflicts} kept on conflicts/ branches")
     grid.add_row("tags", str(report.tags), f"replayed with {report.journal_entries} journal entries")
     grid.add_row("packs", str(report.packs), f"{report.chunks} chunks indexed from their footers")

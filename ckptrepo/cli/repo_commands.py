@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
-from ckptrepo import Repo, upgrade_database
+from ckptrepo import Repo, errors, upgrade_database
 from ckptrepo.config import RepoConfig
 
 from . import render
@@ -94,16 +94,25 @@ def db_rebuild(replace: ReplaceDbOpt = False, as_json: JsonOpt = False) -> None:
 
     For a lost or damaged database: commits, lineage, branches, tags, metrics, pruned marks and
     the chunk index come back, in one transaction. Stop every process using the repository first.
+    Every manifest and journal entry is checked before it is used; what fails is skipped, and
+    commits whose manifest or data is gone come back marked damaged. Exits 0 only when nothing
+    was skipped and nothing is damaged, else 5 (the database is rebuilt either way).
     """
     report = Repo.rebuild_database(current().location(), replace=replace)
     if as_json:
         render.emit_json(report.to_json())
-        return
-    render.out.print(render.rebuild_summary(report), markup=False)
+    else:
+        render.out.print(render.rebuild_summary(report), markup=False)
+    if not report.ok:
+        raise errors.IntegrityError(
+            detail=f"the rebuild skipped {len(report.skipped)} object(s) and found {report.damaged} damaged commit(s)",
+            hint="The database is rebuilt with what the store holds intact. Restore the objects named above from a "
+            "backup and run `ckpt db rebuild --replace` again, or accept the loss with `ckpt prune --damaged`; "
+            "`ckpt verify` names per branch the last good commit.")
 
 
 def db_manifests(as_json: JsonOpt = False) -> None:
-    """Write the store's manifests of commits made before commits wrote them, so `db rebuild` can recreate them."""
+    """Write the store's manifests that are missing, damaged or outdated, from the database, so `db rebuild` works."""
     with current().open() as repo:
         written = repo.write_missing_manifests()
     if as_json:

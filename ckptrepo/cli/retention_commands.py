@@ -17,6 +17,7 @@ from .options import (
     KeepYoungerOpt,
     MaximizeOpt,
     PruneBranchOpt,
+    PruneDamagedOpt,
     PruneDryRunOpt,
     SavedRulesOpt,
     SaveRulesOpt,
@@ -38,6 +39,7 @@ def prune(
     save: SaveRulesOpt = False,
     saved: SavedRulesOpt = False,
     forget: ForgetRulesOpt = False,
+    damaged: PruneDamagedOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Drop the data of commits no keep rule keeps; they stay in the lineage. `ckpt gc` then frees it.
@@ -47,9 +49,12 @@ def prune(
     metadata, metrics and tensor statistics (log, show, history, diff) but can no longer be
     checked out or exported. At least one rule is needed. --save also stores the rules as the
     repository's setting, applied after every commit; --saved prunes by it; --forget removes it.
+    --damaged instead marks the damaged commits a rebuild left pruned (accepting their loss).
     """
     given = any(x not in (None, False) for x in (keep_last, keep_every, keep_best, keep_dense_early,
                                                    keep_younger_than)) or bool(branch)
+    if damaged and (given or save or saved or forget):
+        raise errors.UsageError("--damaged takes no rules", hint="Run `ckpt prune --damaged` alone, then with rules.")
     if forget:
         if given or save or saved or dry_run:
             raise errors.UsageError("--forget removes the stored retention setting and takes no rules",
@@ -70,7 +75,9 @@ def prune(
         raise errors.UsageError("--dry-run changes nothing, so it cannot --save",
                                 hint="Look first with --dry-run, then run the same command with --save.")
     with current().open() as repo:
-        if saved:
+        if damaged:
+            report = repo.prune(damaged=True, dry_run=dry_run)
+        elif saved:
             rules = repo.retention()
             if rules is None:
                 raise errors.UsageError("no retention setting is stored",

@@ -18,7 +18,19 @@ from sqlalchemy.orm import Session
 
 from ckptrepo.db import lines
 from ckptrepo.db.engine import Sessions, fetch_tuples, insert_tuples, present_values
-from ckptrepo.db.models import Chunk, Commit, Edge, Entry, EntryRun, Metric, Pack, Ref, Tensor, TensorChunk
+from ckptrepo.db.models import (
+    Chunk,
+    Commit,
+    Edge,
+    Entry,
+    EntryRun,
+    JournalKey,
+    Metric,
+    Pack,
+    Ref,
+    Tensor,
+    TensorChunk,
+)
 from ckptrepo.errors import ConcurrentChange
 from ckptrepo.locations import ChunkLocation
 
@@ -258,18 +270,36 @@ def _require_stored(missing: set[str]) -> None:
 
 def insert_chunks(session: Session, chunks: Iterable[ChunkLocation]) -> dict[str, int]:
     """Insert chunk index rows (``maintenance.rebuild``: read from pack footers), delta bases
-    first, and return every chunk's key by id. A base must be among ``chunks`` or stored."""
-    rows = sorted(chunks, key=lambda c: (c.depth, c.chunk_id))
-    keys = chunk_keys_of(session, {c.base_id for c in rows if c.base_id is not None})
+    first, and return every chunk's key by id. A base must be among ``chunks`` or stored.
+
+    Bases first by the chains themselves, not by the depth each row records: a footer records
+    the depth a chunk was encoded at, and the copy of its base that is stored may since have been
+    re-encoded deeper (a repack), so a chunk at depth 2 can have its base at depth 7."""
+    rows = sorted(chunks, key=lambda c: c.chunk_id)
+    by_id = {c.chunk_id: c for c in rows}
+    keys = chunk_keys_of(session, {c.base_id for c in rows if c.base_id is not None and c.base_id not in by_id})
+    level: dict[str, int] = {}
+    for c in rows:  # each chunk's distance from a base outside ``chunks`` (iteratively: chains can be long)
+        chain: list[str] = []
+        at: str | None = c.chunk_id
+        while at is not None and at in by_id and at not in level:
+            chain.append(at)
+            at = by_id[at].base_id
+            if at in chain:
+                raise ValueError(f"chunk {at} is its own delta base")
+        below = level.get(at, -1) if at is not None else -1
+        for cid in reversed(chain):
+            below += 1
+            level[cid] = below
 
     def stored(found: list[tuple[Any, ...]]) -> dict[str, int]:
         return chunk_keys_of(session, [r[0] for r in found])
 
-    for level in sorted({c.depth for c in rows}):
+    for depth in sorted(set(level.values())):
         _insert_keyed(session, "chunks", Chunk, CHUNK_COLUMNS, [
             (c.chunk_id, c.pack_id, c.offset, c.length, c.raw_length, c.encoding, c.depth,
              None if c.base_id is None else keys[c.base_id], c.alone_length)
-            for c in rows if c.depth == level], keys, stored)
+            for c in rows if level[c.chunk_id] == depth], keys, stored)
     return keys
 
 
@@ -457,6 +487,13 @@ def drop_chunk_lists(session: Session, keys: Sequence[int]) -> None:
         batch = list(keys[start : start + _IN_BATCH])
         conn.execute(delete(_TENSOR_CHUNKS_T).where(_TENSOR_CHUNKS.tensor_key.in_(batch)))
         conn.execute(update(_TENSORS_T).where(_TENSORS.key.in_(batch)).values(lead_key=-_TENSORS.key))
+
+
+def record_journal_key(session: Session, key: str) -> None:
+    """Record, in the caller's write transaction (the one that makes the change), that the journal
+    entry at ``key`` (``ledger.journal``) is this database's: ``verify`` then reports it if it
+    goes missing from the store."""
+    insert_tuples(session.connection(), JournalKey, ("key",), [(key,)], ignore=True)
 
 
 def changed_chunks(pairs: Iterable[tuple[str, str]],

@@ -139,6 +139,15 @@ class RepoMeta(Base):
     value: Mapped[str] = mapped_column(Text)
 
 
+class JournalKey(Base):
+    """The store key of a journal entry (``ledger.journal``) whose change this database holds
+    (schema 0014), inserted in that change's transaction: ``verify`` reports a key whose entry is
+    gone from the store. Complete from ``repo_meta.journal_keys_from`` (ns since the epoch) on."""
+
+    __tablename__ = "journal_keys"
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+
+
 class Pack(Base):
     """A durable, immutable pack object in the store, named by the BLAKE3 of its bytes."""
 
@@ -244,6 +253,9 @@ class Commit(Base):
     ``pruned`` (schema 0013): retention dropped the commit's data (``maintenance.prune``); it
     stays a lineage node with its edges, metrics, entries and tensor statistics, but ``gc``
     does not count its tensors as live and reading its state is refused.
+    ``damage`` (schema 0014): why the commit is damaged (its data or its manifest was missing or
+    damaged in the store when a rebuild recreated the database), else NULL. Reading its state is
+    refused (``CommitDamaged``) and ``verify`` fails on it until it is pruned.
     """
 
     __tablename__ = "commits"
@@ -274,6 +286,7 @@ class Commit(Base):
     # The server's default only: rows inserted through the driver (``engine.insert_tuples``)
     # need not name it.
     pruned: Mapped[bool] = mapped_column(Boolean, server_default=false())
+    damage: Mapped[str | None] = mapped_column(Text, default=None)
 
 
 class Entry(Base):

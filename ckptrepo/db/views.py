@@ -61,7 +61,7 @@ def _commit(r: Any, parents: tuple[t.Parent, ...], metrics: dict[str, float], re
         branch=r.branch, step=r.step, epoch=r.epoch, parents=parents, metrics=metrics, config=r.config,
         code_version=r.code_version, n_tensors=r.n_tensors, logical_bytes=r.logical_bytes, new_bytes=r.new_bytes,
         stored_bytes=r.stored_bytes, stall_s=r.stall_s, wait_s=r.wait_s, persist_s=r.persist_s,
-        nonfinite=r.nonfinite, refs=refs, pruned=bool(r.pruned),
+        nonfinite=r.nonfinite, refs=refs, pruned=bool(r.pruned), damage=getattr(r, "damage", None),
     )
 
 

@@ -37,7 +37,7 @@ from ckptrepo.chunks.chunker import chunk_step
 from ckptrepo.db import catalog, lines
 from ckptrepo.db.engine import Sessions, fetch_tuples, serial_plans
 from ckptrepo.db.models import Chunk, Commit, Entry, EntryRun, Id, Metric, Tensor, TensorChunk, utc_datetime
-from ckptrepo.errors import UnknownTensor, UsageError, did_you_mean
+from ckptrepo.errors import CommitDamaged, UnknownTensor, UsageError, did_you_mean
 from ckptrepo.ids import short
 from ckptrepo.lineage import nearest, revparse
 from ckptrepo.lineage.exact import ChunkPair, ExactRequest
@@ -139,14 +139,20 @@ def diff(reading: Sessions, a: str, b: str, *, exact: bool = False, reader: Chun
 
     A pruned commit compares by tensor ids and statistics, which it keeps; once gc dropped the
     chunk lists of its tensors, a changed tensor among them counts every chunk as changed (with
-    a ``note`` saying so). An exact diff of a pruned commit raises CommitPruned.
+    a ``note`` saying so). An exact diff of a pruned commit raises CommitPruned; of a damaged
+    one (``Commit.damage``, whose missing tensors have no chunk list either), CommitDamaged.
     """
     with reading() as s:
         a_id, b_id = revparse.resolve(s, a), revparse.resolve(s, b)
-        pruned = list(s.scalars(select(Commit.id).where(Commit.id.in_([a_id, b_id]), Commit.pruned.is_(True))))
+        marks = {cid: (bool(p), damage) for cid, p, damage in s.execute(
+            select(Commit.id, Commit.pruned, Commit.damage).where(Commit.id.in_([a_id, b_id])))}
+        pruned = [cid for cid in (a_id, b_id) if marks[cid][0]]
         if exact and pruned:
-            nearest.refuse(s, a_id if a_id in pruned else b_id)
-        dropped = _dropped_tensors(s, pruned)
+            nearest.refuse(s, pruned[0])
+        damaged = [cid for cid in (a_id, b_id) if marks[cid][1] is not None]
+        if exact and damaged:
+            raise CommitDamaged(commit=short(damaged[0]), why=marks[damaged[0]][1])
+        dropped = _dropped_tensors(s, sorted({*pruned, *damaged}))
         sides: dict[str, list[_Side | None]] = {}
         differing: dict[str, int] = {}
         shapes: dict[Any, tuple[int, ...]] = {}  # layers share shapes: each JSON text parsed once

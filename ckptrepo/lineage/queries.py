@@ -118,7 +118,8 @@ def commits(sessions: Sessions, ids: Sequence[str]) -> list[Commit]:
 
 
 _GRAPH_NODES = select(CommitRow.id, CommitRow.message, CommitRow.created_at, CommitRow.branch, CommitRow.step,
-                      CommitRow.pruned, CommitRow.generation, CommitRow.line_id, CommitRow.fp_depth)
+                      CommitRow.pruned, CommitRow.generation, CommitRow.line_id, CommitRow.fp_depth,
+                      CommitRow.damage)
 _GRAPH_EDGES = select(Edge.child_id, Edge.parent_id, Edge.kind, Edge.position)
 
 
@@ -142,8 +143,8 @@ def lineage_graph(sessions: Sessions, rev: str | None = None) -> LineageGraph:
         node_rows = [r for r in node_rows if r[0] in within]
         edge_rows = [r for r in edge_rows if r[0] in within]
     made = [GraphNode(cid, message.split("\n", 1)[0].rstrip("\r") if message else "", utc_datetime(created),
-                      branch, step, bool(pruned), generation, line, depth)
-            for cid, message, created, branch, step, pruned, generation, line, depth in node_rows]
+                      branch, step, bool(pruned), generation, line, depth, damage is not None)
+            for cid, message, created, branch, step, pruned, generation, line, depth, damage in node_rows]
     made.sort(key=lambda n: (n.generation, n.created_at, n.id))
     return LineageGraph(nodes=tuple(made), edges=tuple(GraphEdge(*row) for row in edge_rows), refs=tuple(ref_rows))
 

@@ -60,7 +60,8 @@ from ckptrepo.chunks.pack import pack_key
 from ckptrepo.db import catalog, pending
 from ckptrepo.db.engine import write_transaction
 from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Metric, Pack, Tensor, TensorChunk
-from ckptrepo.errors import CkptError, ConcurrentChange, UsageError
+from ckptrepo.errors import CkptError, ConcurrentChange, DamagedCommits, UsageError
+from ckptrepo.ids import short
 from ckptrepo.ledger import manifest
 from ckptrepo.maintenance import DEFAULT_GRACE_S, liveness
 from ckptrepo.storage import Backend, local_staging
@@ -209,6 +210,18 @@ class _Sweep:
         return count, size
 
 
+def refuse_damaged(s: Session, what: str) -> None:
+    """Raise DamagedCommits when a commit is damaged and not pruned (``commits.damage``): what a
+    damaged commit still needs is not known (its manifest, or some of its chunks, are gone), so
+    nothing may be freed until the damage is repaired or accepted (pruned)."""
+    rows = list(s.execute(select(Commit.id).where(Commit.damage.is_not(None), Commit.pruned.is_(False))
+                          .order_by(Commit.id).limit(3)))
+    if rows:
+        count = s.scalar(select(func.count()).select_from(Commit).where(
+            Commit.damage.is_not(None), Commit.pruned.is_(False)))
+        raise DamagedCommits(count=count, examples=", ".join(short(r[0]) for r in rows), what=what)
+
+
 def collect(sessions: sessionmaker[Session], backend: Backend, *, grace: float = DEFAULT_GRACE_S,
             dry_run: bool = False) -> GcReport:
     """Remove everything no ref reaches; see the module docstring for the order and guarantees.
@@ -224,6 +237,7 @@ def collect(sessions: sessionmaker[Session], backend: Backend, *, grace: float =
     cutoff = time.time() - grace
     try:
         with write_transaction(sessions) as s:
+            refuse_damaged(s, "gc")
             # Pending layouts first (``db.pending``): until indexed, a commit's tensors and new
             # chunks have no rows, and its packs look empty.
             pending.index_in(s)

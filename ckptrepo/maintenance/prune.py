@@ -30,7 +30,7 @@ from sqlalchemy import Table, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from ckptrepo import faults
-from ckptrepo.db import lines, pending
+from ckptrepo.db import catalog, lines, pending
 from ckptrepo.db.engine import write_transaction
 from ckptrepo.db.models import Commit, Edge, Metric, Ref
 from ckptrepo.errors import ConcurrentChange
@@ -111,7 +111,7 @@ def prune(sessions: sessionmaker[Session], reading: Callable[[], AbstractContext
                 return _report(rules, planned, liveness.freeable(s), False, started)
         key = journal.append(backend, {"op": "prune", "commits": list(planned.pruned)})
         try:
-            found, freeable = _in_transaction(sessions, rules, now, planned.pruned)
+            found, freeable = _in_transaction(sessions, rules, now, planned.pruned, key)
         except _Rollback:
             journal.discard(backend, key)
             continue
@@ -125,10 +125,11 @@ def prune(sessions: sessionmaker[Session], reading: Callable[[], AbstractContext
 
 
 def _in_transaction(sessions: sessionmaker[Session], rules: RetentionRules, now: datetime,
-                    planned: tuple[str, ...] | None) -> tuple[retention.Selection, liveness.Freeable]:
-    """Select and mark in one write transaction; commit it when the selection is ``planned``,
-    roll it back when ``planned`` is None (a dry run: returns what it found) or when one of
-    ``planned`` is to be kept now (_Rollback)."""
+                    planned: tuple[str, ...] | None, journal_key: str | None = None
+                    ) -> tuple[retention.Selection, liveness.Freeable]:
+    """Select and mark in one write transaction (recording ``journal_key``, the prune's journal
+    entry); commit it when the selection is ``planned``, roll it back when ``planned`` is None
+    (a dry run: returns what it found) or when one of ``planned`` is to be kept now (_Rollback)."""
     try:
         with write_transaction(sessions) as s:
             pending.index_in(s)  # a commit's tensor-level rows, before what is live is read
@@ -138,6 +139,8 @@ def _in_transaction(sessions: sessionmaker[Session], rules: RetentionRules, now:
                     raise _Rollback(found, liveness.Freeable())
                 found = replace(found, pruned=planned)  # the others wait for the next run
             _mark(s, found.pruned)
+            if journal_key is not None:
+                catalog.record_journal_key(s, journal_key)
             faults.point("prune.before_commit")
             freeable = liveness.freeable(s)  # with the marks made: what the next gc frees
             if planned is None:
@@ -156,3 +159,25 @@ def _report(rules: RetentionRules, found: retention.Selection, freeable: livenes
         already_pruned=len(found.already), kept_by=found.kept_by, freeable_chunks=freeable.chunks,
         freeable_bytes=freeable.bytes, freeable_packs=freeable.packs, freeable_pack_bytes=freeable.pack_bytes,
         seconds=time.perf_counter() - started)
+
+
+def prune_damaged(sessions: sessionmaker[Session], reading: Callable[[], AbstractContextManager[Session]],
+                  backend: Backend, *, dry_run: bool = False) -> PruneReport:
+    """Accept the loss of every damaged commit (``commits.damage``, left by a rebuild that found
+    its data or manifest gone): mark them pruned, journalled like any prune, so that they stay in
+    the lineage and ``gc`` may run again. ``dry_run``: which would be marked."""
+    started = time.perf_counter()
+    with sessions() as s:
+        ids = tuple(s.scalars(select(Commit.id).where(Commit.damage.is_not(None), Commit.pruned.is_(False))
+                              .order_by(Commit.id)))
+    if ids and not dry_run:
+        with journal.entry(backend, {"op": "prune", "commits": list(ids)}) as key, \
+                write_transaction(sessions) as s:
+            _mark(s, ids)
+            catalog.record_journal_key(s, key)
+    with reading() as s:
+        freeable = liveness.freeable(s)
+    return PruneReport(dry_run=dry_run, rules=RetentionRules(), considered=len(ids), kept=0, pruned=ids,
+                       already_pruned=0, kept_by={}, freeable_chunks=freeable.chunks, freeable_bytes=freeable.bytes,
+                       freeable_packs=freeable.packs, freeable_pack_bytes=freeable.pack_bytes,
+                       seconds=time.perf_counter() - started)

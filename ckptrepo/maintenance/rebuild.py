@@ -1,22 +1,34 @@
 """Rebuild the database from the store alone: packs, commit manifests and the journal.
 
-What comes from where (docs/design.md, "The store as the source of truth"):
+What comes from where (docs/design.md, "The store as the source of truth"); every object is
+checked as it is read (``maintenance.scan``) and nothing that fails a check is used:
 
 - ``packs`` and the chunk index: every pack's footer (``chunks.pack``). A chunk found in
   several packs (a repack's old and new pack, both still stored) is indexed at its
-  shallowest encoding; a delta whose base is stored nowhere is left out (reported).
-- commits, edges, metrics, tensors and entries: every commit's manifest (``ledger.manifest``),
-  checked against its id, recorded parents first through the same ``catalog.record_commit``
-  a commit uses (so first-parent lines and tensor runs are derived as they were). A tensor
-  whose chunks are gone (a pruned commit's, after ``gc``) gets its row and statistics without
-  chunks, and its commit is marked pruned. A manifest whose parent has none is skipped, with
-  its descendants (reported).
-- ``pruned`` marks and the retention setting: the journal (``ledger.journal``).
-- refs: replayed from the commits' own branch moves (each applies by compare-and-swap when
-  the branch is at the head it expected, in time order, a move that waited for its predecessor
-  applying as soon as that one has) and the journal's ref changes (applied as they were
-  written). A commit whose move never applies and that no ref reaches is kept on
-  ``conflicts/<branch>/<short id>``, as a commit that lost its compare-and-swap is.
+  shallowest encoding; a delta whose base is stored nowhere is left out (reported). Rows go in
+  bases first, by the delta chains themselves (``catalog.insert_chunks``).
+- commits, edges, metrics, tensors and entries: every commit's manifest, checked through the
+  manifest chain (``ledger.manifest``: checksum, commit id, every tensor id recomputed),
+  recorded parents first through the same ``catalog.record_commit`` a commit uses (so
+  first-parent lines and tensor runs are derived as they were).
+- **damage**: a commit whose manifest is missing or refused keeps its place in the lineage as a
+  *damaged* node (``commits.damage``: no metadata, no tensors), so its descendants are rebuilt
+  on top of it instead of being dropped; when the database being replaced still has the commit,
+  its record is taken from there instead (``recovered``). A commit with a tensor whose chunks
+  are not all stored (or add up to another size than its record) is damaged too, unless the
+  journal says it was pruned (then gc dropped them: it is pruned). Damaged commits cannot be
+  read (``CommitDamaged``), ``verify`` fails on them, and ``gc`` refuses to run while one is
+  not pruned, so nothing they may still need is deleted.
+- ``pruned`` marks and the retention setting: the journal (``ledger.journal``); the keys of its
+  entries go to ``journal_keys``.
+- refs: replayed (``maintenance.replay``) from the commits' own branch moves and the journal's
+  ref changes. A commit whose move never applies and that no ref reaches is kept on
+  ``conflicts/<branch>/<short id>``, as a commit that lost its compare-and-swap is; a ref whose
+  commit has no manifest points at that commit's damaged node.
+
+The store must be this repository's (``ledger.identity``; a store with no identity is read as
+it is). The report lists everything skipped and counts the damaged commits; the CLI exits
+non-zero when either is not empty (``RebuildReport.ok``).
 
 Atomic: everything is inserted in one transaction. On SQLite the database is built as a new
 file beside the old one and renamed into place, the old one (if any) kept as
@@ -30,140 +42,102 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import time
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, exists, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy import Engine, delete, exists, select, update
+from sqlalchemy.orm import Session, sessionmaker
 
 from ckptrepo import faults
 from ckptrepo.atomic import fsync_dir
-from ckptrepo.chunks.pack import read_index
 from ckptrepo.config import RepoConfig
-from ckptrepo.db import catalog, migrate
+from ckptrepo.db import catalog, migrate, pending
 from ckptrepo.db.engine import database_url, insert_tuples, make_engine
-from ckptrepo.db.models import Commit, Pack, Ref, RepoMeta, Tensor, TensorChunk
-from ckptrepo.errors import CkptError, RepositoryExists
+from ckptrepo.db.models import Commit, JournalKey, Pack, Ref, RepoMeta, Tensor, TensorChunk
+from ckptrepo.errors import RepositoryExists, StoreInUse
 from ckptrepo.ids import short
-from ckptrepo.ledger import journal, manifest
-from ckptrepo.locations import ChunkLocation
+from ckptrepo.ledger import identity, manifest
+from ckptrepo.maintenance import backfill, scan
+from ckptrepo.maintenance.replay import replay_refs
 from ckptrepo.storage.base import Backend
 from ckptrepo.types import RebuildReport
 
-_PACK_KEY = re.compile(r"packs/([0-9a-f]{2})/([0-9a-f]{64})\.pack")
-_RAW = 0  # codecs.Encoding.RAW
-_READERS = 8  # store reads in flight (an object store's latency, not the CPU, bounds them)
+_MISSING = "its manifest is missing from the store"
 
 
 @dataclass
-class _Store:
-    """What the store holds, read before anything is written."""
+class _Plan:
+    """The commits to record (bodies of manifests, parents first; damaged nodes included), the
+    refs to set, and why each damaged commit is."""
 
-    packs: list[tuple[str, int, int, bool, datetime]] = field(default_factory=list)
-    chunks: dict[str, ChunkLocation] = field(default_factory=dict)
-    manifests: dict[str, dict[str, Any]] = field(default_factory=dict)
-    manifest_bytes: int = 0
-    journal: list[dict[str, Any]] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
-
-
-def _read_store(backend: Backend, *, compression: bool) -> _Store:
-    found = _Store()
-    pack_keys = [(m.group(2), key) for key in backend.list("packs/")
-                 if (m := _PACK_KEY.fullmatch(key)) is not None and m.group(2).startswith(m.group(1))]
-
-    def one_pack(item: tuple[str, str]) -> tuple[str, int, float, list[ChunkLocation]] | str:
-        pid, key = item
-        try:
-            return pid, backend.size(key), backend.mtime(key), read_index(backend, key, pack_id=pid)
-        except CkptError as exc:
-            return f"pack {pid}: {exc}"
-
-    def one_manifest(cid: str) -> tuple[dict[str, Any], int] | str:
-        key = manifest.key_of(cid)
-        try:
-            data = backend.get(key)
-            return manifest.read_bytes(data, cid, key=key), len(data)
-        except CkptError as exc:
-            return f"manifest of {short(cid)}: {exc}"
-
-    with ThreadPoolExecutor(_READERS, thread_name_prefix="ckpt-rebuild") as pool:
-        for got in pool.map(one_pack, pack_keys):
-            if isinstance(got, str):
-                found.skipped.append(got)
-                continue
-            pid, size, mtime, entries = got
-            deferred = compression and bool(entries) and all(e.encoding == _RAW for e in entries)
-            found.packs.append((pid, size, len(entries), deferred, datetime.fromtimestamp(mtime, timezone.utc)))
-            for loc in entries:
-                have = found.chunks.get(loc.chunk_id)
-                if have is None or loc.depth < have.depth:
-                    found.chunks[loc.chunk_id] = loc
-        for got_m in pool.map(one_manifest, list(manifest.stored_ids(backend))):
-            if isinstance(got_m, str):
-                found.skipped.append(got_m)
-                continue
-            body, size = got_m
-            found.manifests[body["id"]] = body
-            found.manifest_bytes += size
-    found.journal = [entry for _, entry in journal.entries(backend)]
-    return found
+    order: list[dict[str, Any]] = field(default_factory=list)
+    refs: dict[tuple[str, str], str] = field(default_factory=dict)
+    conflicts: int = 0
+    damaged: dict[str, str] = field(default_factory=dict)
 
 
-def _decodable(chunks: dict[str, ChunkLocation], skipped: list[str]) -> list[ChunkLocation]:
-    """The chunks whose delta chain ends in a stored chunk."""
-    ok: dict[str, bool] = {}
-
-    def check(cid: str) -> bool:
-        chain: list[str] = []
-        at: str | None = cid
-        while at is not None and at not in ok:
-            loc = chunks.get(at)
-            if loc is None or at in chain:
-                break
-            chain.append(at)
-            at = loc.base_id
-        good = at is None or ok.get(at, False)
-        for x in chain:
-            ok[x] = good
-        return ok.get(cid, False)
-
-    out = [loc for cid, loc in chunks.items() if check(cid)]
-    if len(out) < len(chunks):
-        skipped.append(f"{len(chunks) - len(out)} chunk(s) whose delta base is stored nowhere")
-    return out
+def _placeholder(cid: str, created_at: datetime) -> dict[str, Any]:
+    """The body recorded for a commit whose manifest is lost: a lineage node with nothing else."""
+    row: dict[str, Any] = dict.fromkeys(manifest.COMMIT_FIELDS)
+    row.update(message="", created_at=created_at.isoformat(), author="", host="", skeleton={}, n_tensors=0,
+               logical_bytes=0, new_bytes=0, stored_bytes=0, stall_s=0.0, wait_s=0.0, persist_s=0.0, nonfinite=0)
+    return {"id": cid, "commit": row, "edges": [], "metrics": {}, "entries": {}, "tensors": {}, "move": None}
 
 
-def _in_order(manifests: dict[str, dict[str, Any]], skipped: list[str]) -> list[dict[str, Any]]:
-    """The manifests parents first; those with a parent that has none are left out."""
-    done: set[str] = set()
+def _plan(found: scan.Scan) -> _Plan:
+    plan = _Plan(damaged=dict(found.lost))
+    bodies = dict(found.manifests)
+    refs, lost = replay_refs(bodies, [e for _, e in found.journal])
+    # Every commit something names but whose manifest is gone or refused becomes a damaged node,
+    # so that nothing that descends from it, or a ref points at, is dropped.
+    named = {e[0] for b in bodies.values() for e in b["edges"]} | set(found.lost) | set(refs.values())
+    children: dict[str, list[str]] = {}
+    for b in bodies.values():
+        for e in b["edges"]:
+            children.setdefault(e[0], []).append(b["commit"]["created_at"])
+    now = datetime.now(timezone.utc)
+    for cid in sorted(named - bodies.keys()):
+        plan.damaged.setdefault(cid, _MISSING)
+        when = min((datetime.fromisoformat(t) for t in children.get(cid, ())), default=now)
+        bodies[cid] = _placeholder(cid, when)
+    plan.order = _in_order(bodies, found.skipped, plan.damaged)
+    recorded = {b["id"] for b in plan.order}
+    plan.refs = {ref: cid for ref, cid in refs.items() if cid in recorded}
+    reached = _reachable(bodies, plan.refs.values())
+    for cid in lost:
+        if cid not in reached and cid in recorded:
+            plan.refs[("branch", f"conflicts/{bodies[cid]['move']['branch']}/{short(cid)}")] = cid
+            plan.conflicts += 1
+    return plan
+
+
+def _in_order(bodies: dict[str, dict[str, Any]], skipped: list[str], damaged: dict[str, str]) -> list[dict[str, Any]]:
+    """The bodies parents first (every parent has a body: ``_plan`` adds damaged nodes). None is
+    left out but commits on a cycle of edges, which only crafted manifests can make."""
     order: list[dict[str, Any]] = []
     waiting: dict[str, list[str]] = {}
     missing: dict[str, int] = {}
-    for cid, body in manifests.items():
+    for cid, body in bodies.items():
         parents = {e[0] for e in body["edges"]}
         missing[cid] = len(parents)
         for p in parents:
             waiting.setdefault(p, []).append(cid)
-    ready = sorted((cid for cid, n in missing.items() if n == 0), key=lambda c: manifests[c]["commit"]["created_at"])
+    ready = sorted((cid for cid, n in missing.items() if n == 0), key=lambda c: bodies[c]["commit"]["created_at"])
     while ready:
         cid = ready.pop()
-        done.add(cid)
-        order.append(manifests[cid])
+        order.append(bodies[cid])
         for child in waiting.get(cid, ()):
             missing[child] -= 1
             if missing[child] == 0:
                 ready.append(child)
-    for cid in sorted(set(manifests) - done):
-        absent = sorted({e[0] for e in manifests[cid]["edges"]} - manifests.keys())
-        why = f"its parent {short(absent[0])} has no manifest" if absent else "an ancestor was skipped"
-        skipped.append(f"commit {short(cid)}: {why}")
+    done = {b["id"] for b in order}
+    for cid in sorted(set(bodies) - done):
+        skipped.append(f"commit {short(cid)}: its edges form a cycle")
+        damaged.pop(cid, None)
     return order
 
 
@@ -173,21 +147,36 @@ def _commit_row(body: Mapping[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _record_commits(s: Session, order: list[dict[str, Any]], stored: set[str]) -> set[str]:
-    """Insert every commit of ``order`` (parents first); returns the ids of those with a tensor
-    whose chunks are not all stored."""
+def _missing_data(body: Mapping[str, Any], sizes: Mapping[str, int]) -> str | None:
+    """Why commit ``body`` cannot be read from the chunks stored (``sizes``: raw length by chunk
+    id), or None when every tensor's chunks are stored and add up to its size."""
+    for name, tid in sorted(body["entries"].items()):
+        record = body["tensors"][tid]
+        ids = manifest.chunk_ids(record)
+        gone = sum(1 for c in ids if c not in sizes)
+        if gone:
+            return f"{gone} of the {len(ids)} chunks of tensor {name!r} are missing from the store"
+        total = sum(sizes[c] for c in ids)
+        if total != record[2]:
+            return f"the chunks of tensor {name!r} add up to {total} bytes, its manifest records {record[2]}"
+    return None
+
+
+def _record_commits(s: Session, order: list[dict[str, Any]], sizes: Mapping[str, int]) -> dict[str, str]:
+    """Insert every commit of ``order`` (parents first); returns why each commit whose data is not
+    all stored cannot be read, by id (their tensors without all chunks are recorded without)."""
     layouts: dict[str, catalog.CommitLayout] = {}
     children: dict[str, int] = {}
     for body in order:
         for e in body["edges"]:
             children[e[0]] = children.get(e[0], 0) + 1
-    dataless_commits: set[str] = set()
+    unreadable: dict[str, str] = {}
     for body in order:
         tensors, dataless = [], []
         for tid, rec in body["tensors"].items():
             ids = manifest.chunk_ids(rec)
             tensors.append(catalog.TensorRow(tid, rec[0], rec[1], rec[2], rec[3], ids, rec[5], rec[4]))
-            if not stored.issuperset(ids):
+            if not all(c in sizes for c in ids):
                 dataless.append(tid)
         edges = [catalog.EdgeRow(p, kind, pos, mapping) for p, kind, pos, mapping in body["edges"]]
         first = catalog.first_parent_of(edges)
@@ -196,130 +185,95 @@ def _record_commits(s: Session, order: list[dict[str, Any]], stored: set[str]) -
             s, packs=[], chunks=[], tensors=tensors, commit=row, entries=body["entries"], edges=edges,
             metrics=body["metrics"], now=row["created_at"], parent=layouts.get(first) if first else None,
             dataless=dataless)
-        if dataless:
-            dataless_commits.add(body["id"])
+        why = _missing_data(body, sizes)
+        if why is not None:
+            unreadable[body["id"]] = why
         for e in body["edges"]:  # a parent's layout is kept until its last child is recorded
             children[e[0]] -= 1
             if children[e[0]] == 0 and e[0] in layouts:
                 del layouts[e[0]]
         faults.point("rebuild.after_commit")
-    return dataless_commits
+    return unreadable
 
 
-@dataclass(frozen=True)
-class _Move:
-    at: float
-    expected: str | None
-    target: str
-
-
-def replay_refs(manifests: Mapping[str, Mapping[str, Any]], entries: Iterable[Mapping[str, Any]]
-                ) -> tuple[dict[tuple[str, str], str], list[str]]:
-    """The refs ``{(kind, name): commit id}`` that the commits' branch moves and the journal's ref
-    changes leave, and the commits whose move never applied.
-
-    Per ref, the journal's changes (forced: branch create, reset, delete; tags) apply in time
-    order. From each value the ref takes, it follows the commits' moves that expected that value
-    (compare-and-swap). Of several moves from one value, which one the database took shows in
-    what came after: the move whose own successors reach the latest time is taken (the others
-    ended there: they lost, like a rolled-back transaction), ties to the later move. Timestamps
-    only order the forced changes against the moves, so another host's clock being behind does
-    not reorder a chain of moves."""
-    moves: dict[tuple[str, str], list[_Move]] = {}
-    forced: dict[tuple[str, str], list[tuple[float, str | None]]] = {}
-    for cid, body in manifests.items():
-        move = body["move"]
-        moves.setdefault(("branch", move["branch"]), []).append(_Move(move["at"], move["from"], cid))
-    for entry in entries:
-        if entry.get("op") == "ref":
-            forced.setdefault((entry["kind"], entry["name"]), []).append((entry["at"], entry["to"]))
-    refs: dict[tuple[str, str], str] = {}
-    lost: list[str] = []
-    for ref in sorted(moves.keys() | forced.keys()):
-        current, unused = _follow(moves.get(ref, []), sorted(forced.get(ref, []), key=lambda f: f[0]))
-        if current is not None:
-            refs[ref] = current
-        lost.extend(m.target for m in unused)
-    return refs, lost
-
-
-def _follow(moves: list[_Move], forced: list[tuple[float, str | None]]) -> tuple[str | None, list[_Move]]:
-    by_expected: dict[str | None, list[_Move]] = {}
-    for m in moves:
-        by_expected.setdefault(m.expected, []).append(m)
-    latest: dict[str, float] = {}
-
-    def reach(m: _Move) -> float:  # the latest time among m and the moves after it (iterative DFS)
-        stack = [(m, False)]
-        while stack:
-            node, done = stack.pop()
-            if node.target in latest:
-                continue
-            after = by_expected.get(node.target, [])
-            if done:
-                latest[node.target] = max([node.at, *(latest[a.target] for a in after)])
-                continue
-            stack.append((node, True))
-            stack.extend((a, False) for a in after if a.target not in latest)
-        return latest[m.target]
-
-    used: set[str] = set()
-    current: str | None = None
-    for until, value in [*forced, (float("inf"), None)]:
-        while True:
-            options = [m for m in by_expected.get(current, []) if m.target not in used and m.at <= until]
-            if not options:
-                break
-            best = max(options, key=lambda m: (reach(m), m.at, m.target))
-            used.add(best.target)
-            current = best.target
-        if until != float("inf"):
-            current = value
-    return current, [m for m in moves if m.target not in used]
-
-
-def _reachable(manifests: Mapping[str, Mapping[str, Any]], heads: Iterable[str]) -> set[str]:
+def _reachable(bodies: Mapping[str, Mapping[str, Any]], heads: Iterable[str]) -> set[str]:
     seen: set[str] = set()
-    todo = [h for h in heads if h in manifests]
+    todo = [h for h in heads if h in bodies]
     while todo:
         cid = todo.pop()
         if cid in seen:
             continue
         seen.add(cid)
-        todo.extend(e[0] for e in manifests[cid]["edges"] if e[0] in manifests)
+        todo.extend(e[0] for e in bodies[cid]["edges"] if e[0] in bodies)
     return seen
 
 
-def _write(s: Session, found: _Store, order: list[dict[str, Any]]) -> tuple[int, int, int, int, int, int]:
+@dataclass(frozen=True)
+class _Counts:
+    chunks: int
+    commits: int
+    pruned: int
+    damaged: int
+    branches: int
+    tags: int
+
+
+def _write(s: Session, found: scan.Scan, plan: _Plan) -> _Counts:
     conn = s.connection()
     insert_tuples(conn, Pack, ("id", "size", "n_chunks", "deferred", "created_at"), sorted(found.packs))
-    chunks = _decodable(found.chunks, found.skipped)
+    chunks = scan.decodable(found.chunks, found.skipped)
     catalog.insert_chunks(s, chunks)
-    dataless = _record_commits(s, order, {c.chunk_id for c in chunks})
+    unreadable = _record_commits(s, plan.order, {c.chunk_id: c.raw_length for c in chunks})
     # Tensors recorded without their chunks get what gc leaves of them (``catalog.drop_chunk_lists``).
     catalog.drop_chunk_lists(s, list(s.scalars(select(Tensor.key).where(
         Tensor.n_chunks > 0, ~exists().where(TensorChunk.tensor_key == Tensor.key)))))
-    recorded = {body["id"]: body for body in order}
-    marked = {cid for e in found.journal if e.get("op") == "prune" for cid in e.get("commits", ())}
-    pruned = sorted((marked & recorded.keys()) | dataless)
+    recorded = {body["id"] for body in plan.order}
+    marked = {cid for _, e in found.journal if e["op"] == "prune" for cid in e["commits"]} & recorded
+    # Data gone from a commit the journal pruned is what gc frees; from any other, it is damage.
+    damaged = {**{cid: why for cid, why in unreadable.items() if cid not in marked},
+               **{cid: why for cid, why in plan.damaged.items() if cid in recorded}}
+    pruned = sorted(marked)
     for start in range(0, len(pruned), 500):
         s.execute(update(Commit).where(Commit.id.in_(pruned[start : start + 500])).values(pruned=True))
-    refs, lost = replay_refs(recorded, found.journal)
-    refs = {ref: cid for ref, cid in refs.items() if cid in recorded}
-    reached = _reachable(recorded, refs.values())
-    conflicts = 0
-    for cid in lost:
-        if cid not in reached:
-            refs[("branch", f"conflicts/{recorded[cid]['move']['branch']}/{short(cid)}")] = cid
-            conflicts += 1
+    for cid, why in sorted(damaged.items()):
+        s.execute(update(Commit).where(Commit.id == cid).values(damage=why))
     now = datetime.now(timezone.utc)
     insert_tuples(conn, Ref, ("kind", "name", "commit_id", "updated_at"),
-                  sorted((kind, name, cid, now) for (kind, name), cid in refs.items()))
-    settings = [e for e in found.journal if e.get("op") == "retention"]
+                  sorted((kind, name, cid, now) for (kind, name), cid in plan.refs.items()))
+    insert_tuples(conn, JournalKey, ("key",), sorted((key,) for key, _ in found.journal))
+    s.execute(delete(RepoMeta).where(RepoMeta.key == "journal_keys_from"))  # every entry is recorded
+    settings = [e for _, e in found.journal if e["op"] == "retention"]
     if settings and settings[-1].get("rules") is not None:
         insert_tuples(conn, RepoMeta, ("key", "value"), [("retention", json.dumps(settings[-1]["rules"]))])
-    branches = sum(1 for kind, _ in refs if kind == "branch")
-    return len(chunks), len(order), len(pruned), branches, len(refs) - branches, conflicts
+    branches = sum(1 for kind, _ in plan.refs if kind == "branch")
+    return _Counts(len(chunks), len(plan.order), len(pruned), len(damaged), branches, len(plan.refs) - branches)
+
+
+def _recover(url: str, found: scan.Scan) -> list[str]:
+    """Take the record of every commit whose manifest is missing or refused from the database at
+    ``url`` (the one being replaced), when it has the commit and the record passes the manifest
+    checks; returns the ids recovered. A database that cannot be read recovers nothing."""
+    engine: Engine | None = None
+    recovered: list[str] = []
+    try:
+        engine = make_engine(url)
+        sessions = sessionmaker(bind=engine)
+        with pending.reading(sessions, defers=engine.dialect.name == "sqlite") as s:
+            ids = [cid for cid in s.scalars(select(Commit.id).where(Commit.damage.is_(None)))
+                   if cid not in found.manifests]
+            for cid in ids:
+                body = backfill.manifest_of(s, cid)
+                with contextlib.suppress(Exception):  # a record that fails the checks is not used
+                    body = manifest.read_bytes(manifest.encode(body), cid)
+                    found.manifests[cid] = body
+                    found.lost.pop(cid, None)
+                    recovered.append(cid)
+    except Exception as exc:  # the old database is damaged or of another schema: nothing to recover
+        found.skipped.append(f"the database being replaced could not be read to recover commits: {exc}")
+    finally:
+        if engine is not None:
+            engine.dispose()
+    return recovered
 
 
 def _remove_sqlite(path: Path) -> None:
@@ -330,26 +284,36 @@ def _remove_sqlite(path: Path) -> None:
 def rebuild(repo_dir: Path, config: RepoConfig, backend: Backend, *, replace: bool = False) -> RebuildReport:
     """Recreate the database of the repository in ``repo_dir`` from its store (``backend``);
     see the module docstring. RepositoryExists when its database holds a repository already,
-    unless ``replace`` (SQLite: the old file is kept beside the new one)."""
+    unless ``replace`` (SQLite: the old file is kept beside the new one); StoreInUse when the
+    store belongs to another repository."""
     started = time.perf_counter()
-    url = database_url(config.db_url, repo_dir)
+    owner = identity.read(backend)
+    if owner is not None and owner != config.repo_id:
+        raise StoreInUse(url=backend.url, found=owner, expected=config.repo_id)
+    url = old_url = database_url(config.db_url, repo_dir)
     sqlite = url.startswith("sqlite")
     target = building = Path()
     if sqlite:
         target, building = _file_of(url)
-        if target.exists() and _holds_repository(url) and not replace:
+        had_repository = target.exists() and _holds_repository(url)  # connecting would create the file
+        if had_repository and not replace:
             raise RepositoryExists(path=str(target), hint="Pass --replace (replace=True) to rebuild over it; "
                                    "the old file is kept beside the new one.")
         _remove_sqlite(building)  # left by a rebuild that did not finish
         url = database_url(f"sqlite:///{building}", repo_dir)
+    else:
+        had_repository = _holds_repository(url)
     where = str(target) if sqlite else _safe(url)
-    found = _read_store(backend, compression=config.compression)
-    order = _in_order(found.manifests, found.skipped)
+    found = scan.scan(backend, compression=config.compression)
+    recovered: list[str] = []
+    if had_repository and replace:
+        recovered = _recover(old_url, found)
+    plan = _plan(found)
     meta = {"repo_id": config.repo_id, "format_version": str(config.format_version)}
     engine = make_engine(url)
     try:
         with migrate.building(engine, meta, replace=replace and not sqlite) as conn, Session(bind=conn) as s:
-            counts = _write(s, found, order)
+            counts = _write(s, found, plan)
             faults.point("rebuild.before_commit")
     finally:
         engine.dispose()
@@ -365,12 +329,12 @@ def rebuild(repo_dir: Path, config: RepoConfig, backend: Backend, *, replace: bo
         # makes it the database, and the folder's fsync makes the rename durable.
         os.replace(building, target)
         fsync_dir(target.parent)
-    chunks, commits, pruned, branches, tags, conflicts = counts
     return RebuildReport(
-        database=where, packs=len(found.packs), chunks=chunks,
-        commits=commits, pruned=pruned, branches=branches, tags=tags, conflicts=conflicts,
-        journal_entries=len(found.journal), manifest_bytes=found.manifest_bytes, skipped=tuple(found.skipped),
-        moved_aside=moved_aside, seconds=time.perf_counter() - started)
+        database=where, packs=len(found.packs), chunks=counts.chunks,
+        commits=counts.commits, pruned=counts.pruned, branches=counts.branches, tags=counts.tags,
+        conflicts=plan.conflicts, journal_entries=len(found.journal), manifest_bytes=found.manifest_bytes,
+        skipped=tuple(found.skipped), moved_aside=moved_aside, seconds=time.perf_counter() - started,
+        damaged=counts.damaged, recovered=len(recovered))
 
 
 def _file_of(url: str) -> tuple[Path, Path]:

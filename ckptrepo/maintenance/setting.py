@@ -12,6 +12,7 @@ import json
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from ckptrepo.db import catalog
 from ckptrepo.db.engine import write_transaction
 from ckptrepo.db.models import RepoMeta
 from ckptrepo.errors import FormatError, UsageError
@@ -41,7 +42,8 @@ def write(sessions: sessionmaker[Session], backend: Backend, rules: RetentionRul
     one write transaction."""
     text = None if rules is None else json.dumps(retention.checked(rules).to_json(), sort_keys=True)
     change = {"op": "retention", "rules": None if text is None else json.loads(text)}
-    with journal.entry(backend, change), write_transaction(sessions) as s:
+    with journal.entry(backend, change) as key, write_transaction(sessions) as s:
+        catalog.record_journal_key(s, key)
         s.execute(delete(RepoMeta).where(RepoMeta.key == KEY))
         if text is not None:
             s.add(RepoMeta(key=KEY, value=text))

@@ -39,7 +39,7 @@ from __future__ import annotations
 import re
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
@@ -54,8 +54,9 @@ from ckptrepo.chunks.pack import ENTRY, HEADER, TRAILER, pack_key, read_index
 from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Pack, Ref, Tensor, TensorChunk
 from ckptrepo.errors import CkptError
 from ckptrepo.ids import short
-from ckptrepo.ledger import journal, manifest
+from ckptrepo.ledger import identity, journal, manifest
 from ckptrepo.locations import ChunkLocation
+from ckptrepo.maintenance.verify_ledger import LedgerCheck
 from ckptrepo.storage import Backend, local_staging
 from ckptrepo.types import Problem, VerifyCounts, VerifyReport
 
@@ -67,6 +68,7 @@ __all__ = ["Problem", "VerifyCounts", "VerifyReport", "verify"]
 _IN_BATCH = 500
 _PACK_KEY = re.compile(r"packs/([0-9a-f]{2})/([0-9a-f]{64})\.pack")
 _MAX_REASONS = 3
+_LEASES = "leases/"
 
 
 def verify(reading: Callable[[], AbstractContextManager[Session]], backend: Backend, reader: ChunkReader, *,
@@ -80,13 +82,21 @@ def verify(reading: Callable[[], AbstractContextManager[Session]], backend: Back
     """
     started = time.monotonic()
     run = _Run(backend, reader, full)
+    ledger = LedgerCheck(backend, full)
     with reading() as s:
         _snapshot(s)
         run.check_lineage(s)
         run.check_tensors(s)
         run.check_packs(s)
         run.resolve_users(s)
+        ledger.check(s)
     run.check_store()
+    if full:
+        run.check_copies()
+    ledger.confirm_missing(reading)
+    for problem in ledger.problems:
+        run.found[problem.kind].append(problem)
+    run.counts.update(ledger.counts)
     report = run.report(time.monotonic() - started)
     with reading() as s:
         rows = s.execute(select(Ref.name, Ref.commit_id).where(Ref.kind == "branch").order_by(Ref.name))
@@ -155,6 +165,10 @@ class _Run:
     commit_tensors: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     pack_ids: set[str] = field(default_factory=set)
     commit_ids: set[str] = field(default_factory=set)
+    # full: every pack's index entries, the chunk rows' locations by id, and those already read
+    copies: dict[str, list[ChunkLocation]] = field(default_factory=dict)
+    row_locations: dict[str, ChunkLocation] = field(default_factory=dict)
+    verified: set[ChunkLocation] = field(default_factory=set)
 
     # -- lineage: refs, commits, entries ----------------------------------------------------
 
@@ -215,8 +229,10 @@ class _Run:
             elif int(raw_sum) != nbytes:
                 bad[tkey] = tid, f"its chunks add up to {raw_sum} bytes, its row records {nbytes}"
         for batch in _batches(dropped):
+            # A damaged commit (``commits.damage``) is reported as such: its dropped lists are its damage.
             for cid, name in s.execute(select(Entry.commit_id, Entry.name).join(Commit, Commit.id == Entry.commit_id)
-                                       .where(Entry.tensor_key.in_(batch), Commit.pruned.is_(False))):
+                                       .where(Entry.tensor_key.in_(batch), Commit.pruned.is_(False),
+                                              Commit.damage.is_(None))):
                 bad_reason = f"tensor {name!r} has no chunks: gc dropped them when only pruned commits named it"
                 self.commit_reasons[cid].append(bad_reason)
                 self.commit_tensors[cid].add(name)
@@ -257,6 +273,9 @@ class _Run:
                 good = self._check_chunks(pid, rows, index, payload_end)
                 if self.full:
                     self._read_chunks(pool, good)
+                    self.copies[pid] = [loc for locs in index.values() for loc in locs]
+                    self.row_locations.update((loc.chunk_id, loc) for _, loc in good)
+                    self.verified.update(loc for _, loc in good)
 
     def _read_pack(self, pid: str, recorded_size: int,
                    recorded_count: int) -> tuple[dict[str, list[ChunkLocation]], int]:
@@ -321,16 +340,7 @@ class _Run:
                 self.pending.append(_Pending("corrupt_chunk", loc.chunk_id, failure, {key}, loc.pack_id, loc.chunk_id))
 
     def _read_one(self, loc: ChunkLocation) -> str | None:
-        try:
-            self.reader.read(loc)
-        except CkptError as exc:
-            why = str(exc.fields.get("detail", exc.message))
-            why = why.removeprefix(f"chunk {loc.chunk_id} in pack {loc.pack_id}: ")
-        except Exception as exc:  # a verifier reports what it cannot decode, whatever the codec raised
-            why = f"{type(exc).__name__}: {exc}"
-        else:
-            return None
-        return f"chunk {short(loc.chunk_id)} in pack {short(loc.pack_id)}: {why}"
+        return _read_with(self.reader, loc)
 
     def resolve_users(self, s: Session) -> None:
         """Turn pending problems into problems naming the commits and tensors they break."""
@@ -344,14 +354,12 @@ class _Run:
 
     def check_store(self) -> None:
         now = time.time()
-        manifests: set[str] = set()
         for key in self.backend.list(""):
             self.counts["store_objects"] += 1
-            if key.startswith(journal.PREFIX):
-                continue
+            if key.startswith((journal.PREFIX, _LEASES)) or key == identity.KEY:
+                continue  # checked by ``verify_ledger`` (leases: writers' own, short-lived)
             cid = manifest.commit_of_key(key)
             if cid is not None:
-                manifests.add(cid)
                 if cid not in self.commit_ids:
                     self._leftover("unreferenced_manifest", key, "no commit has it", now)
                 continue
@@ -359,12 +367,10 @@ class _Run:
             pid = match.group(2) if match and match.group(2).startswith(match.group(1)) else None
             if pid in self.pack_ids:
                 continue
+            if pid is not None and self._unreferenced_pack_damaged(pid, key):
+                continue
             self._leftover("unreferenced_pack", key, "no packs row names it" if pid else "not a pack name", now,
                            pack_id=pid)
-        for cid in sorted(self.commit_ids - manifests):
-            self.found["missing_manifest"].append(Problem(
-                "missing_manifest", cid, f"commit {short(cid)} has no manifest in the store: a database rebuilt "
-                "from the store would not have it (`ckpt db manifests` writes it)", commits=(cid,)))
         staging = local_staging(self.backend)
         if staging is None or not staging.is_dir():
             return
@@ -377,6 +383,63 @@ class _Run:
                 self.found["temporary_file"].append(Problem(
                     "temporary_file", str(path), f"{path.name}: left by an interrupted write; gc reclaims it",
                     size=st.st_size, age_s=now - st.st_mtime))
+
+    def _unreferenced_pack_damaged(self, pid: str, key: str) -> bool:
+        """Whether a pack no row names fails its footer or name check (then reported as a damaged
+        pack: it is not a leftover of an interrupted write, which is whole, and a rebuild would
+        index what it holds). With ``full`` its entries join the copies ``check_copies`` reads."""
+        try:
+            entries = read_index(self.backend, key, pack_id=pid, named=True)
+        except CkptError as exc:
+            if not self.backend.exists(key):
+                return True  # deleted since listed (a concurrent gc): nothing left to report
+            self.found["damaged_pack"].append(Problem(
+                "damaged_pack", pid, f"pack {short(pid)} (no packs row names it): "
+                f"{exc.fields.get('detail', exc.message)}", pack_id=pid))
+            return True
+        if self.full:
+            self.copies[pid] = entries
+        return False
+
+    def check_copies(self) -> None:
+        """full: read every chunk copy of every pack that no chunk row points at (a dead chunk of a
+        partly live pack, a repack's old copy, a leftover pack's chunks), resolving delta bases by
+        id among the rows and every pack's index. A rebuild would index such a copy, so a damaged
+        one is an error even though no commit reads it now. A delta whose base is stored nowhere
+        cannot be decoded (nor used by a rebuild): counted, not read."""
+        known: dict[str, ChunkLocation] = dict(self.row_locations)
+        for locs in self.copies.values():
+            for loc in locs:
+                known.setdefault(loc.chunk_id, loc)
+
+        def lookup(ids: Collection[str]) -> dict[str, ChunkLocation]:
+            return {i: known[i] for i in ids if i in known}
+
+        def resolvable(loc: ChunkLocation) -> bool:
+            seen: set[str] = set()
+            base = loc.base_id
+            while base is not None:
+                if base in seen or base not in known:
+                    return False
+                seen.add(base)
+                base = known[base].base_id
+            return True
+
+        from ckptrepo.chunks.store import ChunkReader  # chunk decoding loads numpy: full verify only
+
+        reader = ChunkReader(self.backend, lookup)
+        todo = [loc for locs in self.copies.values() for loc in locs if loc not in self.verified]
+        for loc in todo:
+            if not resolvable(loc):
+                self.counts["unverifiable_chunks"] += 1
+                continue
+            self.counts["chunks_read"] += 1
+            self.counts["bytes_read"] += loc.length
+            failure = _read_with(reader, loc)
+            if failure is not None:
+                self.found["corrupt_chunk"].append(Problem(
+                    "corrupt_chunk", loc.chunk_id, f"{failure} (a copy no chunk row uses: a rebuild could index it)",
+                    pack_id=loc.pack_id, chunk_id=loc.chunk_id))
 
     def _leftover(self, kind: str, key: str, what: str, now: float, *, pack_id: str | None = None) -> None:
         try:
@@ -409,7 +472,29 @@ class _Run:
             temporary_files=kind("temporary_file"),
             unreferenced_manifests=kind("unreferenced_manifest"),
             missing_manifests=kind("missing_manifest"),
+            damaged_manifests=kind("damaged_manifest"),
+            missing_journal_entries=kind("missing_journal_entry"),
+            damaged_journal_entries=kind("damaged_journal_entry"),
+            marked_damaged=kind("damaged_commit"),
+            store_identity=kind("store_identity"),
+            unrecorded_journal_entries=kind("unrecorded_journal_entry"),
+            outdated_manifests=kind("outdated_manifest"),
+            unclaimed_store=kind("unclaimed_store"),
         )
+
+
+def _read_with(reader: ChunkReader, loc: ChunkLocation) -> str | None:
+    """None when the chunk at ``loc`` decodes to its id through ``reader``, else why not."""
+    try:
+        reader.read(loc)
+    except CkptError as exc:
+        why = str(exc.fields.get("detail", exc.message))
+        why = why.removeprefix(f"chunk {loc.chunk_id} in pack {loc.pack_id}: ")
+    except Exception as exc:  # a verifier reports what it cannot decode, whatever the codec raised
+        why = f"{type(exc).__name__}: {exc}"
+    else:
+        return None
+    return f"chunk {short(loc.chunk_id)} in pack {short(loc.pack_id)}: {why}"
 
 
 def _differences(row: ChunkLocation, entry: ChunkLocation) -> list[str]:

@@ -7,6 +7,8 @@ from typing import Any
 from ckptrepo.db import catalog
 from ckptrepo.db.engine import Sessions
 from ckptrepo.db.models import Commit, Tensor
+from ckptrepo.errors import CommitDamaged
+from ckptrepo.ids import short
 from ckptrepo.lineage import nearest, revparse
 from ckptrepo.locations import ChunkLocation
 
@@ -16,14 +18,17 @@ def layout_of(reading: Sessions, rev: str,
     """``(commit id, skeleton, {entry name: (tensor row, ordered chunk locations)})`` of the commit
     ``rev`` names, for all its entries or those ``names`` it has. ``reading``: sessions whose
     snapshot holds no pending layout (``db.pending.reading``). UnknownRevision for a bad ``rev``;
-    CommitPruned for a pruned commit (from the moment it is marked, before gc drops its data):
-    every read of a commit's state (checkout, export, load_tensor, DCP loads) comes here."""
+    CommitPruned for a pruned commit (from the moment it is marked, before gc drops its data),
+    CommitDamaged for a damaged one that is not: every read of a commit's state (checkout,
+    export, load_tensor, DCP loads) comes here."""
     with reading() as s:
         cid = revparse.resolve(s, rev)
         row = s.get(Commit, cid)
         assert row is not None  # resolve found it in this snapshot
         if row.pruned:
             nearest.refuse(s, cid)
+        if row.damage is not None:
+            raise CommitDamaged(commit=short(cid), why=row.damage)
         layout = catalog.tensor_layout(s, cid, names)
         chunks = catalog.chunk_locations(s, [tr for _, tr in layout])
     return cid, row.skeleton, {e.name: (tr, chunks[tr.id]) for e, tr in layout}

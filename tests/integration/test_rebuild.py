@@ -23,8 +23,8 @@ import ckptrepo
 from ckptrepo.cli.app import app
 from ckptrepo.db import migrate
 from ckptrepo.db.engine import database_url, make_engine
-from ckptrepo.errors import RepositoryExists
-from ckptrepo.ledger import journal, manifest
+from ckptrepo.errors import CommitDamaged, RepositoryExists
+from ckptrepo.ledger import fields, journal, manifest
 
 CHUNK = 16 * 1024
 
@@ -209,21 +209,27 @@ def test_an_interrupted_commit_leaves_a_manifest_that_gc_reclaims(tmp_path: Path
         assert list(manifest.stored_ids(repo._backend)) == [first]
 
 
-def test_a_manifest_that_does_not_match_its_commit_is_skipped_and_reported(tmp_path: Path) -> None:
+def test_a_manifest_that_does_not_match_its_commit_is_skipped_reported_and_kept_as_a_damaged_node(
+        tmp_path: Path) -> None:
     with ckptrepo.Repo.init(tmp_path / "work", chunk_size=CHUNK) as repo:
         a = repo.commit(_state(0), step=1).wait().id
         b = repo.commit(_state(1), step=2).wait().id
         key = manifest.key_of(b)
         body = manifest.read(repo._backend, b)
-        body["commit"]["step"] = 3  # tampered: no longer hashes to b
+        body["commit"]["step"] = 3  # tampered, checksum made to match: no longer hashes to b
+        body["checksum"] = fields.checksum(body)
         repo._backend.put_bytes(key, manifest.encode(body))
         repo_dir = repo.repo_dir
     _lose_database(repo_dir, None)
     report = ckptrepo.Repo.rebuild_database(repo_dir)
-    assert report.commits == 1 and any("does not hash" in why for why in report.skipped)
+    assert not report.ok and report.damaged == 1 and any("does not hash" in why for why in report.skipped)
     with ckptrepo.Repo.open(repo_dir) as repo:
         # main's move to b is lost with b's manifest: main is where the last valid move left it.
-        assert [c.id for c in repo.log()] == [a] and repo.get_commit("main").id == a
+        assert [c.id for c in repo.log("main")] == [a] and repo.get_commit("main").id == a
+        assert "damaged" in (repo.get_commit(b).damage or "")
+        with pytest.raises(CommitDamaged):
+            repo.checkout(b)
+        assert not repo.verify().ok
 
 
 def test_ckpt_db_rebuild(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -304,14 +310,17 @@ def test_commits_without_manifests_are_listed_and_backfilled(tmp_path: Path, db_
             if key.startswith(("manifests/", "journal/")):
                 repo._backend.delete(key)
         report = repo.verify()
-        assert report.ok and {p.subject for p in report.missing_manifests} == set(states)
+        assert not report.ok and {p.subject for p in report.missing_manifests} == set(states)
+        assert report.missing_journal_entries and not report.damaged_commits  # every commit still restores
         before = _view(repo)
         repo_dir = repo.repo_dir
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["db", "manifests", "--json"])
     assert result.exit_code == 0 and json.loads(result.output) == {"manifests_written": len(before["log"])}
     with ckptrepo.Repo.open(repo_dir) as repo:
-        assert not repo.verify().warnings and repo.write_missing_manifests() == 0
+        report = repo.verify(full=True)
+        assert report.ok and not report.warnings, report.to_json()
+        assert repo.write_missing_manifests() == 0
     _lose_database(repo_dir, kept_db_url)
     rebuilt = ckptrepo.Repo.rebuild_database(repo_dir)
     assert not rebuilt.skipped and rebuilt.conflicts == 0

@@ -24,11 +24,13 @@ from typer.testing import CliRunner
 import ckptrepo
 from ckptrepo import errors
 from ckptrepo.chunks.pack import read_index
-from ckptrepo.chunks.store import pack_key
+from ckptrepo.chunks.store import PackSink, pack_key
 from ckptrepo.cli.app import app
 from ckptrepo.db import pending
 from ckptrepo.db.engine import make_engine
 from ckptrepo.db.models import Chunk, Entry, Ref, TensorChunk
+from ckptrepo.ids import hash_bytes
+from ckptrepo.storage import LocalBackend
 
 CHUNK = 64 * 1024
 
@@ -90,7 +92,8 @@ def test_clean_repository_is_ok(repo_path: Path) -> None:
         assert report.ok and not report.errors and not report.warnings, report.to_json()
         c = report.checked
         assert c.commits == 3 and c.refs == 1 and c.packs == len(_pack_files(repo_path)) > 3
-        assert c.store_objects == c.packs + c.commits and c.chunks >= 9 and c.tensors >= 8  # packs, manifests
+        # packs, manifests, the identity
+        assert c.store_objects == c.packs + c.commits + 1 and c.chunks >= 9 and c.tensors >= 8
         assert c.chunks_read == (c.chunks if full else 0)
     assert _unrestorable(repo_path) == ()
 
@@ -174,11 +177,14 @@ def test_full_verify_names_each_branchs_last_known_good_commit(repo_path: Path) 
 
 
 def test_leftovers_are_warnings_and_keep_ok(repo_path: Path) -> None:
-    path = next(iter(_pack_files(repo_path).values()))
-    fake = "ab" * 32
-    copy = _store(repo_path) / pack_key(fake)
-    copy.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(path, copy)
+    # A whole pack no row names: what a commit interrupted before its transaction leaves.
+    store = LocalBackend(_store(repo_path))
+    sink = PackSink(store, 1 << 20)
+    payload = b"left over by an interrupted commit"
+    sink.add(hash_bytes(payload), 0, payload, len(payload))
+    [sealed] = sink.seal()
+    fake = sealed.pack_id
+    path = _store(repo_path) / pack_key(fake)
     staging = _store(repo_path) / ".staging"
     staging.mkdir(exist_ok=True)
     (staging / "pack-leftover.tmp").write_bytes(b"x" * 100)
@@ -191,6 +197,18 @@ def test_leftovers_are_warnings_and_keep_ok(repo_path: Path) -> None:
     assert temporary.subject == str(staging / "pack-leftover.tmp") and temporary.size == 100
     assert {p.severity for p in report.warnings} == {"warning"}
     assert report.to_json()["ok"] is True and len(report.to_json()["warnings"]) == 2
+
+
+def test_a_pack_under_another_name_is_damaged_not_a_leftover(repo_path: Path) -> None:
+    path = next(iter(_pack_files(repo_path).values()))
+    fake = "ab" * 32
+    copy = _store(repo_path) / pack_key(fake)
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(path, copy)
+    for full in (False, True):
+        report = _verify(repo_path, full=full)
+        assert not report.ok and [p.subject for p in report.damaged_packs] == [fake]
+        assert "not to its name" in report.damaged_packs[0].detail and not report.unreferenced_packs
 
 
 def _tree(root: Path) -> dict[str, str]:
@@ -237,6 +255,7 @@ def test_verify_indexes_pending_layouts_and_nothing_else(tmp_path: Path) -> None
 
 def test_verify_creates_no_staging_folder(tmp_path: Path, db_url: str) -> None:
     with ckptrepo.Repo.init(tmp_path / "empty", db_url=db_url) as repo:
+        shutil.rmtree(repo.repo_dir / "store" / ".staging", ignore_errors=True)  # init wrote the store's identity
         before = _tree(tmp_path / "empty")
         report = repo.verify(full=True)
         assert report.ok and report.checked.commits == 0

@@ -32,7 +32,7 @@ from ckptrepo.db.models import Base, Chunk, Commit, Edge, Pack, RepoMeta, Tensor
 from ckptrepo.errors import FormatError, RepositoryExists, SchemaOutdated, SchemaTooNew, UsageError
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
-HEAD = "0013"  # the newest migration this code ships
+HEAD = "0014"  # the newest migration this code ships
 
 # A later schema as a future ckptrepo would ship it. Rebuilding ``packs`` (recreate on
 # SQLite), which ``chunks`` references, exercises the foreign-key handling of migrations.
