@@ -214,6 +214,37 @@ class FormatError(CkptError):
     hint = "Upgrade ckptrepo, or check that --repo points at a ckpt repository."
 
 
+class DatabaseMissing(FormatError):
+    """The repository database is missing, empty or incomplete: {detail}."""
+
+    exit_code = 6
+    hint = ("The store still holds the repository: run `ckpt db rebuild` to recreate the database from it "
+            "(`ckpt verify` afterwards). If db_url in .ckpt/config.json names the wrong database, correct it instead.")
+
+
+class DatabaseDamaged(CkptError):
+    """The repository database is damaged: {detail}."""
+
+    exit_code = 5
+    hint = ("The store still holds the repository: run `ckpt db rebuild` to recreate the database from it (the "
+            "damaged file is kept beside the new one), then `ckpt verify`.")
+
+
+_SQLITE_DAMAGE = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB: primary result codes of a damaged file
+
+
+def database_damage(exc: BaseException, where: str = "the SQLite database") -> DatabaseDamaged | None:
+    """DatabaseDamaged when ``exc`` or what caused it (SQLAlchemy raises its errors from the
+    driver's) is SQLite finding its file no database or corrupt, whichever query met it; else None."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        code = getattr(cause, "sqlite_errorcode", None)  # sqlite3's errors only
+        if isinstance(code, int) and code & 0xFF in _SQLITE_DAMAGE:
+            return DatabaseDamaged(detail=f"{where}: {cause}")
+        cause = cause.__cause__
+    return None
+
+
 class StorageError(CkptError):
     """Storage backend failed: {detail}."""
 
@@ -228,6 +259,24 @@ class StoreFull(StorageError):
     hint = ("Free space there (`ckpt prune` old commits' data or delete branches you no longer need, then "
             "`ckpt gc`; or move the store) and commit "
             "again: nothing of this commit was made visible, and the repository is as it was.")
+
+
+class ReadOnlyRepository(CkptError):
+    """Cannot {what}: the repository {path} is read-only ({why})."""
+
+    exit_code = 7
+    hint = ("Nothing was changed. Reading works (log, show, diff, history, checkout REV -o PATH, verify, ui); to "
+            "write, use the repository where it is writable (remount it read-write, or copy its .ckpt folder), "
+            "and open it without --read-only (read_only=True).")
+
+
+class UnreadableLog(CkptError):
+    """Cannot read {path} on a read-only filesystem: its log {log} holds changes, but its index {index} is gone."""
+
+    exit_code = 7
+    hint = ("SQLite reads a log on read-only media only through its index (the -shm file a writer leaves beside "
+            "it). Open the repository once where it is writable (any ckpt command folds the log into the "
+            "database), or copy its .ckpt folder to a writable place and read it there.")
 
 
 def storage_failure(exc: OSError) -> StorageError:

@@ -5,7 +5,9 @@ it costs one dict lookup when no fault is armed. Faults are armed either in-proc
 with ``inject`` (tests of error paths) or for a whole process through the environment
 variable ``CKPT_FAULTS`` (crash tests that run a real child process), as a
 comma-separated list of ``NAME=ACTION[@N]``: ACTION is ``kill`` (SIGKILL this process
-on the spot) or ``raise`` (raise ``InjectedFault``); ``@N`` fires on the N-th time the
+on the spot), ``raise`` (raise ``InjectedFault``) or ``stop`` (SIGSTOP this process: it goes on
+where it stopped on SIGCONT, so a test can run something else at exactly that moment, e.g. a
+``gc`` between a commit's durable packs and its transaction); ``@N`` fires on the N-th time the
 point is reached (default 1), counted per process.
 
 Points: ``stage.copy`` (phase 1, per tensor), ``ingest.chunk`` (per chunk job),
@@ -61,6 +63,9 @@ def known_points() -> tuple[str, ...]:
     return POINTS + GC_POINTS + PRUNE_POINTS + INDEX_POINTS + REPACK_POINTS + REBUILD_POINTS
 
 
+ACTIONS = ("kill", "raise", "stop")
+
+
 class InjectedFault(RuntimeError):
     """Raised at an armed fault point (tests only)."""
 
@@ -75,9 +80,9 @@ def _parse(spec: str) -> dict[str, tuple[str, int]]:
     for item in filter(None, (part.strip() for part in spec.split(","))):
         name, _, action = item.partition("=")
         action, _, nth = action.partition("@")
-        if name not in known_points() or action not in ("kill", "raise"):
+        if name not in known_points() or action not in ACTIONS:
             known = ", ".join(known_points())
-            raise ValueError(f"{ENV}: bad fault {item!r}; points: {known}; actions: kill, raise")
+            raise ValueError(f"{ENV}: bad fault {item!r}; points: {known}; actions: {', '.join(ACTIONS)}")
         armed[name] = (action, int(nth or 1))
     return armed
 
@@ -98,6 +103,11 @@ def point(name: str) -> None:
             return
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if action == "stop":
+        # To this thread: it takes the stop on leaving the call, before running on (a signal to
+        # the process may be taken by another thread while this one runs into its next step).
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+        return
     raise InjectedFault(f"injected fault at {name}")
 
 

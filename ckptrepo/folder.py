@@ -1,4 +1,4 @@
-"""The repository folder: finding one, creating one, upgrading its database.
+"""The repository folder: finding one, creating one, whether it can be written, upgrading its database.
 
 A repository is a ``.ckpt`` folder holding ``config.json`` (``config.RepoConfig``), ``HEAD``
 (``db.refs``), by default the SQLite database ``db.sqlite`` and the local pack store ``store/``.
@@ -13,10 +13,10 @@ import tempfile
 from pathlib import Path
 
 from ckptrepo.atomic import fsync_dir
-from ckptrepo.config import CONFIG_NAME, REPO_DIRNAME, RepoConfig
+from ckptrepo.config import CONFIG_NAME, REPO_DIRNAME, SQLITE_NAME, RepoConfig
 from ckptrepo.db import migrate
 from ckptrepo.db.engine import database_url, make_engine
-from ckptrepo.errors import NotARepository, RepositoryExists
+from ckptrepo.errors import DatabaseMissing, NotARepository, ReadOnlyRepository, RepositoryExists
 from ckptrepo.ledger import identity
 from ckptrepo.storage import open_backend
 
@@ -87,19 +87,59 @@ def _initialize(repo_dir: Path, config: RepoConfig) -> None:
         backend.close()
     engine = make_engine(database_url(config.db_url, repo_dir))
     try:
-        migrate.initialize(engine, {"repo_id": config.repo_id, "format_version": str(config.format_version)})
+        migrate.initialize(engine, {"repo_id": config.repo_id, "format_version": str(config.format_version),
+                                    identity.CLAIMED: "1"})
     finally:
         engine.dispose()
     config.save(repo_dir)
 
 
+def write_refusal(repo_dir: Path, config: RepoConfig) -> str | None:
+    """Why this process cannot write the repository in ``repo_dir``, or None when it can.
+
+    Looked at: the ``.ckpt`` folder, the SQLite database in it and the local store in it (those
+    of the default settings; a PostgreSQL database or a store elsewhere is not probed). A
+    read-only mount is seen by its filesystem flag (``statvfs``), whoever runs; anything else
+    by ``access(2)``, which answers for this process (root may write where mode bits say no).
+    """
+    probed = [repo_dir]
+    if config.db_url is None:
+        probed.append(repo_dir / SQLITE_NAME)
+    if config.store_url is None:
+        probed.append(repo_dir / "store")
+    for path in probed:
+        if not path.exists():
+            continue
+        name = "its folder" if path == repo_dir else f"its {path.name}"
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            return f"{name} is on a read-only filesystem"
+        if not os.access(path, os.W_OK):
+            return f"this process may not write {name}"
+    return None
+
+
+def check_writable(repo_dir: Path, config: RepoConfig, what: str) -> None:
+    """ReadOnlyRepository (``what``: the refused action) when ``write_refusal`` names a reason."""
+    why = write_refusal(repo_dir, config)
+    if why is not None:
+        raise ReadOnlyRepository(what=what, path=str(repo_dir), why=why)
+
+
 def upgrade_database(path: str | Path) -> tuple[str | None, str]:
-    """Bring the schema of the repository at ``path`` to this code's head; returns (from, to)."""
+    """Bring the schema of the repository at ``path`` to this code's head; returns (from, to).
+    ReadOnlyRepository, before anything is opened, when it cannot be written; DatabaseMissing,
+    changing nothing, when the database holds no ckpt schema (an upgrade would make an empty
+    one: ``ckpt db rebuild`` is what recreates a lost database)."""
     repo_dir = find_repo(path)
     config = RepoConfig.load(repo_dir)
+    check_writable(repo_dir, config, "upgrade the database")
+    if config.db_url is None and not (repo_dir / SQLITE_NAME).exists():  # connecting would create it
+        raise DatabaseMissing(detail=f"database file {repo_dir / SQLITE_NAME} is missing")
     engine = make_engine(database_url(config.db_url, repo_dir))
     try:
         before = migrate.current_revision(engine)
+        if before is None:
+            raise DatabaseMissing(detail="it holds no ckpt schema to upgrade")
         migrate.upgrade(engine)
         return before, migrate.head_revision()
     finally:

@@ -46,6 +46,7 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("WRITES_IN_FLIGHT", "2", "Direct-I/O writes one file keeps in flight."),
     Knob("DB_BUSY_TIMEOUT", "60", "Seconds a SQLite writer waits for another process's write lock."),
     Knob("DIST_TIMEOUT", "300", "Seconds a rank of a distributed commit waits for the others before it fails."),
+    Knob("LEASE_TTL", "21600", "Seconds after which gc ignores (and deletes) a writer's lease it never released."),
     Knob("AUTHOR", "the login name", "The author recorded on commits."),
     Knob("NO_AVX512", "unset", "Set: the statistics pass does not use AVX-512 (read by the C extension)."),
     Knob("NO_AVX2", "unset", "Set: the statistics pass uses neither AVX-512 nor AVX2 (read by the C extension)."),

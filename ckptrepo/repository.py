@@ -21,9 +21,10 @@ from ckptrepo import folder, knobs
 from ckptrepo import types as t
 from ckptrepo.config import RepoConfig
 from ckptrepo.db import catalog, migrate, pending, refs, views
-from ckptrepo.db.engine import database_url, make_engine, session_factory, write_transaction
+from ckptrepo.db.engine import Sessions, database_url, make_engine, session_factory, write_transaction
 from ckptrepo.db.models import RepoMeta
-from ckptrepo.errors import ForkedProcess, UnknownRevision, UnknownTensor, UsageError
+from ckptrepo.db.readcopy import IndexedCopy
+from ckptrepo.errors import ForkedProcess, ReadOnlyRepository, UnknownRevision, UnknownTensor, UsageError
 from ckptrepo.ids import short
 from ckptrepo.ingest.handle import CommitHandle
 from ckptrepo.ingest.request import prepare
@@ -53,14 +54,22 @@ class Repo:
     ``options`` tune commits (``ingest.writer.WriterOptions``: ``max_inflight``, ``staging_budget``,
     ``background_priority``, ``idle_repack``). ``close()`` (or leaving a ``with`` block) waits for
     pending commits and releases the database engine, the store and the worker threads.
+
+    Read-only (``read_only=True``, or a repository this process cannot write: ``folder.write_refusal``):
+    every call that would write raises ReadOnlyRepository before it changes anything, and reads
+    write nothing (the database opened read-only, ``db.engine``; pending layouts read from a
+    private copy, ``db.readcopy``); ``options`` are not used.
     """
 
-    def __init__(self, repo_dir: Path, config: RepoConfig, *, check_schema: bool = True,
+    def __init__(self, repo_dir: Path, config: RepoConfig, *, check_schema: bool = True, read_only: bool = False,
                  **writer_options: Unpack[WriterOptions]) -> None:
         self.repo_dir, self.config = repo_dir, config
         self._owner = os.getpid()
+        self._closed = False
         self._writer_options = writer_options
-        self._engine = make_engine(database_url(config.db_url, repo_dir))
+        # Why writes are refused (None: they are not); decided once, before the database is opened.
+        self._read_only = "opened read-only" if read_only else folder.write_refusal(repo_dir, config)
+        self._engine = make_engine(database_url(config.db_url, repo_dir), read_only=self._read_only is not None)
         try:
             if check_schema:
                 migrate.check_schema(self._engine)
@@ -69,14 +78,16 @@ class Repo:
             self._engine.dispose()
             raise
         self._sessions = session_factory(self._engine)
-        # Reads of tensor-level tables see no pending layout (db.pending: SQLite only).
-        self._reading = functools.partial(pending.reading, self._sessions,
-                                          defers=self._engine.dialect.name == "sqlite")
+        # Reads of tensor-level tables see no pending layout (db.pending: SQLite only), indexed in
+        # the database, or in a private copy of one that is not to be written.
+        self._copies = IndexedCopy(self._engine, self._sessions) if (
+            self._read_only is not None and self._engine.dialect.name == "sqlite") else None
+        self._reading: Sessions = self._copies.reading if self._copies is not None else functools.partial(
+            pending.reading, self._sessions, defers=self._engine.dialect.name == "sqlite")
         self._retention = AutoRetention(self._sessions, self._reading, self._backend)  # the setting, after commits
         self._pool = ThreadPoolExecutor(max_workers=knobs.workers(), thread_name_prefix="ckpt")
-        if writer_options:
+        if writer_options and self._read_only is None:
             self._writer.check_usable()  # options are checked now, not at the first commit
-        self._closed = False
 
     @functools.cached_property
     def _reader(self) -> ChunkReader:
@@ -90,6 +101,7 @@ class Repo:
         """The commit engine, made by the first call that writes."""
         from ckptrepo.ingest.writer import CommitWriter
 
+        self._check_writable("commit")
         self._own_store()
         return CommitWriter(self._sessions, self._backend, self._reader, self.config, self._pool,
                             defers_layouts=self._engine.dialect.name == "sqlite",
@@ -111,16 +123,18 @@ class Repo:
         return cls(folder.create(path, config), config, **options)
 
     @classmethod
-    def open(cls, path: str | Path = ".", *, search_parents: bool = False, **options: Unpack[WriterOptions]) -> Repo:
+    def open(cls, path: str | Path = ".", *, search_parents: bool = False, read_only: bool = False,
+             **options: Unpack[WriterOptions]) -> Repo:
         """Open the repository at ``path`` (the folder holding ``.ckpt``, or ``.ckpt`` itself), or
-        with ``search_parents`` the nearest one at or above it, like git."""
+        with ``search_parents`` the nearest one at or above it, like git. ``read_only``: refuse
+        every write (as on read-only media, which opens read-only by itself) and write nothing."""
         repo_dir = folder.find_repo(path, search_parents=search_parents)
-        return cls(repo_dir, RepoConfig.load(repo_dir), **options)
+        return cls(repo_dir, RepoConfig.load(repo_dir), read_only=read_only, **options)
 
     @classmethod
-    def discover(cls, start: str | Path = ".", **options: Unpack[WriterOptions]) -> Repo:
+    def discover(cls, start: str | Path = ".", *, read_only: bool = False, **options: Unpack[WriterOptions]) -> Repo:
         """``open(start, search_parents=True)``."""
-        return cls.open(start, search_parents=True, **options)
+        return cls.open(start, search_parents=True, read_only=read_only, **options)
 
     @classmethod
     def rebuild_database(cls, path: str | Path = ".", *, replace: bool = False) -> t.RebuildReport:
@@ -132,6 +146,7 @@ class Repo:
 
         repo_dir = folder.find_repo(path)
         config = RepoConfig.load(repo_dir)
+        folder.check_writable(repo_dir, config, "rebuild the database")
         backend = open_backend(config.store_url, repo_dir / "store")
         try:
             return rebuild(repo_dir, config, backend, replace=replace)
@@ -159,6 +174,8 @@ class Repo:
             return
         self._retention.close()  # after the writer: the last commit's run has been queued
         self._pool.shutdown(wait=True)
+        if self._copies is not None:
+            self._copies.close()
         self._backend.close()
         self._engine.dispose()
 
@@ -179,9 +196,24 @@ class Repo:
         if self.__dict__.get("_store_owned"):
             return
         with self._sessions() as s:
-            repo_id = s.scalar(select(RepoMeta.value).where(RepoMeta.key == "repo_id"))
-        identity.check(self._backend, repo_id or self.config.repo_id)
+            meta = {k: v for k, v in s.execute(select(RepoMeta.key, RepoMeta.value).where(
+                RepoMeta.key.in_(("repo_id", identity.CLAIMED))))}
+        identity.check(self._backend, meta.get("repo_id") or self.config.repo_id)
+        if identity.CLAIMED not in meta:  # a store claimed now (made before identities): its loss is damage from here
+            with write_transaction(self._sessions) as s:
+                s.merge(RepoMeta(key=identity.CLAIMED, value="1"))
         self._store_owned = True
+
+    @property
+    def read_only(self) -> bool:
+        """Whether writes are refused (``open(read_only=True)``, or a repository this process cannot write)."""
+        return self._read_only is not None
+
+    def _check_writable(self, what: str) -> None:
+        """ReadOnlyRepository (``what``: the refused action) when this repository is read-only."""
+        self._check_open()
+        if self._read_only is not None:
+            raise ReadOnlyRepository(what=what, path=str(self.repo_dir), why=self._read_only)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -196,7 +228,7 @@ class Repo:
         first ``commit()`` (call it after the first optimizer step); returns its staged bytes."""
         from ckptrepo import state as st
 
-        self._check_open()
+        self._check_writable("commit")
         return self._writer.reserve(st.flatten(state, allow_pickle=allow_pickle).tensors)
 
     def commit(self, state: Any, *, branch: str | None = None, message: str | None = None, step: int | None = None,
@@ -216,7 +248,7 @@ class Repo:
         (or a state holding DTensors), on every rank: one commit of all ranks' shards.
         """
         entered = time.perf_counter()
-        self._check_open()
+        self._check_writable("commit")
         meta: CommitMeta = {"message": message, "step": step, "epoch": epoch, "metrics": metrics, "config": config,
                             "parents": parents, "transfer_from": transfer_from, "code_version": code_version}
         handle = self._writer.commit_state(state, meta, branch=branch or self.head, blocking=blocking,
@@ -233,7 +265,7 @@ class Repo:
         from ckptrepo.ingest.sources import from_safetensors
 
         entered = time.perf_counter()
-        self._check_open()
+        self._check_writable("commit")
         with contextlib.closing(ReadBuffer()) as buffer:
             found = from_safetensors(Path(path), buffer)  # a plain file: nothing recorded beside it
             if found is not None:
@@ -334,7 +366,7 @@ class Repo:
         commit on ``branch`` (``ckptrepo.dcp.Writer``; ``dist.writer``)."""
         from ckptrepo.dist.writer import ShareWriter
 
-        self._check_open()
+        self._check_writable("commit")
         return ShareWriter(self._writer, prepare(self._sessions, branch=branch or self.head, names=(), **meta),
                            allow_pickle=allow_pickle, per_save_time=True)
 
@@ -410,6 +442,7 @@ class Repo:
 
     def switch(self, branch: str) -> None:
         """Make ``branch`` the current branch (``head``), atomically; InvalidRefName for a bad name."""
+        self._check_writable("switch branches")
         refs.write_head(self.repo_dir, branch)
 
     def branch(self, name: str, at: str | None = None, *, force: bool = False) -> t.RefInfo:
@@ -422,7 +455,7 @@ class Repo:
         return self._set_ref("tag", name, at, force=False)
 
     def _set_ref(self, kind: str, name: str, at: str | None, *, force: bool) -> t.RefInfo:
-        self._check_open()
+        self._check_writable(f"create a {kind}")
         self._own_store()
         refs.check_ref_name(name, kind)
         with self._sessions() as s:
@@ -442,7 +475,7 @@ class Repo:
         return self._delete_ref("tag", name, force=force)
 
     def _delete_ref(self, kind: str, name: str, *, force: bool) -> t.RefInfo:
-        self._check_open()
+        self._check_writable(f"delete a {kind}")
         self._own_store()
         with journal.entry(self._backend, {"op": "ref", "kind": kind, "name": name, "to": None}) as key, \
                 write_transaction(self._sessions) as s:
@@ -471,9 +504,11 @@ class Repo:
 
     def gc(self, *, grace: float = DEFAULT_GRACE_S, dry_run: bool = False) -> t.GcReport:
         """Remove commits no ref reaches and everything only they needed (``maintenance.gc``); objects
-        younger than ``grace`` seconds are kept (a commit of another process may be writing them)."""
+        younger than ``grace`` seconds are kept, and so, whatever ``grace``, are those a writer of
+        another process may own (its lease in the store, ``ledger.leases``)."""
         from ckptrepo.maintenance import gc as collector  # imported here: it loads numpy (packs)
 
+        self._check_writable("gc")
         self._settle()
         self._own_store()
         return collector.collect(self._sessions, self._backend, grace=grace, dry_run=dry_run)
@@ -491,6 +526,7 @@ class Repo:
         from ckptrepo.maintenance import prune as pruner
         from ckptrepo.maintenance import retention
 
+        self._check_writable("prune")
         self._settle()
         self._own_store()
         if damaged:
@@ -510,7 +546,7 @@ class Repo:
         this process makes (a prune, then a gc when something was pruned; never on a commit's path)."""
         from ckptrepo.maintenance import setting
 
-        self._check_open()
+        self._check_writable("store a retention setting")
         self._own_store()
         if rules is not None and not isinstance(rules, t.RetentionRules):
             rules = t.RetentionRules.from_json(rules)
@@ -530,6 +566,7 @@ class Repo:
         live chunks of packs less live than that into new packs (``maintenance.repack``)."""
         from ckptrepo.maintenance import repack as packer
 
+        self._check_writable("repack")
         self._settle()
         return packer.repack(self._sessions, self._backend, self._reader, self._pool, self.config,
                              compact_below=compact_below, dry_run=dry_run)
@@ -547,6 +584,7 @@ class Repo:
         how many manifests were written."""
         from ckptrepo.maintenance import backfill
 
+        self._check_writable("write manifests")
         self._settle()
         return backfill.write_missing(self._reading, self._sessions, self._backend).written
 

@@ -203,9 +203,9 @@ VERIFY_ERRORS = (
 )
 #: Problem kinds that lose nothing: leftovers of interrupted writes (``gc`` removes them), a
 #: journal entry of a change interrupted before its transaction, a format-1 manifest (no
-#: checksum), a store that names no repository yet.
+#: checksum), a store that names no repository yet, a symbolic link in the staging folder.
 VERIFY_WARNINGS = ("unreferenced_pack", "temporary_file", "unreferenced_manifest", "unrecorded_journal_entry",
-                   "outdated_manifest", "unclaimed_store")
+                   "outdated_manifest", "unclaimed_store", "store_link")
 
 
 @dataclass(frozen=True)
@@ -296,6 +296,9 @@ class VerifyReport:
     unrecorded_journal_entries: tuple[Problem, ...] = ()
     outdated_manifests: tuple[Problem, ...] = ()
     unclaimed_store: tuple[Problem, ...] = ()
+    store_links: tuple[Problem, ...] = ()
+    """Symbolic links in the store's staging folder (or the folder itself): gc never follows or
+    removes them; remove them by hand."""
     heads: Mapping[str, str] = field(default_factory=dict)
     """Every branch and its head commit."""
     last_good: Mapping[str, str | None] = field(default_factory=dict)
@@ -312,7 +315,8 @@ class VerifyReport:
     @property
     def warnings(self) -> tuple[Problem, ...]:
         return (*self.unreferenced_packs, *self.temporary_files, *self.unreferenced_manifests,
-                *self.unrecorded_journal_entries, *self.outdated_manifests, *self.unclaimed_store)
+                *self.unrecorded_journal_entries, *self.outdated_manifests, *self.unclaimed_store,
+                *self.store_links)
 
     @property
     def ok(self) -> bool:
@@ -349,6 +353,10 @@ class GcReport:
     ``temporary_files_removed`` (staging leftovers); ``bytes_freed`` is all of that on disk,
     ``pack_bytes_freed`` the part from ``packs_removed``. ``young_objects_kept`` /
     ``young_bytes_kept``: garbage younger than ``grace_s``, kept for a later run.
+    ``leased_objects_kept`` / ``leased_bytes_kept``: unreferenced objects and staging files a
+    writer's live lease may own (``live_leases`` of them; ``ledger.leases``), kept whatever
+    ``grace_s``; ``stale_leases_removed``: leases of dead writers, deleted. ``links_skipped``:
+    symbolic links in the store's staging folder (or the folder itself), never followed or removed.
     ``partial_packs`` hold live and dead chunks and are kept whole;
     ``dead_bytes_in_partial_packs`` is what their dead chunks occupy.
     """
@@ -370,6 +378,13 @@ class GcReport:
     seconds: float
     pruned_tensors_dropped: int = 0
     """Tensors only pruned commits name whose chunk lists went (their rows and statistics stay)."""
+    leased_objects_kept: int = 0
+    leased_bytes_kept: int = 0
+    live_leases: int = 0
+    stale_leases_removed: int = 0
+    links_skipped: int = 0
+    journal_entries_removed: int = 0
+    """Journal entries of changes interrupted before their transaction (none recorded them)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

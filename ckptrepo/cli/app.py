@@ -25,7 +25,7 @@ from . import (
     ui_commands,
     verify_commands,
 )
-from .options import DebugOpt, RepoOpt
+from .options import DebugOpt, ReadOnlyOpt, RepoOpt
 from .session import Session, begin, current
 
 
@@ -72,13 +72,14 @@ def _version(value: bool) -> None:
 @app.callback()
 def _global(
     repo: RepoOpt = None,
+    read_only: ReadOnlyOpt = False,
     debug: DebugOpt = False,
     show_version: Annotated[
         bool | None,
         typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
     ] = None,
 ) -> None:
-    begin(Session(repo=repo, debug=debug))
+    begin(Session(repo=repo, debug=debug, read_only=read_only))
 
 
 REPOSITORY, COMMITS, REFS, ANALYSIS = "Repository", "Commits", "Branches and tags", "Analysis"

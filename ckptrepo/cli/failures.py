@@ -1,7 +1,8 @@
 """From an exception to what the user sees: one ``error:`` line, one ``hint:`` line, an exit code.
 
 ``ckptrepo.errors.CkptError`` subclasses carry their own ``exit_code`` and ``hint``;
-``FAILURES`` covers the exceptions from outside the library that a command can meet.
+``FAILURES`` covers the exceptions from outside the library that a command can meet (and a SQLite
+database's damage, however it surfaced, is ``errors.DatabaseDamaged``).
 Anything else is a bug or an unforeseen input: exit 1, traceback only with ``--debug``.
 """
 
@@ -39,7 +40,10 @@ class Failure:
 
 
 def classify(exc: BaseException) -> Failure:
-    """Map ``exc`` through the library's own fields, else ``FAILURES``, else 'unexpected'."""
+    """Map ``exc`` through the library's own fields, else ``FAILURES``, else 'unexpected'. A SQLite
+    database found damaged by whatever query met it counts as the library's DatabaseDamaged."""
+    if not isinstance(exc, errors.CkptError):
+        exc = errors.database_damage(exc) or exc
     if isinstance(exc, errors.CkptError):
         return Failure(exc.exit_code, _one_line(exc.message), _one_line(exc.hint))
     for kind, code, hint in FAILURES:

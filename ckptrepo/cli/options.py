@@ -76,6 +76,9 @@ RepoOpt = Annotated[
     ),
 ]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show the traceback when a command fails.")]
+ReadOnlyOpt = Annotated[bool, typer.Option(
+    "--read-only", help="Open the repository read-only: write nothing, refuse commands that write (exit 7). A "
+                        "repository on a read-only filesystem opens so by itself.")]
 
 # Shared by many commands --------------------------------------------------------
 

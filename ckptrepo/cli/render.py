@@ -260,6 +260,12 @@ def gc_summary(report: GcReport) -> Table:
     if report.young_objects_kept:
         grid.add_row("kept (young)", str(report.young_objects_kept),
                      f"{size(report.young_bytes_kept)} younger than {report.grace_s:g} s: a later gc removes them")
+    if report.leased_objects_kept:
+        grid.add_row("kept (leased)", str(report.leased_objects_kept),
+                     f"{size(report.leased_bytes_kept)} a writer in progress may own: a later gc removes them")
+    if report.links_skipped:
+        grid.add_row("symbolic links", str(report.links_skipped),
+                     "in the store's staging folder: not followed, not removed (remove them by hand)")
     if report.partial_packs:
         grid.add_row("kept (partly live)", str(report.partial_packs),
                      f"packs also holding live chunks; {size(report.dead_bytes_in_partial_packs)} of dead ones")

@@ -79,6 +79,7 @@ def stats(as_json: JsonOpt = False) -> None:
 
 def db_upgrade(as_json: JsonOpt = False) -> None:
     """Upgrade the repository database's schema to this ckptrepo's version (works on an outdated one)."""
+    current().check_writable("upgrade the database")
     location = current().location()
     before, after = upgrade_database(location)
     if as_json:
@@ -98,6 +99,7 @@ def db_rebuild(replace: ReplaceDbOpt = False, as_json: JsonOpt = False) -> None:
     commits whose manifest or data is gone come back marked damaged. Exits 0 only when nothing
     was skipped and nothing is damaged, else 5 (the database is rebuilt either way).
     """
+    current().check_writable("rebuild the database")
     report = Repo.rebuild_database(current().location(), replace=replace)
     if as_json:
         render.emit_json(report.to_json())

@@ -17,16 +17,24 @@ from ckptrepo import Repo, errors, find_repo
 
 @dataclass
 class Session:
-    """The global options ``--repo`` and ``--debug`` of one invocation."""
+    """The global options ``--repo``, ``--read-only`` and ``--debug`` of one invocation."""
 
     repo: Path | None = None
     debug: bool = False
+    read_only: bool = False
 
     def open(self) -> Repo:
-        """The repository named by ``--repo``, else the nearest one at or above the working directory."""
+        """The repository named by ``--repo``, else the nearest one at or above the working directory
+        (read-only with ``--read-only``)."""
         if self.repo is not None:
-            return Repo.open(self.repo)
-        return Repo.discover(Path.cwd())
+            return Repo.open(self.repo, read_only=self.read_only)
+        return Repo.discover(Path.cwd(), read_only=self.read_only)
+
+    def check_writable(self, what: str) -> None:
+        """ReadOnlyRepository (``what``: the refused action) under ``--read-only``, for the commands
+        that write without opening the repository (``db upgrade``, ``db rebuild``)."""
+        if self.read_only:
+            raise errors.ReadOnlyRepository(what=what, path=str(self.location()), why="opened read-only")
 
     def location(self) -> Path:
         """Where ``open()`` would look, found without opening the database (``db upgrade`` needs this

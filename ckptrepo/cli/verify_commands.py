@@ -17,7 +17,7 @@ def verify(full: FullOpt = False, as_json: JsonOpt = False) -> None:
     files are warnings: gc reclaims them), else 5. With --full, or when something is broken,
     it names per branch the newest commit nothing broke (last known good, to resume from).
     Changes nothing but indexing the commits' pending layouts first (their rows are what it
-    checks).
+    checks); on a read-only repository not even that (they are indexed in a private copy).
     """
     with current().open() as repo, render.phases(enabled=not as_json) as phase:
         phase("reading and hash-checking every chunk" if full else "checking packs, chunks and commits")
@@ -47,9 +47,10 @@ def verify(full: FullOpt = False, as_json: JsonOpt = False) -> None:
 def gc(dry_run: DryRunOpt = False, grace: GraceOpt = 3600.0, as_json: JsonOpt = False) -> None:
     """Remove commits no branch or tag reaches, and the tensors, chunks, packs and leftover files only they used.
 
-    Packs and temporary files younger than --grace seconds stay (a commit in flight may be
-    writing them). Delete branches or tags first (`ckpt branch -d NAME`) to make their
-    commits garbage; `--dry-run` shows what would go.
+    Packs and temporary files younger than --grace seconds stay, and so do those a running
+    commit or repack may own (its lease in the store), whatever --grace. Delete branches or
+    tags first (`ckpt branch -d NAME`) to make their commits garbage; `--dry-run` shows what
+    would go.
     """
     with current().open() as repo, render.phases(enabled=not as_json) as phase:
         phase("finding what no ref reaches" if dry_run else "removing what no ref reaches")

@@ -11,15 +11,21 @@ Contracts:
   writers (threads or processes) queue on the busy timeout instead of failing halfway.
 - ``insert_ignore`` builds the one INSERT that tolerates rows a concurrent commit inserted;
   ``insert_tuples`` runs such an INSERT (or a plain one) for many rows through the driver.
+- ``make_engine(url, read_only=True)`` makes an engine whose connections cannot write the
+  database (``_sqlite_read_only`` says how on SQLite); ``Repo`` refuses writing calls before
+  they reach one, so a write failing there is a bug, not a user's error.
 """
 
 from __future__ import annotations
 
+import os
+import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
+from urllib.parse import quote
 from weakref import WeakKeyDictionary
 
 from sqlalchemy import Column, Connection, Engine, Insert, Table, create_engine, event, insert
@@ -31,7 +37,7 @@ from sqlalchemy.sql import ClauseElement, Executable, SyntaxExtension
 
 from ckptrepo import errors, knobs
 from ckptrepo.config import SQLITE_NAME
-from ckptrepo.errors import UsageError
+from ckptrepo.errors import UnreadableLog, UsageError
 
 # Execution option read by the SQLite "begin" hook: which BEGIN flavour to emit.
 _SQLITE_BEGIN_OPTION = "ckpt_sqlite_begin"
@@ -75,7 +81,7 @@ def database_url(db_url: str | None, repo_dir: Path) -> str:
     return url
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, *, read_only: bool = False) -> Engine:
     """An Engine for ``url`` (from ``database_url``), configured for durability and concurrency.
 
     SQLite: WAL journal, ``synchronous=FULL``, foreign keys on, a busy timeout of
@@ -83,9 +89,13 @@ def make_engine(url: str) -> Engine:
     transactions (DDL and SAVEPOINT included) behave as PEP 249 says. PostgreSQL: psycopg 3
     with ``pool_pre_ping`` so a connection dropped by the server is replaced, not reported,
     and sessions in UTC.
+
+    ``read_only``: no connection writes the database. SQLite: opened as ``_sqlite_read_only``
+    says, the journal mode left as it is (UnreadableLog when a log cannot be read there);
+    PostgreSQL: every transaction is READ ONLY, so the server refuses a write.
     """
     if make_url(url).get_backend_name() == "sqlite":
-        return _sqlite_engine(url)
+        return _sqlite_engine(url, read_only=read_only)
     engine = create_engine(url, pool_pre_ping=True)
 
     @event.listens_for(engine, "connect")
@@ -99,16 +109,32 @@ def make_engine(url: str) -> Engine:
         with dbapi_connection.cursor() as cursor:
             cursor.execute("SET TIME ZONE 'UTC'")
             cursor.execute("SET jit = off")
+            if read_only:
+                cursor.execute("SET default_transaction_read_only = on")
         dbapi_connection.commit()
+
+    if read_only:
+        @event.listens_for(engine, "checkout")
+        def _on_checkout(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+            # A connection that ran with SQLAlchemy's ``postgresql_readonly`` option (verify's
+            # snapshot) comes back to the pool set READ WRITE, which overrides the session's
+            # default above: every checkout makes its transactions READ ONLY again.
+            dbapi_connection.read_only = True
 
     return engine
 
 
-def _sqlite_engine(url: str) -> Engine:
+def _sqlite_engine(url: str, *, read_only: bool) -> Engine:
     # sqlite3's ``timeout`` is SQLite's busy timeout: a writer waits this long for another
     # process's write lock before giving up with "database is locked".
     timeout = float(knobs.get_int("DB_BUSY_TIMEOUT", 60))
-    engine = create_engine(url, connect_args={"timeout": timeout})
+    path = make_url(url).database
+    if read_only and path not in (None, "", ":memory:"):
+        target = _sqlite_read_only(Path(str(path)))
+        engine = create_engine(url, creator=lambda: sqlite3.connect(
+            target, timeout=timeout, uri=True, check_same_thread=False))
+    else:
+        engine = create_engine(url, connect_args={"timeout": timeout})
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -119,12 +145,17 @@ def _sqlite_engine(url: str) -> Engine:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         try:
-            # WAL: readers never block the writer and a commit is one append to the log.
-            cursor.execute("PRAGMA journal_mode=WAL")
-            # In WAL mode NORMAL only syncs at checkpoints, so a power loss can drop the last
-            # committed transactions; FULL fsyncs the log at every commit, which makes a
-            # committed commit (whose pack bytes are already durable) survive power loss.
-            cursor.execute("PRAGMA synchronous=FULL")
+            if read_only:
+                # Any write through this connection fails in SQLite (a read-write open of
+                # ``_sqlite_read_only`` included); the journal mode stays what the file says.
+                cursor.execute("PRAGMA query_only=ON")
+            else:
+                # WAL: readers never block the writer and a commit is one append to the log.
+                cursor.execute("PRAGMA journal_mode=WAL")
+                # In WAL mode NORMAL only syncs at checkpoints, so a power loss can drop the last
+                # committed transactions; FULL fsyncs the log at every commit, which makes a
+                # committed commit (whose pack bytes are already durable) survive power loss.
+                cursor.execute("PRAGMA synchronous=FULL")
             cursor.execute("PRAGMA foreign_keys=ON")
             # Lineage queries walk indexes over millions of rows: read them through the page
             # cache mapping (no copy per page) and keep more of them per connection.
@@ -151,6 +182,34 @@ def _sqlite_engine(url: str) -> Engine:
         conn.exec_driver_sql(f"BEGIN {mode}")
 
     return engine
+
+
+def _sqlite_read_only(path: Path) -> str:
+    """The URI that opens the SQLite database ``path`` so that nothing is written to it.
+
+    A WAL database is read through its log (``-wal``) and the log's index (``-shm``):
+
+    - both there (a writer has it open, or left it without a checkpoint): ``mode=ro``. SQLite
+      reads the log through the index (on read-only media, a private copy of it; elsewhere it
+      updates the index, its shared memory, as every reader does), and a read-only connection
+      never copies the log into the database nor removes it.
+    - otherwise, in a folder this process may write: a read-write open that ``query_only``
+      keeps from writing. SQLite makes the two files while the database is open and removes
+      them when the last connection closes; the database file itself is not written.
+    - otherwise a log with content but no index (on read-only media, SQLite cannot rebuild
+      it): UnreadableLog, rather than silently reading the database without the log.
+    - otherwise ``mode=ro&immutable=1``: no log, so the file holds every committed
+      transaction; SQLite takes no locks and makes no files. A process writing it through
+      another mount of the same files meanwhile is not seen (and not supported).
+    """
+    log, index = Path(f"{path}-wal"), Path(f"{path}-shm")
+    if log.exists() and index.exists():
+        return f"file:{quote(str(path))}?mode=ro"
+    if os.access(path.parent, os.W_OK):
+        return f"file:{quote(str(path))}"
+    if log.exists() and log.stat().st_size > 0:
+        raise UnreadableLog(path=str(path), log=log.name, index=index.name)
+    return f"file:{quote(str(path))}?mode=ro&immutable=1"
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:

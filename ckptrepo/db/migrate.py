@@ -21,10 +21,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, Engine, insert, inspect, select, text
+from sqlalchemy.exc import DBAPIError
 
 from ckptrepo.db.engine import write_connection
-from ckptrepo.db.models import RepoMeta, schema_metadata
-from ckptrepo.errors import FormatError, RepositoryExists, SchemaOutdated, SchemaTooNew, UsageError
+from ckptrepo.db.models import Base, RepoMeta, schema_metadata
+from ckptrepo.errors import (
+    DatabaseMissing,
+    FormatError,
+    RepositoryExists,
+    SchemaOutdated,
+    SchemaTooNew,
+    UsageError,
+    database_damage,
+)
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -76,13 +85,19 @@ def head_revision(*, scripts: Path | None = None) -> str:
 
 def current_revision(engine: Engine) -> str | None:
     """The revision the database is stamped with, or None when it has none (empty database)."""
+    return _stamp_and_tables(engine)[0]
+
+
+def _stamp_and_tables(engine: Engine) -> tuple[str | None, set[str]]:
+    """``current_revision`` and the names of the database's tables, in one connection."""
     with engine.connect() as conn:
-        if not inspect(conn).has_table("alembic_version"):
-            return None
+        tables = set(inspect(conn).get_table_names())
+        if "alembic_version" not in tables:
+            return None, tables
         rows = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
     if len(rows) > 1:
         raise FormatError(detail=f"the database is stamped with several schema heads: {sorted(rows)}")
-    return str(rows[0]) if rows else None
+    return (str(rows[0]) if rows else None), tables
 
 
 @contextmanager
@@ -116,21 +131,35 @@ def downgrade(engine: Engine, revision: str, *, scripts: Path | None = None) -> 
 def check_schema(engine: Engine, *, scripts: Path | None = None) -> None:
     """Refuse a database this code cannot use as it is; changes nothing.
 
-    Raises FormatError when it holds no ckpt schema at all, SchemaOutdated when it is
-    at an older revision (``ckpt db upgrade`` fixes that) and SchemaTooNew when its
-    revision is unknown to this code (written by a newer ckptrepo).
+    Raises DatabaseMissing (a FormatError) when it holds no ckpt schema (a SQLite file deleted,
+    emptied or replaced by an empty database; PostgreSQL tables dropped) or lacks tables of its
+    schema (some dropped by hand), DatabaseDamaged when SQLite finds the file is no database or
+    a corrupt one (``ckpt db rebuild`` fixes these: the store holds the repository),
+    SchemaOutdated when it is at an older revision (``ckpt db upgrade`` fixes that) and
+    SchemaTooNew when its revision is unknown to this code (written by a newer ckptrepo).
     """
     path = _sqlite_file(engine)
-    # Connecting would create an empty file where the repository's database should be.
+    # Connecting would create an empty file where the repository's database should be, or turn an
+    # empty file into a database.
     if path is not None and not path.exists():
-        raise FormatError(detail=f"no ckpt tables: database file {path} is missing")
-    current = current_revision(engine)
+        raise DatabaseMissing(detail=f"no ckpt tables: the file {path} is gone")
+    if path is not None and path.stat().st_size == 0:
+        raise DatabaseMissing(detail=f"no ckpt tables: the file {path} is empty")
+    try:
+        current, tables = _stamp_and_tables(engine)
+    except DBAPIError as e:
+        damage = database_damage(e, _where(engine))
+        if damage is None:
+            raise
+        raise damage from e
     if current is None:
-        raise FormatError(detail=f"no ckpt tables in {_where(engine)} (no schema revision stamped)")
+        raise DatabaseMissing(detail=f"{_where(engine)} holds no ckpt tables (no schema revision stamped)")
     if scripts is None and current == HEAD:
+        _require_tables(engine, tables)
         return
     head = head_revision(scripts=scripts)
     if current == head:
+        _require_tables(engine, tables)
         return
     from alembic.util.exc import CommandError
 
@@ -143,12 +172,24 @@ def check_schema(engine: Engine, *, scripts: Path | None = None) -> None:
     raise SchemaTooNew(current=current, head=head)
 
 
+def _require_tables(engine: Engine, tables: set[str]) -> None:
+    """DatabaseMissing when a table of the schema at head is not among ``tables`` (dropped by hand)."""
+    missing = sorted(set(Base.metadata.tables) - tables)  # not schema_metadata(): it loads the PostgreSQL dialect
+    if missing:
+        replace = "" if RepoMeta.__tablename__ in missing else " --replace"  # without repo_meta: no repository
+        raise DatabaseMissing(
+            detail=f"{_where(engine)} lacks the ckpt tables {', '.join(missing)}",
+            hint=f"The store still holds the repository: run `ckpt db rebuild{replace}` to recreate the database "
+                 "from it (`ckpt verify` afterwards).")
+
+
 def initialize(engine: Engine, meta: dict[str, str], *, scripts: Path | None = None) -> None:
     """Create the schema at head and store ``meta`` (``repo_id``, ``format_version``) in repo_meta.
 
     Atomic: schema and metadata are committed together or not at all. If the database
     already holds a repository (a ``repo_id`` in repo_meta), raises RepositoryExists and
-    changes nothing, whatever revision that repository is at.
+    changes nothing, whatever revision that repository is at. What a ckpt schema dropped by
+    hand left behind is dropped first (``_clear_leftovers``).
     """
     if "repo_id" not in meta:
         raise UsageError("repository metadata needs a repo_id")
@@ -159,6 +200,8 @@ def initialize(engine: Engine, meta: dict[str, str], *, scripts: Path | None = N
             existing = conn.execute(select(RepoMeta.value).where(RepoMeta.key == "repo_id")).scalar()
             if existing is not None:
                 raise RepositoryExists(path=_where(engine))
+        else:
+            _clear_leftovers(conn, engine, scripts)
         command.upgrade(_config(scripts, conn), "head")
         conn.execute(insert(RepoMeta), [{"key": key, "value": value} for key, value in meta.items()])
 
@@ -166,9 +209,42 @@ def initialize(engine: Engine, meta: dict[str, str], *, scripts: Path | None = N
 def drop_schema(conn: Connection) -> None:
     """Drop every ckptrepo table, sequence and the Alembic stamp, with their data, in the
     caller's transaction (what a rebuild with ``replace`` and tests of a lost database do; a
-    downgrade refuses to drop what an older schema cannot describe, this does not ask)."""
+    downgrade refuses to drop what an older schema cannot describe, this does not ask). A schema
+    dropped part-way is dropped the rest of the way: ``drop_all`` drops each table and sequence
+    that exists, a key sequence whose table is gone too."""
     schema_metadata().drop_all(conn, checkfirst=True)
     conn.execute(text("DROP TABLE IF EXISTS alembic_version"))
+
+
+def _clear_leftovers(conn: Connection, engine: Engine, scripts: Path | None) -> None:
+    """Make way for a new schema in a database without ``repo_meta`` (no repository), in the
+    caller's transaction: drop what a ckpt schema dropped part-way by hand leaves behind, which
+    creating the schema would collide with. PostgreSQL keeps a table's key sequence when the
+    table is dropped (``DROP TABLE ... CASCADE`` too); indexes and constraints go with their table.
+
+    - ``alembic_version`` stamped with revisions of these migrations (or empty): the rest of a ckpt
+      schema, so every ckpt table, sequence and the stamp are dropped (``drop_schema``);
+    - else tables named as ckpt's: they may be another application's, so FormatError, naming them;
+    - else the ckpt key sequences that exist (their tables are gone) are dropped.
+    """
+    tables = set(inspect(conn).get_table_names())
+    if "alembic_version" in tables and _stamped_by_these_migrations(conn, scripts):
+        drop_schema(conn)
+        return
+    ours = sorted(tables & set(schema_metadata().tables))
+    if ours:
+        raise FormatError(
+            detail=f"{_where(engine)} holds no repository and no ckpt schema stamp, but tables named as ckpt's "
+                   f"({', '.join(ours)})",
+            hint="If they are what is left of a ckpt database, drop them (DROP TABLE ... CASCADE) and run the "
+                 "command again; else point db_url at another database or schema.")
+    schema_metadata().drop_all(conn, checkfirst=True)  # no ckpt table exists: their sequences
+
+
+def _stamped_by_these_migrations(conn: Connection, scripts: Path | None) -> bool:
+    stamps = set(conn.execute(text("SELECT version_num FROM alembic_version")).scalars())
+    known = {script.revision for script in _script_directory(scripts).walk_revisions()}
+    return stamps <= known
 
 
 @contextmanager
@@ -178,7 +254,8 @@ def building(engine: Engine, meta: dict[str, str], *, replace: bool = False,
     for the caller to fill (``maintenance.rebuild``); all of it commits when the block ends, or
     none of it. A database that holds a repository already is refused (RepositoryExists), unless
     ``replace``: then its tables are dropped first, in the same transaction (a failure or a crash
-    before the end leaves it as it was)."""
+    before the end leaves it as it was). So is what a ckpt schema dropped by hand left behind
+    (``_clear_leftovers``: PostgreSQL's key sequences, the Alembic stamp, the rest of its tables)."""
     if "repo_id" not in meta:
         raise UsageError("repository metadata needs a repo_id")
     from alembic import command
@@ -190,6 +267,8 @@ def building(engine: Engine, meta: dict[str, str], *, replace: bool = False,
                 raise RepositoryExists(path=_where(engine), hint="Pass replace=True (`ckpt db rebuild --replace`) "
                                        "to rebuild over it, or point the repository at an empty database.")
             drop_schema(conn)
+        else:
+            _clear_leftovers(conn, engine, scripts)
         command.upgrade(_config(scripts, conn), "head")
         conn.execute(insert(RepoMeta), [{"key": key, "value": value} for key, value in meta.items()])
         yield conn

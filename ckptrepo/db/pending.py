@@ -15,7 +15,8 @@ also deletes their pending rows: a crash leaves each layout either pending or in
 half. Whoever reads the tensor-level tables runs it first (every ``Repo`` method that does,
 ``gc`` inside its own transaction, ``verify``, ``repack``), and the background repack of
 an idle repository does too; a training loop thus pays for the rows when something reads them
-or the machine has spare CPU, not in each commit.
+or the machine has spare CPU, not in each commit. A database that may not be written (a
+read-only ``Repo``) cannot be indexed: its readers read an indexed private copy (``db.readcopy``).
 
 The payload is zstd-compressed JSON (never pickle: reading a repository never executes code);
 ``decode`` refuses anything else with FormatError.

@@ -14,7 +14,9 @@ ranks by bytes. Every rank's handle returns the same commit.
 
 A rank that fails or dies in phase 2 makes the others' ``wait()`` raise ``RankFailed`` (DCP
 reports the failure to every rank; a dead rank's peers see its connections close, or the group's
-timeout, knob ``CKPT_DIST_TIMEOUT``, expire); no commit is made.
+timeout, knob ``CKPT_DIST_TIMEOUT``, expire); no commit is made. Each rank's packs are under its
+lease (``ledger.leases``) from its ``write_data`` until the coordinator's transaction has ended
+(``writer.ShareWriter``), all on the committer threads, never on the caller's.
 
 ``load`` runs ``dcp.load`` through ``reader.CommitReader``: every rank reads the regions of each
 tensor its shards hold, whatever layout and world size committed them.

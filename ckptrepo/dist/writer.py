@@ -16,6 +16,14 @@ DCP gathers every rank's result before ``finish`` runs on the coordinator, and r
 last rank's last pack, and a failed or killed rank leaves only unreferenced packs, which ``gc``
 reclaims (after its grace period).
 
+Leases (``ledger.leases``): each rank takes one before its first pack in ``write_data`` and
+hands its key to the coordinator with its result (``LEASE``); the coordinator releases them
+all once its transaction has committed or failed, so no rank's packs look like garbage to a
+``gc`` before then. A rank whose own ``write_data`` failed releases its lease at once (no
+``finish`` will use its packs); one whose peers failed keeps it, since it cannot know that
+the coordinator is not recording: it goes when the rank's process ends (stale to ``gc`` on
+that host) or after the ``LEASE_TTL``.
+
 Layout (``layout``): a shard that is one range of its tensor's row-major bytes is cut on the
 tensor's own chunk grid; any other shard is stored as a box. Tensors keep their global shape;
 the commit's state is the nested state DCP flattened (its ``planner_data``), so it checks out
@@ -44,9 +52,11 @@ from ckptrepo.errors import UnsupportedState
 from ckptrepo.ingest.request import CommitRequest
 from ckptrepo.ingest.sources import Source
 from ckptrepo.ingest.writer import CommitWriter
+from ckptrepo.ledger.leases import Lease
 from ckptrepo.types import Commit
 
 SHARE = MetadataIndex("__ckptrepo_share__")  # the extra write result that carries a rank's share
+LEASE = MetadataIndex("__ckptrepo_lease__")  # and the one that carries the key of its lease
 _SPLIT_MIN_STEPS = 2  # a replicated tensor of at least this many chunk steps is spread over ranks
 
 
@@ -99,9 +109,11 @@ class ShareWriter(StorageWriter):
         self.commit: Commit | None = None
         self.rank = 0
         self.is_coordinator = True
+        self._lease: Lease | None = None
 
     def reset(self, checkpoint_id: Any = None) -> None:
         self.commit = None
+        self._lease = None  # a new save, a new lease (the last one's went with its commit)
         if not self._staged_by_caller:  # a save through the DCP Writer: its persist_s counts from here
             self._timing = (0.0, 0.0, time.perf_counter())
 
@@ -179,27 +191,55 @@ class ShareWriter(StorageWriter):
                 tensor = planner.resolve_data(whole)
                 assert isinstance(tensor, torch.Tensor)
                 sources.extend(_sources(fqn, None, tensor, part, keep))
-        share = self._write(sources)
+        lease = self._lease_of_save()
+        try:
+            share = self._write(sources)
+        except BaseException:
+            lease.release()  # DCP runs no finish after a failed write_data: nothing will name its packs
+            raise
         share.values = values
         results.append(WriteResult(index=SHARE, size_in_bytes=share.new_bytes, storage_data=share))
+        results.append(WriteResult(index=LEASE, size_in_bytes=0, storage_data=lease.key))
         future: Future[list[WriteResult]] = Future()
         future.set_result(results)  # a torch future, as DCP waits on one
         return future
 
+    def _lease_of_save(self) -> Lease:
+        """This rank's lease for the save in progress (made on first use, not taken yet)."""
+        if self._lease is None:
+            self._lease = self._engine.lease(f"rank {self.rank}")
+        return self._lease
+
     def _write(self, sources: list[Source]) -> Share:
-        """Write durable packs of ``sources`` (write-ordering step 1 of this rank's share)."""
+        """Write durable packs of ``sources`` (write-ordering step 1 of this rank's share), under
+        this rank's lease, taken first."""
         defer = self._engine.defers(blocking=False)
         plan = self._engine.plan(_request(self._meta, None, self._timing), defer=defer, shared=True)
+        if sources:
+            self._lease_of_save().take()
         result = self._engine.write_packs(sources, plan, self._engine.pool, defer=defer)
         return Share.of(self.rank, result)
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        keys = [r.storage_data for rank in results for r in rank
+                if r.index == LEASE and isinstance(r.storage_data, str)]
+        try:
+            self._record(metadata, results)
+        finally:
+            # The transaction committed or failed: rows name every rank's packs, or nothing will.
+            own = self._lease.key if self._lease is not None else None
+            if self._lease is not None:
+                self._lease.release()
+            self._engine.release_leases([k for k in keys if k != own])
+
+    def _record(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """Merge the ranks' shares and record the commit (write-ordering steps 2 and 3)."""
         shares = [r.storage_data for rank in results for r in rank if isinstance(r.storage_data, Share)]
         values: dict[str, bytes] = {}
         for share in shares:
             values.update(share.values)
         skeleton, entries, extra = _state_of(metadata, values, self._allow_pickle)
-        if extra:  # tensors inside non-tensor values: written by the coordinator
+        if extra:  # tensors inside non-tensor values: written by the coordinator, under its lease
             shares.append(self._write([Source(name, st.dtype_name(t.dtype), tuple(t.shape), st.tensor_bytes(t))
                                        for name, t in extra.items()]))
         result = merge(shares, self._engine.chunk_size)
@@ -208,6 +248,7 @@ class ShareWriter(StorageWriter):
         defer = self._engine.defers(blocking=False)
         req = _request(self._meta, skeleton, self._timing)
         plan = self._engine.plan(req, defer=defer, shared=True)
+        self._lease_of_save().take()  # for the manifest, when this rank wrote no pack
         self.commit = self._engine.record(result, plan, req)
         if result.deferred:
             self._engine.repack_later()

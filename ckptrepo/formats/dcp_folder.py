@@ -11,8 +11,9 @@ those bytes (none by default; ``stream.zstd/1`` with DCP's experimental ZStandar
 nested state (``("optim", "param_groups", 0, "lr")``). A chunk's bytes are ``torch.save`` of that
 chunk's tensor; a value's bytes are ``torch.save`` of the value.
 
-Reading never runs code from the folder: ``.metadata`` is unpickled by ``_MetadataUnpickler``,
-which resolves only DCP's metadata classes and the torch and builtin types they hold; chunks and
+Reading never runs code from the folder: ``.metadata`` (at most ``MAX_METADATA_BYTES``) is
+unpickled by ``dcp_pickle.unpickle_metadata``, which builds only DCP's metadata objects and the
+torch and builtin values they hold, in time and memory linear in the file's size; chunks and
 values load with ``torch.load(weights_only=True)`` (values needing more only with
 ``allow_pickle=True``). Refused variants: per-rank metadata (``use_collectives=False``),
 ``serialization_format=SAFETENSORS`` data files, and stream transforms other than zstd.
@@ -21,7 +22,6 @@ values load with ``torch.load(weights_only=True)`` (values needing more only wit
 from __future__ import annotations
 
 import contextlib
-import functools
 import io
 import math
 import os
@@ -29,10 +29,8 @@ import pickle
 import shutil
 import uuid
 import warnings
-from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
@@ -45,6 +43,7 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from ckptrepo.atomic import fsync_dir
 from ckptrepo.errors import InvalidInput, UsageError
 from ckptrepo.formats._files import summarize
+from ckptrepo.formats.dcp_pickle import unpickle_metadata
 from ckptrepo.formats.torch_io import _numpy_globals, _weights_only_reason
 from ckptrepo.state import bit_view, flatten, unflatten
 
@@ -54,6 +53,7 @@ _ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive
 _SAVE_OVERHEAD = 1 << 20  # a torch.save archive of one tensor holds its bytes plus a few KiB of records
 _MAX_VALUE_BYTES = 256 << 20  # what a compressed non-tensor value may inflate to
 _MAX_LIST_INDEX = 1 << 20  # list positions in key paths; DCP fills the positions before one with None
+MAX_METADATA_BYTES = 64 << 20  # ~450,000 saved chunks (DCP writes about 140 bytes per chunk), read in ~50 s
 _HINT = (
     "A DCP folder is read whole: keep its .metadata and every data file it names together, as dcp.save "
     "(FileSystemWriter) wrote them; any number of ranks is fine."
@@ -173,54 +173,6 @@ class _Writer(FileSystemWriter):
         return dcp_metadata.StorageMeta(checkpoint_id=str(self._final), save_id=self.save_id)
 
 
-@functools.cache
-def _allowed_globals() -> dict[tuple[str, str], Any]:
-    """What ``.metadata`` may name, ``(module, name) -> object``: DCP's metadata classes (built
-    from their fields), ``torch.Size``, torch dtypes, layouts and memory formats (constants),
-    paths (as pure paths: nothing touches the filesystem) and a few builtin containers."""
-    allowed: dict[tuple[str, str], Any] = {}
-    names = ("Metadata", "MetadataIndex", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
-             "TensorProperties", "StorageMeta", "_MEM_FORMAT_ENCODING")
-    for name in names:
-        if hasattr(dcp_metadata, name):
-            allowed["torch.distributed.checkpoint.metadata", name] = getattr(dcp_metadata, name)
-    allowed["torch.distributed.checkpoint.filesystem", "_StorageInfo"] = dcp_filesystem._StorageInfo
-    allowed["torch", "Size"] = torch.Size
-    for name, value in vars(torch).items():
-        if isinstance(value, torch.dtype | torch.layout | torch.memory_format):
-            allowed["torch", name] = value
-    layouts = {str(v): v for v in vars(torch).values() if isinstance(v, torch.layout)}
-    allowed["torch.serialization", "_get_layout"] = layouts.__getitem__  # how torch pickles a layout
-    for module in ("pathlib", "pathlib._local"):  # StorageMeta.checkpoint_id; Python 3.13 moved the classes
-        for name in ("PosixPath", "PurePosixPath"):
-            allowed[module, name] = PurePosixPath
-        for name in ("WindowsPath", "PureWindowsPath"):
-            allowed[module, name] = PureWindowsPath
-    allowed["collections", "OrderedDict"] = OrderedDict
-    for kind in (set, frozenset, complex, bytearray):
-        allowed["builtins", kind.__name__] = kind
-    return allowed
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """Unpickles a ``.metadata`` file, resolving only ``_allowed_globals``: any other global (a
-    function to call, a class with side effects) is refused before it is looked up."""
-
-    def __init__(self, file: io.BufferedIOBase, refuse: Callable[[str], NoReturn]) -> None:
-        super().__init__(file)
-        self._refuse = refuse
-
-    def find_class(self, module: str, name: str) -> Any:
-        found = _allowed_globals().get((module, name))
-        if found is None:
-            self._refuse(f"its .metadata names {module}.{name}, which is neither DCP metadata nor a plain type; "
-                         "loading it could run code, so it was not loaded")
-        return found
-
-    def persistent_load(self, pid: Any) -> NoReturn:
-        self._refuse("its .metadata holds persistent references, which DCP metadata never has")
-
-
 class _Reader:
     """One ``read_dcp_folder``: validate the metadata into a ``_Plan``, then read and check every
     chunk and value, then nest them."""
@@ -258,10 +210,19 @@ class _Reader:
                           "use_collectives=True, which writes one .metadata.")
             self.fail(f"it has no {METADATA_NAME} file, so it is not a DCP checkpoint folder")
         try:
+            size = path.stat().st_size
+            if size > MAX_METADATA_BYTES:
+                self.fail(f"its {METADATA_NAME} has {size} bytes, more than the {MAX_METADATA_BYTES} bytes ckptrepo "
+                          "reads of DCP metadata", hint="Save the checkpoint again with fewer, larger shards.")
             with open(path, "rb") as f:
-                md = _MetadataUnpickler(f, self.fail).load()
+                data = f.read(size + 1)  # read(n) allocates n bytes first
+            if len(data) != size:
+                self.fail(f"its {METADATA_NAME} changed while being read")
+            md = unpickle_metadata(data, self.fail)
         except InvalidInput:
             raise
+        except OSError as e:
+            self.fail(f"its {METADATA_NAME} cannot be read ({e.strerror or e})")
         except Exception as e:
             self.fail(f"its {METADATA_NAME} is not a readable DCP metadata pickle ({summarize(e)})")
         if not isinstance(md, dcp_metadata.Metadata):

@@ -15,6 +15,10 @@ blocks until it has ended (gc, repack, verify and close call it).
 The repack also gives way when the rest of the machine leaves it less spare CPU than the gate
 asked for (``spare.BusyWatch``: a training loop resumed without committing), then waits on its
 own thread for the next window with spare CPU.
+
+Like any repack, each batch holds a lease in the store (``ledger.leases``) from its first
+chunk until its transaction has ended, so a ``gc`` of another process, whatever its grace
+period, keeps the new pack the batch's rows are about to name.
 """
 
 from __future__ import annotations

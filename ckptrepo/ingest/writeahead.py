@@ -29,6 +29,11 @@ the committing thread when the commit fails before phase 2 is queued) waits for 
 writers and deletes every file not put in the store. The staging slot must not be reused before
 ``close`` has returned. Until ``seal`` puts a file, it is a temporary ``pack-*.tmp`` in the
 store's staging directory, which ``verify`` lists and ``gc`` removes after a crash.
+
+Lease: the first write job takes the commit's lease (``lease``, ``ledger.leases``) before it
+creates its file, on its own thread, so phase 1 never waits for it; phase 2 goes on holding
+the same lease for the commit's packs and manifest, and ``close`` releases it (phase 2 calls
+``close`` only after the commit's transaction).
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from ckptrepo.chunks.pack import header, pack_key, pack_tail
 from ckptrepo.chunks.store import SealedPack
 from ckptrepo.errors import UsageError
 from ckptrepo.ingest.staging import PAGE
+from ckptrepo.ledger import leases
 from ckptrepo.locations import ChunkLocation
 from ckptrepo.storage.appendfile import direct_io_enabled, open_direct, pwrite_all
 from ckptrepo.storage.base import Backend
@@ -98,6 +104,7 @@ class WriteAhead:
             raise UsageError("the write-ahead needs a page-aligned arena of whole pages")
         self._backend = backend
         self._arena = arena
+        self.lease = leases.Lease(backend, "commit")  # the commit's, until close
         self._files: list[_File] = []
         # Per tensor: (arena offset, [(first byte of a piece, its file)]) or None.
         self._where: list[tuple[int, list[tuple[int, int]]] | None] = []
@@ -170,6 +177,7 @@ class WriteAhead:
 
     def _write(self, f: _File) -> None:
         view = self._arena.numpy().data
+        self.lease.take()  # durable before the file: gc keeps what a live lease may own
         fd, name = tempfile.mkstemp(prefix="pack-", suffix=".tmp", dir=self._backend.staging_dir())
         f.path = Path(name)
         direct = open_direct(name) if direct_io_enabled() else None
@@ -238,7 +246,8 @@ class WriteAhead:
         return sealed
 
     def close(self) -> None:
-        """Wait for the writer and delete the files not put in the store; safe to repeat."""
+        """Wait for the writer, delete the files not put in the store and release the lease;
+        safe to repeat. Phase 2 calls it only once the commit's transaction has ended."""
         with self._lock:
             self._closed = True
             futures = self._futures
@@ -249,3 +258,4 @@ class WriteAhead:
                 with contextlib.suppress(OSError):
                     f.path.unlink(missing_ok=True)
                 f.path = None
+        self.lease.release()

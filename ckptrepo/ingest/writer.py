@@ -3,7 +3,9 @@
 A commit is made in three steps, the write ordering of docs/design.md:
 
 1. ``write_packs``: chunk, hash, deduplicate and encode the state's bytes (``Source`` s) and
-   make every new pack durable in the store. Nothing in the database names them yet.
+   make every new pack durable in the store. Nothing in the database names them yet: the
+   commit's lease (``ledger.leases``, taken before the first pack and released after step 2)
+   keeps ``gc`` from them meanwhile.
 2. ``record``: one write transaction inserts the chunk locations, tensors, the commit and its
    edges and moves the branch by compare-and-swap. The commit is visible when it commits, and
    not before: a failure or crash before leaves at most unreferenced packs (``gc`` reclaims).
@@ -71,7 +73,7 @@ from ckptrepo.ingest.pipeline import DeltaPlan, IngestOptions, IngestResult, ing
 from ckptrepo.ingest.request import CommitMeta, CommitRequest
 from ckptrepo.ingest.sources import Source, from_tensors
 from ckptrepo.ingest.spare import SpareCpuGate
-from ckptrepo.ledger import manifest
+from ckptrepo.ledger import leases, manifest
 from ckptrepo.lineage import revparse
 from ckptrepo.storage.base import Backend
 
@@ -85,6 +87,7 @@ if TYPE_CHECKING:
 _MAX_PENDING_CHUNKS = 1_000_000  # chunk ids of pending layouts kept for deduplication
 _MAX_HINTS = 100_000  # per-name encoding hints kept across commits (a few hundred bytes each)
 _MOVE_ATTEMPTS = 20  # transactions a commit without given parents makes to land on a moving branch
+_GC_ATTEMPTS = 5  # times a commit writes and records again when a concurrent gc removed what it shared
 
 
 def _now() -> datetime:
@@ -349,6 +352,15 @@ class CommitWriter:
             raise CommitReadFailed(commit=short(commit_id), detail="it is not in the catalog")
         return found[0]
 
+    def lease(self, purpose: str) -> leases.Lease:
+        """A lease (``ledger.leases``, not taken yet) for a writer of this repository's store:
+        taken before its first pack or staging file, released once a transaction names them or failed."""
+        return leases.Lease(self._backend, purpose)
+
+    def release_leases(self, keys: Collection[str]) -> None:
+        """Delete the leases ``keys`` (other ranks' of a distributed commit, once it is recorded)."""
+        leases.release(self._backend, keys)
+
     def repack_later(self) -> None:
         """Queue the background repack of what a commit stored raw (after a deferred commit
         made outside ``submit``: a distributed one)."""
@@ -362,18 +374,45 @@ class CommitWriter:
 
     def _persist(self, req: CommitRequest, pool: ThreadPoolExecutor, *, defer: bool) -> t.Commit:
         """Phase 2 of one commit: ``plan``, ``write_packs``, ``record``. On any failure nothing of
-        it is visible. The request's write-ahead is closed before this returns."""
+        it is visible. The request's write-ahead is closed before this returns. When a gc of
+        another process removed chunks or tensors the commit deduplicated against (its
+        transaction fails on their foreign keys), it plans, writes and records again, from the
+        state still staged (``_GC_ATTEMPTS`` in all; then ConcurrentChange).
+
+        The commit's lease (``ledger.leases``; its write-ahead's, which that took before its first
+        file, if it has one) is held from before its first pack until its transaction has
+        committed or failed: until then no row names its packs and manifest, and ``gc`` of
+        another process keeps them only because of it."""
+        lease = req.ahead.lease if req.ahead is not None else self.lease("commit")
+        taking = pool.submit(lease.take)  # its fsynced put overlaps plan's reads
         try:
             plan = self.plan(req, defer=defer)
             sources = req.sources if req.sources is not None else from_tensors(req.tensors)
-            try:
-                result = self.write_packs(sources, plan, pool, defer=defer, ahead=req.ahead, summaries=req.summaries)
-            except OSError as exc:  # a full disk, a store gone read-only: nothing was recorded
-                raise storage_failure(exc) from exc
-            commit = self.record(result, plan, req)
+            taking.result()  # durable before write_packs' first staging file
+            ahead = req.ahead
+            for attempt in range(1, _GC_ATTEMPTS + 1):
+                try:
+                    result = self.write_packs(sources, plan, pool, defer=defer, ahead=ahead, summaries=req.summaries)
+                except OSError as exc:  # a full disk, a store gone read-only: nothing was recorded
+                    raise storage_failure(exc) from exc
+                try:
+                    commit = self.record(result, plan, req)
+                    break
+                except ConcurrentChange:
+                    if attempt == _GC_ATTEMPTS:
+                        raise
+                # A gc of another process removed chunks or tensors this commit deduplicated against
+                # (retention pruned the commits that used them): nothing of it is visible. The state
+                # is still staged: plan and write again, storing what the store lacks now.
+                self._forget_stored()
+                plan = self.plan(req, defer=defer)
+                ahead = None  # its file is written: the chunks go through packs like any others
         finally:
             if req.ahead is not None:
                 req.ahead.close()
+            taking.exception()  # a put still under way would otherwise outlive the release
+            # After the transaction (or its failure): rows name the objects now, or nothing will.
+            lease.release()
         if self._after_commit is not None:
             try:
                 self._after_commit(commit.id)
@@ -425,7 +464,9 @@ class CommitWriter:
         """Step 1: store every chunk of ``sources`` the store lacks in packs, durable in the store
         when this returns (``ingest``); nothing in the database names them yet. ``defer``: new
         chunks are written raw into packs marked deferred, for ``repack`` to encode. ``ahead``
-        and ``summaries``: a snapshot's write-ahead and the statistics its copy took."""
+        and ``summaries``: a snapshot's write-ahead and the statistics its copy took. The caller
+        has taken a lease (``lease``) and releases it once the transaction naming these packs
+        has committed or failed."""
         cfg = self._config
         bases: Future[DeltaPlan] | None = None
         if cfg.compression and cfg.delta and not defer:
@@ -584,6 +625,14 @@ class CommitWriter:
         with self._sessions() as s:
             have = catalog.existing_chunks(s, ids)
         return have | self._pending_chunks.intersection(ids) if self._pending_chunks else have
+
+    def _forget_stored(self) -> None:
+        """Forget what this process believes the store has (its pending layouts' chunks, the layout
+        it recorded last, cached delta bases): a gc of another process may have removed it."""
+        self._index_layouts()
+        self._pending_chunks.clear()
+        self._last_recorded, self._last_keyless = None, False
+        self._base_cache.clear()
 
     def _index_layouts(self) -> None:
         """Index the pending layouts (before a commit that reads layouts or records its rows); a

@@ -28,6 +28,7 @@ from ckptrepo.storage.base import Backend
 
 KEY = "repository.json"
 FORMAT = 1
+CLAIMED = "store_identity"  # the ``repo_meta`` key a database holds once its store names it: its loss is damage
 _OWNED_PREFIXES = ("packs/", "manifests/", "journal/")
 
 

@@ -18,7 +18,8 @@ reported by key and never applied. A change whose transaction then fails is take
 (``discard``); a crash in between leaves an entry for a change that may not have happened, which
 a rebuild applies (the change was about to commit, and everything it names is durable). The
 change's transaction records the key (``journal_keys``), so ``verify`` finds an entry that went
-missing. Entries are never rewritten.
+missing, and ``gc`` reclaims an entry no transaction recorded (once past its grace period and no
+lease may own it: ``entry`` holds one). Entries are never rewritten.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any
 
 from ckptrepo.errors import CkptError, IntegrityError, storage_failure
 from ckptrepo.ledger import fields as f
+from ckptrepo.ledger import leases
 from ckptrepo.storage.base import Backend
 
 PREFIX = "journal/"
@@ -73,15 +75,22 @@ def discard(backend: Backend, key: str | None) -> None:
 
 
 @contextlib.contextmanager
-def entry(backend: Backend, change: dict[str, Any]) -> Iterator[str]:
+def entry(backend: Backend, change: dict[str, Any], *, purpose: str = "journal") -> Iterator[str]:
     """Journal ``change`` durably, then run the block that makes it (its transaction, which
-    records the yielded key); the entry is taken back when the block raises."""
-    key = append(backend, change)
+    records the yielded key); the entry is taken back when the block raises. A lease
+    (``leases``) is held from before the entry until the block ends: until its transaction
+    records the key, the entry looks like a leftover that ``gc`` reclaims."""
+    lease = leases.Lease(backend, purpose)
+    lease.take()
     try:
-        yield key
-    except BaseException:
-        discard(backend, key)
-        raise
+        key = append(backend, change)
+        try:
+            yield key
+        except BaseException:
+            discard(backend, key)
+            raise
+    finally:
+        lease.release()
 
 
 def decode(data: bytes, key: str) -> dict[str, Any]:

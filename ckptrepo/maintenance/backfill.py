@@ -28,7 +28,7 @@ from ckptrepo.db import catalog
 from ckptrepo.db.engine import write_transaction
 from ckptrepo.db.models import Commit, JournalKey, Ref, RepoMeta
 from ckptrepo.errors import CkptError
-from ckptrepo.ledger import journal, manifest
+from ckptrepo.ledger import journal, leases, manifest
 from ckptrepo.storage.base import Backend
 
 
@@ -74,17 +74,22 @@ def write_missing(reading: Callable[[], AbstractContextManager[Session]], sessio
         refs = list(s.execute(select(Ref.kind, Ref.name, Ref.commit_id).order_by(Ref.kind, Ref.name)))
         pruned = sorted(s.scalars(select(Commit.id).where(Commit.pruned.is_(True))))
         rules = s.scalar(select(RepoMeta.value).where(RepoMeta.key == "retention"))
-    keys = [journal.append(backend, {"op": "ref", "kind": kind, "name": name, "to": target})
-            for kind, name, target in refs]
-    if pruned:
-        keys.append(journal.append(backend, {"op": "prune", "commits": pruned}))
-    if rules is not None:
-        keys.append(journal.append(backend, {"op": "retention", "rules": json.loads(rules)}))
-    with write_transaction(sessions) as w:
-        for key in keys:
-            catalog.record_journal_key(w, key)
-        for start in range(0, len(gone), 500):
-            w.execute(delete(JournalKey).where(JournalKey.key.in_(gone[start : start + 500])))
+    lease = leases.Lease(backend, "backfill")  # the entries are leftovers to gc until recorded
+    lease.take()
+    try:
+        keys = [journal.append(backend, {"op": "ref", "kind": kind, "name": name, "to": target})
+                for kind, name, target in refs]
+        if pruned:
+            keys.append(journal.append(backend, {"op": "prune", "commits": pruned}))
+        if rules is not None:
+            keys.append(journal.append(backend, {"op": "retention", "rules": json.loads(rules)}))
+        with write_transaction(sessions) as w:
+            for key in keys:
+                catalog.record_journal_key(w, key)
+            for start in range(0, len(gone), 500):
+                w.execute(delete(JournalKey).where(JournalKey.key.in_(gone[start : start + 500])))
+    finally:
+        lease.release()
     return Backfill(written, unusable, len(keys))
 
 

@@ -24,14 +24,27 @@ Order (the write-ordering invariant run backwards):
    unreferenced packs and manifests, which the next run deletes.
 3. Store objects no row names (packs and manifests of interrupted or in-flight commits) and
    temporary files in the store's local staging folder are deleted once older than the
-   grace period.
+   grace period, unless a live lease protects them (below). Candidates are listed first,
+   the leases read second, and each batch's rows rechecked, stat-ed and deleted last
+   (``_Sweep``), so a writer has no window between two of those steps.
 
-No object younger than ``grace`` seconds is deleted: a commit in flight writes its packs
-before its transaction names them, and must not lose them. Its age is looked at again
-right before the deletion, because pack ids are content hashes and a commit may have
-just written the same pack again. A commit in another process that deduplicated
-against chunks this run removes fails at its transaction (foreign keys) with
-``ConcurrentChange`` and leaves nothing behind; committing again succeeds.
+Writers in flight: a commit (every rank of a distributed one), a repack batch and the
+write-ahead put their packs, manifest and staging files before the transaction that names
+them. Each takes a lease in the store first and releases it once that transaction has
+committed or failed (``ledger.leases``). An unreferenced object whose store mtime is at or
+after a live lease's own (minus a few seconds) is kept whatever ``grace`` is, so
+``gc --grace 0`` beside running writers loses no acknowledged commit. Stale leases (a dead
+process on this host, or older than the ``LEASE_TTL`` knob) protect nothing and are deleted.
+No object younger than ``grace`` seconds is deleted either. Its age is looked at again right
+before the deletion, because pack ids are content hashes and a commit may have just written
+the same pack again. A commit in another process that deduplicated against chunks this run
+removes fails at its transaction (foreign keys) and leaves nothing behind; it then writes them
+again and records again (``ingest.writer``), from the state it has staged.
+
+Symbolic links: the staging folder is walked by folder descriptor without following any link,
+the folder itself included; a link met there is neither followed nor removed, only counted
+(``links_skipped``) and logged. Store keys come from ``Backend.list``, which lists no key
+through a link (``storage.local``).
 
 Chunks are never rewritten here: a pack that holds live and dead chunks is kept whole, and
 the report says how many bytes such packs hold for dead chunks (``repack`` with
@@ -44,6 +57,9 @@ file: a reader that looked up a chunk's old location just before the repack stil
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import re
 import time
 from collections import Counter
@@ -59,16 +75,18 @@ from ckptrepo import faults
 from ckptrepo.chunks.pack import pack_key
 from ckptrepo.db import catalog, pending
 from ckptrepo.db.engine import write_transaction
-from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Metric, Pack, Tensor, TensorChunk
+from ckptrepo.db.models import Chunk, Commit, Edge, Entry, JournalKey, Metric, Pack, RepoMeta, Tensor, TensorChunk
 from ckptrepo.errors import CkptError, ConcurrentChange, DamagedCommits, UsageError
 from ckptrepo.ids import short
-from ckptrepo.ledger import manifest
+from ckptrepo.ledger import journal, leases, manifest
 from ckptrepo.maintenance import DEFAULT_GRACE_S, liveness
 from ckptrepo.storage import Backend, local_staging
+from ckptrepo.storage.local import walk_files
 from ckptrepo.types import GcReport
 
 _PACK_KEY = re.compile(r"packs/([0-9a-f]{2})/([0-9a-f]{64})\.pack")
 _BATCH = 2000
+log = logging.getLogger("ckptrepo")
 
 
 def _batches(ids: Sequence[Any]) -> Iterable[Sequence[Any]]:
@@ -136,7 +154,15 @@ class _Plan:
 
 
 class _Sweep:
-    """Deletes store objects and staging files, never one younger than the cutoff."""
+    """Deletes store objects and staging files that no row names: never one younger than the
+    cutoff, nor one a live lease may own (``ledger.leases``), nor anything through a symbolic link.
+
+    Its order leaves a writer no window: ``list_candidates``, then ``protect`` (read the
+    leases), then per batch recheck the rows, stat and delete. A candidate was put before the
+    listing, so its writer's lease (put before it) was there when the leases were read, unless
+    released, which happens only once its transaction has committed (a row names the object:
+    the recheck keeps it) or failed (it is garbage).
+    """
 
     def __init__(self, backend: Backend, cutoff: float, dry_run: bool) -> None:
         self.backend = backend
@@ -146,7 +172,38 @@ class _Sweep:
         self.deleted_bytes = 0
         self.kept_young = 0
         self.kept_young_bytes = 0
+        self.kept_leased = 0
+        self.kept_leased_bytes = 0
+        self.stale_leases = 0
+        self.links: list[str] = []  # symbolic links met in the staging folder, left alone
+        self.leases = leases.Leases()
         self._seen: set[str] = set()
+        self._packs: list[tuple[str, str]] = []
+        self._manifests: list[tuple[str, str]] = []
+        self._journal: list[str] = []
+        self._staged: set[tuple[str, int]] = set()  # staging files listed: (relative path, inode)
+
+    def list_candidates(self) -> None:
+        """List the candidates: pack objects, manifests and staging files (before ``protect``)."""
+        for key in self.backend.list("packs/"):
+            match = _PACK_KEY.fullmatch(key)
+            if match is not None and match.group(2).startswith(match.group(1)):
+                self._packs.append((match.group(2), key))
+        self._manifests = list(manifest.stored(self.backend))
+        self._journal = [k for k in self.backend.list(journal.PREFIX) if journal.time_of(k) is not None]
+        staging = local_staging(self.backend)
+        if staging is not None:
+            self._staged = {(rel, st.st_ino) for _, _, rel, st in walk_files(staging, self.links)}
+        if self.links:
+            shown = ", ".join(self.links[:3]) + (f" and {len(self.links) - 3} more" if len(self.links) > 3 else "")
+            log.warning("gc does not follow or remove symbolic links in the store's staging folder: %s", shown)
+
+    def protect(self) -> None:
+        """Read the leases (after ``list_candidates``); delete the stale ones."""
+        self.leases = leases.read(self.backend)
+        self.stale_leases = len(self.leases.stale)
+        if not self.dry_run:
+            leases.release(self.backend, [f.key for f in self.leases.stale])
 
     def delete(self, key: str) -> None:
         if key in self._seen:
@@ -160,19 +217,18 @@ class _Sweep:
             self.kept_young += 1
             self.kept_young_bytes += size
             return
+        if self.leases.protects(mtime):
+            self.kept_leased += 1
+            self.kept_leased_bytes += size
+            return
         if not self.dry_run:
             self.backend.delete(key)
         self.deleted += 1
         self.deleted_bytes += size
 
     def unreferenced_packs(self, s_factory: sessionmaker[Session]) -> None:
-        """Delete pack objects that no ``packs`` row names (rechecked just before each deletion)."""
-        candidates: list[tuple[str, str]] = []
-        for key in self.backend.list("packs/"):
-            match = _PACK_KEY.fullmatch(key)
-            if match is not None and match.group(2).startswith(match.group(1)):
-                candidates.append((match.group(2), key))
-        for chunk in _batches(candidates):
+        """Delete listed pack objects that no ``packs`` row names (rechecked just before each batch)."""
+        for chunk in _batches(self._packs):
             with s_factory() as s:
                 named = set(s.scalars(select(Pack.id).where(Pack.id.in_([pid for pid, _ in chunk]))))
             for pid, key in chunk:
@@ -180,31 +236,48 @@ class _Sweep:
                     self.delete(key)
 
     def unreferenced_manifests(self, s_factory: sessionmaker[Session]) -> None:
-        """Delete manifests (``ledger.manifest``) of commits no ``commits`` row names (a commit
-        interrupted before its transaction; rechecked just before each deletion)."""
-        ids = list(manifest.stored_ids(self.backend))
-        for chunk in _batches(ids):
+        """Delete listed manifests (``ledger.manifest``) of commits no ``commits`` row names (a
+        commit interrupted before its transaction; rechecked just before each batch)."""
+        for chunk in _batches(self._manifests):
             with s_factory() as s:
-                named = set(s.scalars(select(Commit.id).where(Commit.id.in_(chunk))))
-            for cid in chunk:
+                named = set(s.scalars(select(Commit.id).where(Commit.id.in_([cid for cid, _ in chunk]))))
+            for cid, key in chunk:
                 if cid not in named:
-                    self.delete(manifest.key_of(cid))
+                    self.delete(key)
+
+    def unrecorded_journal(self, s_factory: sessionmaker[Session]) -> int:
+        """Delete listed journal entries (``ledger.journal``) no transaction recorded
+        (``journal_keys``): a change interrupted between its entry and its transaction. Entries
+        from before the database recorded keys (``repo_meta.journal_keys_from``) are kept."""
+        with s_factory() as s:
+            since = int(s.scalar(select(RepoMeta.value).where(RepoMeta.key == "journal_keys_from")) or 0)
+        before = self.deleted
+        for chunk in _batches([k for k in self._journal if (journal.time_of(k) or 0) >= since]):
+            with s_factory() as s:
+                recorded = set(s.scalars(select(JournalKey.key).where(JournalKey.key.in_(chunk))))
+            for key in chunk:
+                if key not in recorded:
+                    self.delete(key)
+        return self.deleted - before
 
     def staging_files(self) -> tuple[int, int]:
-        """Delete temporary files older than the cutoff from the store's local staging folder."""
+        """Delete listed temporary files of the store's local staging folder that are older than
+        the cutoff and no live lease may own; a symbolic link is neither followed nor removed."""
         staging = local_staging(self.backend)
         count = size = 0
-        if staging is None or not staging.is_dir():
+        if staging is None or not self._staged:
             return 0, 0
-        for path in sorted(staging.rglob("*")):
-            try:
-                st = path.stat()
-            except FileNotFoundError:
-                continue  # renamed into place or removed by its writer meanwhile
-            if not path.is_file() or st.st_mtime > self.cutoff:
+        for dir_fd, name, rel, st in walk_files(staging, []):
+            if (rel, st.st_ino) not in self._staged or st.st_mtime > self.cutoff:
+                continue  # written since it was listed, or young
+            if self.leases.protects_local(st.st_mtime):
+                self.kept_leased += 1
+                self.kept_leased_bytes += st.st_size
                 continue
             if not self.dry_run:
-                path.unlink(missing_ok=True)
+                # Relative to the folder's descriptor: a folder swapped for a link meanwhile is not followed.
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name, dir_fd=dir_fd)
             count += 1
             size += st.st_size
         return count, size
@@ -251,6 +324,10 @@ def collect(sessions: sessionmaker[Session], backend: Backend, *, grace: float =
     if not dry_run:  # their rows are gone: their manifests go too, else a rebuild brings them back
         manifest.discard(backend, plan.commits)
     sweep = _Sweep(backend, cutoff, dry_run)
+    # Candidates first, leases second (``_Sweep``): every object a writer put under a lease that
+    # was released before this read is named by a row by now, or is garbage.
+    sweep.list_candidates()
+    sweep.protect()
     # Step 2: only now, with no row naming them, may the objects go.
     for pid in plan.packs:
         sweep.delete(pack_key(pid))
@@ -258,6 +335,7 @@ def collect(sessions: sessionmaker[Session], backend: Backend, *, grace: float =
     sweep.unreferenced_packs(sessions)
     unreferenced_packs = sweep.deleted - removed_with_rows
     sweep.unreferenced_manifests(sessions)
+    unrecorded = sweep.unrecorded_journal(sessions)
     temp_files, temp_bytes = sweep.staging_files()
     return GcReport(
         dry_run=dry_run,
@@ -276,4 +354,10 @@ def collect(sessions: sessionmaker[Session], backend: Backend, *, grace: float =
         dead_bytes_in_partial_packs=plan.dead_bytes_in_partial_packs,
         seconds=time.perf_counter() - started,
         pruned_tensors_dropped=len(plan.stripped),
+        leased_objects_kept=sweep.kept_leased,
+        leased_bytes_kept=sweep.kept_leased_bytes,
+        live_leases=len(sweep.leases.live),
+        stale_leases_removed=sweep.stale_leases,
+        links_skipped=len(sweep.links),
+        journal_entries_removed=unrecorded,
     )

@@ -109,15 +109,11 @@ def prune(sessions: sessionmaker[Session], reading: Callable[[], AbstractContext
         if not planned.pruned:
             with reading() as s:
                 return _report(rules, planned, liveness.freeable(s), False, started)
-        key = journal.append(backend, {"op": "prune", "commits": list(planned.pruned)})
         try:
-            found, freeable = _in_transaction(sessions, rules, now, planned.pruned, key)
-        except _Rollback:
-            journal.discard(backend, key)
+            with journal.entry(backend, {"op": "prune", "commits": list(planned.pruned)}, purpose="prune") as key:
+                found, freeable = _in_transaction(sessions, rules, now, planned.pruned, key)
+        except _Rollback:  # the entry was taken back
             continue
-        except BaseException:
-            journal.discard(backend, key)
-            raise
         faults.point("prune.after_commit")
         return _report(rules, found, freeable, False, started)
     raise ConcurrentChange(what="prune", other="commit",

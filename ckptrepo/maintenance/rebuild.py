@@ -26,9 +26,9 @@ checked as it is read (``maintenance.scan``) and nothing that fails a check is u
   ``conflicts/<branch>/<short id>``, as a commit that lost its compare-and-swap is; a ref whose
   commit has no manifest points at that commit's damaged node.
 
-The store must be this repository's (``ledger.identity``; a store with no identity is read as
-it is). The report lists everything skipped and counts the damaged commits; the CLI exits
-non-zero when either is not empty (``RebuildReport.ok``).
+The store must be this repository's (``ledger.identity``; a store with no identity, or a
+damaged one, is read as it is, the latter reported). The report lists everything skipped and
+counts the damaged commits; the CLI exits non-zero when either is not empty (``RebuildReport.ok``).
 
 Atomic: everything is inserted in one transaction. On SQLite the database is built as a new
 file beside the old one and renamed into place, the old one (if any) kept as
@@ -58,7 +58,7 @@ from ckptrepo.config import RepoConfig
 from ckptrepo.db import catalog, migrate, pending
 from ckptrepo.db.engine import database_url, insert_tuples, make_engine
 from ckptrepo.db.models import Commit, JournalKey, Pack, Ref, RepoMeta, Tensor, TensorChunk
-from ckptrepo.errors import RepositoryExists, StoreInUse
+from ckptrepo.errors import IntegrityError, RepositoryExists, StoreInUse
 from ckptrepo.ids import short
 from ckptrepo.ledger import identity, manifest
 from ckptrepo.maintenance import backfill, scan
@@ -91,14 +91,20 @@ def _placeholder(cid: str, created_at: datetime) -> dict[str, Any]:
 def _plan(found: scan.Scan) -> _Plan:
     plan = _Plan(damaged=dict(found.lost))
     bodies = dict(found.manifests)
-    refs, lost = replay_refs(bodies, [e for _, e in found.journal])
+    entries = [e for _, e in found.journal]
     # Every commit something names but whose manifest is gone or refused becomes a damaged node,
-    # so that nothing that descends from it, or a ref points at, is dropped.
-    named = {e[0] for b in bodies.values() for e in b["edges"]} | set(found.lost) | set(refs.values())
+    # so that nothing that descends from it, a move expects or a ref points at is dropped.
+    named = ({e[0] for b in bodies.values() for e in b["edges"]} | set(found.lost)
+             | {b["move"]["from"] for b in bodies.values() if b["move"]["from"] is not None}
+             | {e["to"] for e in entries if e["op"] == "ref" and e["to"] is not None})
     children: dict[str, list[str]] = {}
+    expected_on: dict[str, list[tuple[str, float]]] = {}
     for b in bodies.values():
         for e in b["edges"]:
             children.setdefault(e[0], []).append(b["commit"]["created_at"])
+        move = b["move"]
+        if move["from"] is not None and move["from"] not in bodies:  # its own move is lost with its manifest
+            expected_on.setdefault(move["from"], []).append((move["branch"], move["at"]))
     now = datetime.now(timezone.utc)
     for cid in sorted(named - bodies.keys()):
         plan.damaged.setdefault(cid, _MISSING)
@@ -106,10 +112,12 @@ def _plan(found: scan.Scan) -> _Plan:
         bodies[cid] = _placeholder(cid, when)
     plan.order = _in_order(bodies, found.skipped, plan.damaged)
     recorded = {b["id"] for b in plan.order}
+    real = {cid: b for cid, b in bodies.items() if b["move"] is not None}
+    refs, lost = replay_refs(real, entries, expected_on)
     plan.refs = {ref: cid for ref, cid in refs.items() if cid in recorded}
     reached = _reachable(bodies, plan.refs.values())
     for cid in lost:
-        if cid not in reached and cid in recorded:
+        if cid not in reached and cid in recorded and cid in real:
             plan.refs[("branch", f"conflicts/{bodies[cid]['move']['branch']}/{short(cid)}")] = cid
             plan.conflicts += 1
     return plan
@@ -287,7 +295,12 @@ def rebuild(repo_dir: Path, config: RepoConfig, backend: Backend, *, replace: bo
     unless ``replace`` (SQLite: the old file is kept beside the new one); StoreInUse when the
     store belongs to another repository."""
     started = time.perf_counter()
-    owner = identity.read(backend)
+    damage: list[str] = []
+    try:
+        owner = identity.read(backend)
+    except IntegrityError as exc:  # a damaged identity names nobody: rebuild, and say so
+        owner = None
+        damage.append(exc.message)
     if owner is not None and owner != config.repo_id:
         raise StoreInUse(url=backend.url, found=owner, expected=config.repo_id)
     url = old_url = database_url(config.db_url, repo_dir)
@@ -305,11 +318,14 @@ def rebuild(repo_dir: Path, config: RepoConfig, backend: Backend, *, replace: bo
         had_repository = _holds_repository(url)
     where = str(target) if sqlite else _safe(url)
     found = scan.scan(backend, compression=config.compression)
+    found.skipped[:0] = damage
     recovered: list[str] = []
     if had_repository and replace:
         recovered = _recover(old_url, found)
     plan = _plan(found)
     meta = {"repo_id": config.repo_id, "format_version": str(config.format_version)}
+    if owner is not None:
+        meta[identity.CLAIMED] = "1"
     engine = make_engine(url)
     try:
         with migrate.building(engine, meta, replace=replace and not sqlite) as conn, Session(bind=conn) as s:

@@ -13,7 +13,9 @@ keeps whole), copied as it is.
 Write ordering, per batch of about one pack (the commit path's: docs/design.md):
 
 1. The new pack is made durable in the store (``PackSink``: temporary file, fsync, rename,
-   directory fsync; on an object store a completed PUT) before any row names it.
+   directory fsync; on an object store a completed PUT) before any row names it. The batch's
+   lease (``ledger.leases``) is put before its temporary file and released once its
+   transaction has ended, so a ``gc`` meanwhile (whatever its grace period) keeps the pack.
 2. One transaction inserts its ``packs`` row, repoints the moved chunk rows at it (each
    only if it still is where this run read it: a concurrent repack or gc may have moved or
    removed it) and retires each old pack left without chunk rows (``retired_at``).
@@ -58,6 +60,7 @@ from ckptrepo.db import pending as layouts
 from ckptrepo.db.engine import insert_ignore, write_transaction
 from ckptrepo.db.models import Chunk, Commit, Entry, Pack, Tensor, TensorChunk
 from ckptrepo.errors import ConcurrentChange, UsageError
+from ckptrepo.ledger import leases
 from ckptrepo.locations import ChunkLocation
 from ckptrepo.storage import Backend
 from ckptrepo.types import RepackReport
@@ -106,6 +109,10 @@ class _Run:
     dependents: set[str] = field(default_factory=set)
     orig: dict[str, ChunkLocation] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    lease: leases.Lease = field(init=False)  # the batch's, from its first chunk until its transaction ended
+
+    def __post_init__(self) -> None:
+        self.lease = leases.Lease(self.backend, "repack")
 
 
 def repack(
@@ -300,6 +307,7 @@ def _drop(inflight: list[tuple[_Item, Future[Any]]], sink: PackSink, run: _Run) 
     inflight.clear()
     sink.abort()
     run.batch.clear()
+    run.lease.release()  # after abort: no pack of the batch is still being put
 
 
 def _produce(run: _Run, item: _Item) -> tuple[int, Any, int | None, ChunkLocation | None]:
@@ -374,6 +382,7 @@ def _write(run: _Run, sink: PackSink, item: _Item,
     data = payload
     if sink.pending_bytes + len(data) > run.config.pack_target and sink.pending_bytes:
         _record(run, sink)
+    run.lease.take()  # before the batch's first chunk opens its temporary pack file
     sink.add(loc.chunk_id, encoding, data, loc.raw_length, depth=depth, base_id=base_id)
     new = ChunkLocation(loc.chunk_id, "", 0, len(data), loc.raw_length, encoding, depth, base_id)
     with run.lock:
@@ -392,6 +401,7 @@ def _record(run: _Run, sink: PackSink) -> None:
     packs = sink.seal()
     batch, run.batch = run.batch, []
     if not packs:
+        run.lease.release()
         return
     where: dict[str, ChunkLocation] = {loc.chunk_id: loc for p in packs for loc in p.locations}
     now = datetime.now(timezone.utc)
@@ -427,6 +437,7 @@ def _record(run: _Run, sink: PackSink) -> None:
             .values(retired_at=now)
         )
         faults.point("repack.before_commit")
+    run.lease.release()  # rows name the new pack now: the batch's transaction committed
     faults.point("repack.after_commit")
     run.counts["packs"] += len(packs)
     run.counts["pack_bytes"] += sum(p.size for p in packs)

@@ -13,6 +13,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+ANY = "*"
+"""The head a move expects when it is not known (a commit whose manifest is lost, made a damaged
+node by a rebuild, moved the branch its children's moves expect it at): it applies from
+whatever the branch's value is, when no move that expected that value does."""
+
 
 @dataclass(frozen=True)
 class _Move:
@@ -21,7 +26,8 @@ class _Move:
     target: str
 
 
-def replay_refs(manifests: Mapping[str, Mapping[str, Any]], entries: Iterable[Mapping[str, Any]]
+def replay_refs(manifests: Mapping[str, Mapping[str, Any]], entries: Iterable[Mapping[str, Any]],
+                unknown: Mapping[str, Iterable[tuple[str, float]]] | None = None
                 ) -> tuple[dict[tuple[str, str], str], list[str]]:
     """The refs ``{(kind, name): commit id}`` that the commits' branch moves and the journal's ref
     changes leave, and the commits whose move never applied.
@@ -32,12 +38,18 @@ def replay_refs(manifests: Mapping[str, Mapping[str, Any]], entries: Iterable[Ma
     what came after: the move whose own successors reach the latest time is taken (the others
     ended there: they lost, like a rolled-back transaction), ties to the later move. Timestamps
     only order the forced changes against the moves, so another host's clock being behind does
-    not reorder a chain of moves."""
+    not reorder a chain of moves.
+
+    ``unknown``: commits whose own move is not known, each with the ``(branch, time)`` of the
+    moves that expected it; each gets a move on those branches from ``ANY`` head."""
     moves: dict[tuple[str, str], list[_Move]] = {}
     forced: dict[tuple[str, str], list[tuple[float, str | None]]] = {}
     for cid, body in manifests.items():
         move = body["move"]
         moves.setdefault(("branch", move["branch"]), []).append(_Move(move["at"], move["from"], cid))
+    for cid, expected_on in (unknown or {}).items():
+        for branch, at in expected_on:
+            moves.setdefault(("branch", branch), []).append(_Move(at, ANY, cid))
     for entry in entries:
         if entry.get("op") == "ref":
             forced.setdefault((entry["kind"], entry["name"]), []).append((entry["at"], entry["to"]))
@@ -76,6 +88,8 @@ def _follow(moves: list[_Move], forced: list[tuple[float, str | None]]) -> tuple
     for until, value in [*forced, (float("inf"), None)]:
         while True:
             options = [m for m in by_expected.get(current, []) if m.target not in used and m.at <= until]
+            if not options:  # stalled: a move whose expected head is not known may apply
+                options = [m for m in by_expected.get(ANY, []) if m.target not in used and m.at <= until]
             if not options:
                 break
             best = max(options, key=lambda m: (reach(m), m.at, m.target))

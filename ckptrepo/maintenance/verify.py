@@ -58,6 +58,7 @@ from ckptrepo.ledger import identity, journal, manifest
 from ckptrepo.locations import ChunkLocation
 from ckptrepo.maintenance.verify_ledger import LedgerCheck
 from ckptrepo.storage import Backend, local_staging
+from ckptrepo.storage.local import walk_files
 from ckptrepo.types import Problem, VerifyCounts, VerifyReport
 
 if TYPE_CHECKING:
@@ -372,17 +373,17 @@ class _Run:
             self._leftover("unreferenced_pack", key, "no packs row names it" if pid else "not a pack name", now,
                            pack_id=pid)
         staging = local_staging(self.backend)
-        if staging is None or not staging.is_dir():
+        if staging is None:
             return
-        for path in sorted(staging.rglob("*")):
-            try:
-                st = path.stat()
-            except FileNotFoundError:
-                continue  # a concurrent writer renamed or removed it
-            if path.is_file():
-                self.found["temporary_file"].append(Problem(
-                    "temporary_file", str(path), f"{path.name}: left by an interrupted write; gc reclaims it",
-                    size=st.st_size, age_s=now - st.st_mtime))
+        links: list[str] = []  # walked as gc walks it: through no symbolic link
+        for _, name, rel, st in walk_files(staging, links):
+            self.found["temporary_file"].append(Problem(
+                "temporary_file", str(staging / rel), f"{name}: left by an interrupted write; gc reclaims it",
+                size=st.st_size, age_s=now - st.st_mtime))
+        for link in links:
+            self.found["store_link"].append(Problem(
+                "store_link", link, f"{link} is a symbolic link in the store's staging folder; gc neither "
+                "follows nor removes it: remove it by hand"))
 
     def _unreferenced_pack_damaged(self, pid: str, key: str) -> bool:
         """Whether a pack no row names fails its footer or name check (then reported as a damaged
@@ -480,6 +481,7 @@ class _Run:
             unrecorded_journal_entries=kind("unrecorded_journal_entry"),
             outdated_manifests=kind("outdated_manifest"),
             unclaimed_store=kind("unclaimed_store"),
+            store_links=kind("store_link"),
         )
 
 

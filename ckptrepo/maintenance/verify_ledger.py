@@ -69,13 +69,18 @@ class LedgerCheck:
         self._journal(s)
 
     def _identity(self, s: Session) -> None:
-        repo_id = s.scalar(select(RepoMeta.value).where(RepoMeta.key == "repo_id"))
+        meta = {k: v for k, v in s.execute(select(RepoMeta.key, RepoMeta.value).where(
+            RepoMeta.key.in_(("repo_id", identity.CLAIMED))))}
+        repo_id = meta.get("repo_id")
         try:
             owner = identity.read(self.backend)
         except CkptError as exc:
             self._add("store_identity", identity.KEY, exc.message)
             return
-        if owner is None:
+        if owner is None and identity.CLAIMED in meta:
+            self._add("store_identity", identity.KEY, f"{identity.KEY} is gone from the store, which named this "
+                      "repository; this repository's next commit, prune or gc writes it again")
+        elif owner is None:
             self._add("unclaimed_store", identity.KEY, "the store names no repository; this repository's next "
                       "commit, prune or gc claims it")
         elif owner != repo_id:

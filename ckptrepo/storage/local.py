@@ -4,6 +4,13 @@ Layout: each key is a file under ``root`` at the key's path; files being written
 ``root/.staging`` (the same filesystem, so the final rename is atomic). Reads go through a
 small cache of open descriptors and ``os.pread``/``os.preadv``, safe to share between
 reader threads.
+
+Symbolic links below ``root`` (``root`` itself may be one) are never acted through by ``list``
+and ``delete``: ``list`` neither lists a link nor enters a linked folder, and ``delete`` opens
+each folder of the key without following links (``O_NOFOLLOW``) and removes the name inside
+the folder it opened, so it never removes anything outside the store (a key whose folder is a
+link is refused with StorageError; a key that is itself a link loses only the link).
+``walk_files`` lists the staging folder for ``gc`` and ``verify`` the same way.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import contextlib
 import errno
 import os
 import shutil
+import stat
 import tempfile
 import threading
 from collections import OrderedDict
@@ -259,25 +267,102 @@ class LocalBackend:
 
     def list(self, prefix: str = "") -> Iterator[str]:
         folder = check_prefix(prefix).rpartition("/")[0]
-        start = self.root / folder if folder else self.root
         keys: list[str] = []
-        for dirpath, dirnames, filenames in os.walk(start):
-            dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-            rel = Path(dirpath).relative_to(self.root).as_posix()
-            base = "" if rel == "." else rel + "/"
-            keys.extend(
-                base + name for name in filenames if not name.startswith(".") and (base + name).startswith(prefix)
-            )
+        if folder and self._linked(folder):
+            return iter(keys)  # the prefix's folder is a link: what it names is not the store's
+        pending = [(self.root / folder if folder else self.root, folder)]
+        while pending:
+            path, rel = pending.pop()
+            try:
+                entries = list(os.scandir(path))
+            except OSError:
+                continue  # gone meanwhile, or unreadable (as os.walk skips it)
+            for entry in entries:
+                if entry.name.startswith(".") or entry.is_symlink():
+                    continue
+                key = f"{rel}/{entry.name}" if rel else entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    if (key + "/").startswith(prefix) or prefix.startswith(key + "/"):
+                        pending.append((Path(entry.path), key))
+                elif entry.is_file(follow_symlinks=False) and key.startswith(prefix):
+                    keys.append(key)
         return iter(sorted(keys))
 
+    def _linked(self, folder: str) -> bool:
+        """Whether a folder on the way from ``root`` to ``folder`` (itself included) is a link."""
+        path = self.root
+        for part in folder.split("/"):
+            path = path / part
+            try:
+                if stat.S_ISLNK(os.lstat(path).st_mode):
+                    return True
+            except OSError:
+                return False  # missing: nothing below it to list
+        return False
+
     def delete(self, key: str) -> None:
+        folder, _, name = check_key(key).rpartition("/")
         self._fds.forget(key)
-        # No directory fsync: a deletion lost in a crash only brings back an unreferenced
-        # object, which the next gc removes again.
         try:
-            self._path(key).unlink(missing_ok=True)
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC)
+        except FileNotFoundError:
+            return
         except OSError as exc:
             raise StorageError(detail=f"cannot delete {key!r} from {self.url} ({exc})") from exc
+        try:
+            for part in folder.split("/") if folder else ():
+                try:
+                    inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _O_CLOEXEC, dir_fd=fd)
+                except FileNotFoundError:
+                    return
+                except OSError as exc:
+                    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                        raise StorageError(detail=f"cannot delete {key!r} from {self.url}: its folder {part!r} "
+                                                  "is a symbolic link (or no folder), which the store never "
+                                                  "acts through") from exc
+                    raise
+                os.close(fd)
+                fd = inner
+            # No directory fsync: a deletion lost in a crash only brings back an unreferenced
+            # object, which the next gc removes again.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=fd)
+        except StorageError:
+            raise
+        except OSError as exc:
+            raise StorageError(detail=f"cannot delete {key!r} from {self.url} ({exc})") from exc
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
         self._fds.clear()
+
+
+def walk_files(staging: Path, links: list[str]) -> Iterator[tuple[int, str, str, os.stat_result]]:
+    """``(folder descriptor, name, path relative to staging, lstat)`` of every regular file under
+    ``staging`` (the store's staging folder, for gc and verify), walked without following a
+    symbolic link, ``staging`` itself included: each link met is appended to ``links``. The
+    descriptor is valid until the next item; remove a file with ``os.unlink(name, dir_fd=fd)``."""
+    try:
+        top = staging.lstat()
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(top.st_mode):
+        links.append(str(staging))
+        return
+    if not stat.S_ISDIR(top.st_mode):
+        return
+    # fwalk pins each folder by descriptor (lstat, open, fstat), so none is entered through a link.
+    for dirpath, dirnames, filenames, dir_fd in os.fwalk(staging, follow_symlinks=False):
+        rel = os.path.relpath(dirpath, staging)
+        files = set(filenames)
+        for name in sorted(dirnames + filenames):
+            path = name if rel == "." else f"{rel}/{name}"
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # renamed into place or removed by its writer meanwhile
+            if stat.S_ISLNK(st.st_mode):
+                links.append(str(staging / path))
+            elif stat.S_ISREG(st.st_mode) and name in files:
+                yield dir_fd, name, path, st

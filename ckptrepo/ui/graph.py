@@ -146,7 +146,7 @@ def _pack(chains: list[_Chain]) -> int:
 
 def payload(placed: Layout, *, head: str | None = None) -> dict[str, Any]:
     """The JSON of ``/api/graph``: ``nodes`` (oldest first: ``id``, ``short``, ``message`` (first
-    line), ``step``, ``branch``, ``created_at``, ``pruned``, ``x`` (lane), ``y`` (row, 0 at the
+    line), ``step``, ``branch``, ``created_at``, ``pruned``, ``damaged``, ``x`` (lane), ``y`` (row, 0 at the
     bottom), ``refs`` (branch names, tags as ``tag:NAME``)), ``edges`` (``child``, ``parent``,
     ``kind``, ``via``), ``branches`` and ``tags`` (``name``, ``commit_id``), ``lanes``, ``rows``,
     and ``head``: the commit a filtered graph ends at (None: every commit)."""
@@ -155,7 +155,7 @@ def payload(placed: Layout, *, head: str | None = None) -> dict[str, Any]:
     for r in graph.refs:
         at.setdefault(r.commit_id, []).append(r.name if r.kind == "branch" else f"tag:{r.name}")
     nodes = [{"id": n.id, "short": n.short_id, "message": n.title, "step": n.step, "branch": n.branch,
-              "created_at": n.created_at.isoformat(), "pruned": n.pruned, "x": placed.lanes[i],
+              "created_at": n.created_at.isoformat(), "pruned": n.pruned, "damaged": n.damaged, "x": placed.lanes[i],
               "y": placed.rows[i], "refs": at.get(n.id, [])}
              for i, n in enumerate(graph.nodes)]
     edges = [{"child": e.child, "parent": e.parent, "kind": e.kind, "via": via}

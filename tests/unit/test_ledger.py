@@ -231,3 +231,14 @@ def test_journalled_ref_changes_apply_as_written() -> None:
     refs, lost = replay_refs(manifests, entries)
     assert refs == {("branch", "main"): A, ("tag", "v1"): A} and lost == []
     assert json.dumps(sorted(refs.items()))
+
+
+def test_a_move_expecting_a_commit_whose_manifest_is_lost_still_applies() -> None:
+    # B's manifest is lost: its own move is unknown, C's move expected B. B is replayed as a move
+    # from whatever head the branch has, so C (and what follows) still lands on main.
+    refs, lost = replay_refs({A: _move(A, None, 1.0), C: _move(C, B, 3.0), D: _move(D, C, 4.0)}, [],
+                             {B: [("main", 3.0)]})
+    assert refs == {("branch", "main"): D} and lost == []
+    # Without that, C and D would be lost moves (each left on a conflicts/ branch by a rebuild).
+    refs, lost = replay_refs({A: _move(A, None, 1.0), C: _move(C, B, 3.0), D: _move(D, C, 4.0)}, [])
+    assert refs == {("branch", "main"): A} and sorted(lost) == [C, D]

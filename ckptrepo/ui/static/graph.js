@@ -179,7 +179,7 @@
   }
 
   function nodeClass(n) {
-    return "node lane-" + (n.x % 8) + (n.pruned ? " pruned" : "") + (n.refs.length ? " has-ref" : "");
+    return "node lane-" + (n.x % 8) + (n.pruned ? " pruned" : "") + (n.damaged ? " damaged" : "") + (n.refs.length ? " has-ref" : "");
   }
 
   function render() {
@@ -334,6 +334,7 @@
     const head = C.el("div", { class: "tt-head" });
     C.el("code", null, n.short, head);
     if (n.pruned) C.el("span", { class: "pruned-mark" }, "pruned", head);
+    if (n.damaged) C.el("span", { class: "damaged-mark" }, "damaged", head);
     lines.push(head);
     if (n.message) lines.push(C.el("div", { class: "tt-msg" }, n.message));
     const facts = [];
@@ -456,7 +457,7 @@
   // -- the commit list ------------------------------------------------------------------------
   function listItem(n) {
     const li = C.el("li", { "data-commit": n.id });
-    if (n.pruned) li.className = "pruned";
+    if (n.pruned || n.damaged) li.className = (n.pruned ? "pruned " : "") + (n.damaged ? "damaged" : "");
     C.el("a", { href: C.commitUrl(n.id) }, n.short, li);
     li.append(" ");
     C.el("span", { class: "msg" }, n.message, li);
@@ -479,6 +480,10 @@
     if (n.pruned) {
       li.append(" ");
       C.el("span", { class: "pruned-mark" }, "pruned", li);
+    }
+    if (n.damaged) {
+      li.append(" ");
+      C.el("span", { class: "damaged-mark" }, "damaged", li);
     }
     return li;
   }
