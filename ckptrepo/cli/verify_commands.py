@@ -13,14 +13,18 @@ from .session import current
 def verify(full: FullOpt = False, as_json: JsonOpt = False) -> None:
     """Check that every commit's chunks sit in intact packs and every ref names a commit; list leftovers.
 
-    Exits 0 when nothing is missing, corrupt or inconsistent (unreferenced packs and temporary
-    files are warnings: gc reclaims them), else 5. With --full, or when something is broken,
-    it names per branch the newest commit nothing broke (last known good, to resume from).
+    Also that every commit has its manifest and every recorded journal entry is in the store, and
+    that the store is this repository's; with --full, every chunk, manifest and journal entry is
+    read and checked. Exits 0 when nothing is missing, corrupt, damaged or inconsistent
+    (unreferenced packs and temporary files are warnings: gc reclaims them), else 5. With --full,
+    or when something is broken, it names per branch the newest commit nothing broke (last known
+    good, to resume from).
     Changes nothing but indexing the commits' pending layouts first (their rows are what it
     checks); on a read-only repository not even that (they are indexed in a private copy).
     """
     with current().open() as repo, render.phases(enabled=not as_json) as phase:
-        phase("reading and hash-checking every chunk" if full else "checking packs, chunks and commits")
+        phase("reading and checking every chunk, manifest and journal entry" if full
+              else "checking packs, chunks, commits and manifests")
         report = repo.verify(full=full)
     if as_json:
         render.emit_json(report.to_json())

@@ -327,6 +327,12 @@ def test_damaged_commits_are_marked_in_log_and_show(tmp_path: Path) -> None:
     assert log.exit_code == 0 and "(damaged)" in log.stdout
     shown = runner.invoke(app, ["--repo", str(repo_dir), "show", root[:12], "--json"])
     assert json.loads(shown.stdout)["damage"] == "its manifest is missing from the store"
+    assert runner.invoke(app, ["--repo", str(repo_dir), "gc"]).exit_code == 5
+    refused = runner.invoke(app, ["--repo", str(repo_dir), "prune", "--damaged", "--keep-last", "1"])
+    assert refused.exit_code == 2
+    accepted = runner.invoke(app, ["--repo", str(repo_dir), "prune", "--damaged", "--json"])
+    assert accepted.exit_code == 0 and json.loads(accepted.stdout)["pruned"] == [root]
+    assert runner.invoke(app, ["--repo", str(repo_dir), "gc"]).exit_code == 0
     with ckptrepo.Repo.open(repo_dir) as repo, repo._sessions() as s:
         assert s.scalar(select(Commit.damage).where(Commit.id == root)) is not None
     pytest.importorskip("starlette")
