@@ -97,8 +97,8 @@ def prune(
     if listed:
         render.out.print(render.prune_table(listed, len(report.pruned) - len(listed)))
         render.out.print()
-    rules = "--damaged (every damaged commit)" if damaged else _rules_text(report.rules.to_json())
-    render.out.print(render.prune_summary(report, rules, save or saved))
+    shown = "--damaged (every damaged commit)" if damaged else _rules_text(report.rules.to_json())
+    render.out.print(render.prune_summary(report, shown, save or saved))
 
 
 def _rules_text(rules: dict[str, Any]) -> str:

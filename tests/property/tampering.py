@@ -147,6 +147,9 @@ class Applied:
 
 
 def apply(store_dir: Path, damages: list[Damage], template: Template) -> Applied:
+    """Apply ``damages`` in order, then compare the store with the template's: the keys whose
+    bytes differ (or that appeared or went) are ``touched``, and the damage is ``effective``
+    unless every difference is an inert flip (two swaps of one pair undo each other, too)."""
     store = LocalBackend(store_dir)
     done = Applied()
     for d in damages:
@@ -162,14 +165,7 @@ def apply(store_dir: Path, damages: list[Damage], template: Template) -> Applied
             flipped[at] ^= 1 << d.bit
             path.write_bytes(bytes(flipped))
             done.described.append(f"flip bit {d.bit} of byte {at} of {key}")
-            store.close()  # cached descriptors would read the old file
-            if not (d.kind == "pack" and _inert_flip(store, key, at, template)):
-                done.effective = True
-                done.touched.add(key)
-            continue
-        done.effective = True
-        done.touched.add(key)
-        if d.op == "truncate":
+        elif d.op == "truncate" or (d.op == "flip" and not data):
             path.write_bytes(data[: int(d.where * len(data))])
             done.described.append(f"truncate {key} to {int(d.where * len(data))} bytes")
         elif d.op == "delete":
@@ -186,16 +182,28 @@ def apply(store_dir: Path, damages: list[Damage], template: Template) -> Applied
             other_data = (store_dir / other).read_bytes()
             path.write_bytes(other_data)
             (store_dir / other).write_bytes(data)
-            done.touched.add(other)
             done.described.append(f"swap {key} and {other}")
         else:  # rename
             target = _rename_target(keys, key, d)
             dest = store_dir / target
             dest.parent.mkdir(parents=True, exist_ok=True)
             path.rename(dest)
-            done.touched.add(target)
             done.described.append(f"rename {key} to {target}")
-        store.close()
+    store.close()  # cached descriptors would read the old files
+    original = template.root / ".ckpt" / "store"
+    names = {p.relative_to(store_dir).as_posix() for p in store_dir.rglob("*") if p.is_file()}
+    names |= {p.relative_to(original).as_posix() for p in original.rglob("*") if p.is_file()}
+    for key in sorted(n for n in names if not n.startswith((".staging/", "leases/"))):
+        before, after = original / key, store_dir / key
+        old = before.read_bytes() if before.is_file() else None
+        new = after.read_bytes() if after.is_file() else None
+        if old == new:
+            continue
+        done.touched.add(key)
+        if not (old is not None and new is not None and len(old) == len(new) and key.startswith("packs/")
+                and all(_inert_flip(store, key, at, template) for at, (x, y) in enumerate(zip(old, new, strict=True))
+                        if x != y)):
+            done.effective = True
     store.close()
     return done
 

@@ -142,4 +142,5 @@ def test_random_damage_is_detected_and_never_returns_wrong_data(template: tuple[
     (out / f"tamper-campaign-{kind}.json").write_text(json.dumps(summary, indent=1))
     print(f"tamper campaign ({kind}): detected {totals['detected']} / effective {totals['effective']} "
           f"({totals['inert']} inert of {totals['cases']} cases); {summary}")
-    assert totals["detected"] == totals["effective"] > 0
+    assert totals["detected"] == totals["effective"]
+    assert totals["effective"] > 0 or cases < 10  # a campaign that damaged nothing would prove nothing
