@@ -70,7 +70,8 @@ class UnknownRevision(CkptError):
     """Unknown revision {rev!r}."""
 
     exit_code = 3
-    hint = "Use a commit id or prefix, a branch or tag name, REV~N, REV^N or BRANCH@step=N; `ckpt log` lists commits."
+    hint = ("Use a commit id or a prefix of it (4+ hex digits), a branch or tag name, REV~N, REV^N or "
+            "BRANCH@step=N; `ckpt log` lists commits.")
 
 
 class AmbiguousRevision(CkptError):
@@ -97,12 +98,36 @@ class UnsupportedState(CkptError):
     )
 
 
+class StateMismatch(UsageError):
+    """The commit does not fit what it would be loaded into ({count} difference(s)): {detail}."""
+
+    hint = ("Nothing was loaded: every target is as it was. Build the model and optimizer as they were when "
+            "committed (`ckpt show REV` lists the commit's tensors and shapes), or load a part that fits "
+            "(checkout(rev, part=KEY, into=...)).")
+
+
 class InvalidInput(CkptError):
     """Cannot read {path}: {reason}."""
 
     exit_code = 2
     hint = ("`ckpt commit` takes .safetensors and torch.save files, and Hugging Face model folders and "
             "torch.distributed.checkpoint folders.")
+
+
+class OutputExists(CkptError):
+    """Cannot write {path}: it exists, and was not to be replaced."""
+
+    exit_code = 4
+    hint = ("Name a new file, or replace it on purpose (`ckpt checkout REV -o FILE --force`, "
+            "replace=True); a symbolic link there is replaced itself, never followed.")
+
+
+class ImportConflict(CkptError):
+    """{path} is at step {step}, which branch {branch!r} already holds with other tensors (commit {commit})."""
+
+    exit_code = 4
+    hint = ("Nothing was imported. The run was changed or restarted since it was imported: import it on a branch "
+            "of its own (`ckpt import-run DIR -b NEW`), or move that checkpoint out of the folder.")
 
 
 class RefConflict(CkptError):
@@ -138,6 +163,12 @@ class UnreachableCommits(CkptError):
 
     exit_code = 4
     hint = "Pass --force (force=True) to delete it anyway, or first put a branch or tag on what you keep."
+
+
+class CurrentBranch(UsageError):
+    """Branch {name!r} is the current branch; it cannot be deleted."""
+
+    hint = "Switch to another branch first (`ckpt checkout BRANCH`, Repo.switch), then try again."
 
 
 class UnknownRef(CkptError):

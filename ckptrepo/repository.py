@@ -24,7 +24,16 @@ from ckptrepo.db import catalog, migrate, pending, refs, views
 from ckptrepo.db.engine import Sessions, database_url, make_engine, session_factory, write_transaction
 from ckptrepo.db.models import RepoMeta
 from ckptrepo.db.readcopy import IndexedCopy
-from ckptrepo.errors import ForkedProcess, ReadOnlyRepository, UnknownRevision, UnknownTensor, UsageError
+from ckptrepo.errors import (
+    CurrentBranch,
+    ForkedProcess,
+    ReadOnlyRepository,
+    UnknownRef,
+    UnknownRevision,
+    UnknownTensor,
+    UsageError,
+    did_you_mean,
+)
 from ckptrepo.ids import short
 from ckptrepo.ingest.handle import CommitHandle
 from ckptrepo.ingest.request import prepare
@@ -38,6 +47,7 @@ from ckptrepo.types import EDGE_KINDS
 
 if TYPE_CHECKING:  # imported where used: reading the lineage needs neither the engine nor numpy
     import torch
+    from torch.distributed import ProcessGroup
     from typing_extensions import Unpack
 
     from ckptrepo.chunks.store import ChunkReader
@@ -234,7 +244,8 @@ class Repo:
     def commit(self, state: Any, *, branch: str | None = None, message: str | None = None, step: int | None = None,
                epoch: int | None = None, metrics: Mapping[str, float] | None = None, config: Any = None,
                parents: list[str] | None = None, transfer_from: Any = None, allow_pickle: bool = False,
-               code_version: str | None = None, blocking: bool = False, group: Any = None) -> CommitHandle:
+               code_version: str | None = None, blocking: bool = False, group: ProcessGroup | None = None,
+               local: bool = False) -> CommitHandle:
         """Store ``state`` as a new commit on ``branch`` (default: the current branch, ``head``); two-phase.
 
         Phase 1, on the caller's thread: validate the state and every argument (UnsupportedState
@@ -244,15 +255,28 @@ class Repo:
         durable packs, then one transaction makes the commit visible and moves the branch by
         compare-and-swap (RefConflict if another writer moved it). ``transfer_from``: a revision,
         or ``(rev, {dst: src})``, the commit this state was initialised from. ``handle.wait()``
-        returns the commit or re-raises; ``blocking=True`` returns once durable. With ``group``
-        (or a state holding DTensors), on every rank: one commit of all ranks' shards.
+        returns the commit or re-raises; ``blocking=True`` returns once durable.
+
+        In a distributed job it is collective (``dist.scope``): under an initialised process group
+        of two or more ranks (DDP, FSDP2, DTensors or plain tensors alike), for a state holding
+        DTensors, or with ``group``, every rank of that group (default: the default group) calls
+        it with its own state and one commit of all ranks' state is made, the same on every
+        rank's handle (each rank writes its share: its shards, a part of the replicated tensors).
+        ``local=True``: this process alone commits its state, as without a process group (one
+        rank committing on purpose; not with ``group``, nor for DTensors). A rank that calls a
+        collective commit alone waits ``CKPT_DIST_TIMEOUT`` for the others, then raises
+        RankFailed. A ``DistributedDataParallel`` is stored as the module it wraps (no ``module.``
+        in the names), so the commit loads into a plain, a DDP or an FSDP2 model alike.
         """
+        from ckptrepo.dist import scope
+
         entered = time.perf_counter()
         self._check_writable("commit")
+        group = scope.collective_group(state, group, local=local, what="commit()")
         meta: CommitMeta = {"message": message, "step": step, "epoch": epoch, "metrics": metrics, "config": config,
                             "parents": parents, "transfer_from": transfer_from, "code_version": code_version}
-        handle = self._writer.commit_state(state, meta, branch=branch or self.head, blocking=blocking,
-                                           allow_pickle=allow_pickle, group=group, entered=entered)
+        handle = self._writer.commit_state(scope.unwrapped(state), meta, branch=branch or self.head,
+                                           blocking=blocking, allow_pickle=allow_pickle, group=group, entered=entered)
         self._retention.track(handle)
         return handle
 
@@ -272,7 +296,7 @@ class Repo:
                 return self._writer.commit_sources(*found, meta, branch=branch or self.head, entered=entered)
         state = read_state(Path(path), mapped=True, allow_pickle=allow_pickle)
         meta = fill_run_meta(meta, Path(path), state)
-        return self.commit(state, branch=branch, blocking=True, allow_pickle=allow_pickle, **meta).wait()
+        return self.commit(state, branch=branch, blocking=True, allow_pickle=allow_pickle, local=True, **meta).wait()
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -316,35 +340,102 @@ class Repo:
             cid = revparse.resolve(s, rev)
             return [views.tensor_info(e.name, tr) for e, tr in catalog.tensor_layout(s, cid)]
 
+    def tensor_ids(self, state: Any, *, allow_pickle: bool = False) -> dict[str, str]:
+        """Entry name -> the id each tensor of ``state`` would have if committed here by ``commit`` or
+        ``commit_file`` (``tensors(rev)`` lists the stored ones), computed by hashing its bytes
+        (``ingest.identify``); nothing is read from or written to the repository. Equal ids: equal
+        dtype, shape and bytes. A distributed commit may give equal content another id (its shards
+        are cut on their own grid): ``holds`` then compares the bytes."""
+        from ckptrepo import state as st
+        from ckptrepo.ingest.identify import tensor_ids
+        from ckptrepo.ingest.sources import from_tensors
+
+        self._check_open()
+        return tensor_ids(from_tensors(st.flatten(state, allow_pickle=allow_pickle).tensors), self.config.chunk_size,
+                          self._pool)
+
+    def holds(self, rev: str, state: Any, *, allow_pickle: bool = False) -> bool:
+        """Whether commit ``rev`` holds the tensors of ``state``: the same entry names, each with the same
+        dtype, shape and bytes (the skeleton's other values are not compared); nothing is written.
+
+        Compared by tensor id first (``tensor_ids``). Equal content can have another id: a distributed
+        commit cuts each rank's shard on its own grid or stores it as boxes (the id names the layout
+        too). So where an id differs while dtype and shape agree, the stored tensor is read and its
+        bytes compared; a pickled value (``allow_pickle``) is compared unpickled, with ``==``. A pruned
+        commit's data is gone: it holds ``state`` only when every id is equal."""
+        import pickle
+
+        from ckptrepo import state as st
+        from ckptrepo.ingest.identify import tensor_ids
+        from ckptrepo.ingest.sources import from_tensors
+
+        self._check_open()
+        flat = st.flatten(state, allow_pickle=allow_pickle)
+        ids = tensor_ids(from_tensors(flat.tensors), self.config.chunk_size, self._pool)
+        commit = self.get_commit(rev)
+        stored = {info.name: info for info in self.tensors(commit.id)}
+        if stored.keys() != ids.keys():
+            return False
+        differ = [name for name, tid in ids.items() if stored[name].tensor_id != tid]
+        if differ and commit.pruned:
+            return False
+        for name in differ:
+            mine, theirs = flat.tensors[name], stored[name]
+            if flat.kinds[name] == "pickle":
+                try:
+                    if pickle.loads(st.tensor_bytes(self.load_tensor(commit.id, name))) == pickle.loads(
+                            st.tensor_bytes(mine)):
+                        continue
+                except Exception:  # an unpicklable or uncomparable value: not the same
+                    pass
+                return False
+            if theirs.dtype != st.dtype_name(mine.dtype) or tuple(theirs.shape) != tuple(mine.shape):
+                return False
+            if st.tensor_bytes(self.load_tensor(commit.id, name)) != st.tensor_bytes(mine):
+                return False
+        return True
+
     def checkout(self, rev: str, *, into: Mapping[str, Any] | None = None, part: str | None = None,
-                 allow_pickle: bool = False, group: Any = None) -> Any:
+                 allow_pickle: bool = False, group: ProcessGroup | None = None, local: bool = False) -> Any:
         """The state committed at ``rev`` (tensors on the CPU, ties restored), every chunk verified;
         with ``part`` (a key path such as ``"model"`` or ``"ranks/1"``) only that value, reading only its
         tensors. With ``into``, also load it into live objects: modules, optimizers and schedulers via
-        ``load_state_dict``, tensors in place. Into state holding DTensors (or with ``group``), on
-        every rank: each reads only the chunks of its shards, at any world size; returns ``into``."""
+        ``load_state_dict``, tensors in place. An optimizer's state comes back keyed as
+        ``load_state_dict`` expects, whether one process or many made the commit.
+
+        ``into`` without ``part`` is collective when ``commit`` would be (``dist.scope``: a process
+        group of two or more ranks, DTensors, or ``group``): every rank calls it and each reads
+        only the chunks of its shards, at any world size and layout (DCP's load; an optimizer
+        without state yet gets it first, as ``get_state_dict`` does); returns ``into``.
+        ``local=True`` loads in this process alone (not with ``group``, nor into DTensors).
+        Without ``into``, or with ``part``, it always runs in this process alone."""
         from ckptrepo import state as st
-        from ckptrepo.ingest.writer import distributed
+        from ckptrepo.dist import keys, scope
         from ckptrepo.restore.tensors import read_state
 
-        if into is not None and part is None and distributed(into, group):
-            from ckptrepo.dist import native
+        if into is not None and part is None:
+            group = scope.collective_group(into, group, local=local, what="checkout(into=...)")
+            if group is not None:
+                from ckptrepo.dist import native
 
-            native.load(self.dcp_reader(rev, allow_pickle=allow_pickle), into, group=group)
-            return into
-        restored = read_state(self._reader, self._pool, *self._layout(rev), part=part, allow_pickle=allow_pickle)
+                native.load(self.dcp_reader(rev, allow_pickle=allow_pickle), scope.unwrapped(into), group=group)
+                return into
+        restored = keys.int_keys(read_state(self._reader, self._pool, *self._layout(rev), part=part,
+                                            allow_pickle=allow_pickle))
         if into is not None:
-            st.load_into(into, restored)
+            st.load_into(scope.unwrapped(into), scope.strip_ddp_prefix(into, restored))
         return restored
 
-    def export(self, rev: str, path: str | Path) -> str:
+    def export(self, rev: str, path: str | Path, *, replace: bool = True) -> str:
         """Write the state committed at ``rev`` to ``path`` (``.safetensors``; ``.pt``, ``.pth``, ``.bin``,
-        ``.ckpt``: torch.save) atomically, a flat dict of tensors streamed; returns the commit id."""
+        ``.ckpt``: torch.save) atomically, a flat dict of tensors streamed; returns the commit id.
+        ``replace=False``: OutputExists when anything is at ``path`` (before reading any chunk, and
+        for a file that appears meanwhile); else a file there is replaced (a symbolic link itself)."""
         from ckptrepo.restore.export import export
 
         cid, skeleton, items = self._layout(rev)
         export(Path(path), skeleton, items, self._reader, self._pool, commit_id=cid,
-               checkout=lambda: self.checkout(cid))
+               checkout=lambda: self.checkout(cid), replace=replace)
         return cid
 
     def load_tensor(self, rev: str, name: str) -> torch.Tensor:
@@ -467,8 +558,44 @@ class Repo:
 
     def delete_branch(self, name: str, *, force: bool = False) -> t.RefInfo:
         """Delete branch ``name``; UnreachableCommits when no other ref reaches some of its commits,
-        unless ``force`` (the next ``gc`` then removes them)."""
+        unless ``force`` (the next ``gc`` then removes them). CurrentBranch, whatever ``force``, for
+        the current branch (``head``): its next commit would start a new root under the same name."""
+        if name == self._readable_head():
+            raise CurrentBranch(name=name)
         return self._delete_ref("branch", name, force=force)
+
+    def rename_branch(self, old: str, new: str, *, force: bool = False) -> t.RefInfo:
+        """Rename branch ``old`` to ``new``; its commits and their lineage stay as they are, and the
+        current branch (``head``) follows when it was ``old``. RefExists when ``new`` exists, unless
+        ``force`` (which replaces it: commits only it reached go at the next ``gc``); UnknownRef
+        when there is no ``old``. Journalled as ``new`` created at ``old``'s head and ``old`` deleted,
+        both recorded by the one transaction that renames it."""
+        self._check_writable("rename a branch")
+        self._own_store()
+        refs.check_ref_name(new, "branch")
+        with self._sessions() as s:
+            target = refs.branch_head(s, old)
+            if target is None:
+                raise UnknownRef(kind="branch", name=old, hint=did_you_mean(
+                    "branch", old, [r.name for r in refs.listing(s, "branch")], "`ckpt branch`"))
+        if new == old:
+            raise UsageError(f"branch {old!r} already has that name", hint="Give another NEW name.")
+        with journal.entry(self._backend, {"op": "ref", "kind": "branch", "name": new, "to": target}) as created, \
+                journal.entry(self._backend, {"op": "ref", "kind": "branch", "name": old, "to": None}) as deleted, \
+                write_transaction(self._sessions) as s:
+            catalog.record_journal_key(s, created)
+            catalog.record_journal_key(s, deleted)
+            renamed = refs.rename(s, "branch", old, new, target, force=force)
+        if self._readable_head() == old:
+            refs.write_head(self.repo_dir, new)
+        return renamed
+
+    def _readable_head(self) -> str | None:
+        """``head``, or None when ``.ckpt/HEAD`` holds no branch name (``switch`` rewrites it)."""
+        try:
+            return self.head
+        except UsageError:
+            return None
 
     def delete_tag(self, name: str, *, force: bool = False) -> t.RefInfo:
         """Delete tag ``name``, on the same terms as ``delete_branch``."""

@@ -23,6 +23,7 @@ tensors as their contiguous values (two different views of one storage come back
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import pickle
@@ -38,7 +39,7 @@ import torch
 from ckptrepo.entries import escape as _escape
 from ckptrepo.entries import join_path as join_path  # entry names are defined in ``entries``
 from ckptrepo.entries import split_path as split_path
-from ckptrepo.errors import FormatError, IntegrityError, UnsupportedState, UsageError
+from ckptrepo.errors import FormatError, IntegrityError, StateMismatch, UnsupportedState, UsageError
 
 _DTYPE_CANDIDATES = (
     "float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz",
@@ -427,42 +428,153 @@ def is_flat_tensor_dict(state: Any) -> bool:
     return isinstance(state, dict) and all(type(k) is str and isinstance(v, torch.Tensor) for k, v in state.items())
 
 
-def load_into(targets: Mapping[Any, Any], restored: Mapping[Any, Any]) -> None:
-    """Load ``restored[key]`` into ``targets[key]`` in place, for every key of ``targets``.
+def load_into(targets: Mapping[Any, Any], restored: Any) -> None:
+    """Load ``restored[key]`` into ``targets[key]`` in place, for every key of ``targets``, or
+    nothing at all.
 
-    Objects with ``load_state_dict`` get it called; tensors and numpy arrays are copied into
-    (same shape and dtype required); dicts recurse. UsageError for a key the commit lacks
-    (listing those it has), a mismatch, or a target of another kind (naming the key path);
-    targets before the failing one have been loaded by then.
+    Everything is checked before anything is written: every key of every target (a key the
+    commit lacks, listing those it has), modules against their ``state_dict()`` (keys missing from
+    the commit, keys it has that the module lacks, tensors of another shape or no tensor; dtypes
+    are cast, as ``load_state_dict`` does; a lazy module's parameters take the commit's shapes),
+    optimizers (as many parameter groups, each with as many parameters), tensors and numpy
+    arrays (same shape and dtype), dicts recursively, and a target of another kind (a bare
+    tensor committed, loaded into a dict). StateMismatch lists every difference (naming each key
+    path) and leaves every target as it was. Then tensors are copied
+    into, and ``load_state_dict`` is called on modules, optimizers and other objects (schedulers:
+    nothing to check; they are loaded first, so one that fails leaves the checked targets untouched).
+    UsageError, loading nothing, when ``targets`` is not a mapping (a module given alone).
     """
-    _load_into(targets, restored, [])
+    if not isinstance(targets, Mapping):
+        raise UsageError(f"the targets to load into are {_describe(targets)}, not a dict of them",
+                         hint="Name each target: into={'model': model, 'optimizer': optimizer}, as committed "
+                              "(commit({'model': model, ...})).")
+    loads: list[tuple[int, Callable[[], None]]] = []
+    problems: list[str] = []
+    _plan_loads(targets, restored, [], loads, problems)
+    if problems:
+        shown = "; ".join(problems[:_SHOWN_PROBLEMS])
+        more = f"; and {len(problems) - _SHOWN_PROBLEMS} more" if len(problems) > _SHOWN_PROBLEMS else ""
+        raise StateMismatch(count=len(problems), detail=shown + more, differences=problems)
+    for _, load in sorted(loads, key=lambda x: x[0]):  # stable: within one kind, in the targets' order
+        load()
 
 
-def _load_into(targets: Mapping[Any, Any], restored: Mapping[Any, Any], prefix: list[str]) -> None:
+_SHOWN_PROBLEMS = 10
+_OTHER, _OPTIMIZER, _CHECKED = 0, 1, 2  # load order: what cannot be checked first
+
+
+def _plan_loads(targets: Mapping[Any, Any], restored: Any, prefix: list[str],
+                loads: list[tuple[int, Callable[[], None]]], problems: list[str]) -> None:
+    """Check ``restored`` against ``targets``; append a difference to ``problems`` for each thing that
+    does not fit, and to ``loads`` what writes each target that does."""
+    where = repr(join_path(prefix)) if prefix else "the top level"
+    if not isinstance(restored, Mapping):
+        problems.append(f"the commit has {_describe_value(restored)} at {where}, which cannot be loaded into "
+                        f"{_describe(targets)}")
+        return
     for key, target in targets.items():
         path = [*prefix, _key_part(key)]
+        name = repr(join_path(path))
         if key not in restored:
             have = ", ".join(map(repr, restored)) or "nothing"
-            raise UsageError(f"the commit has no {join_path(path)!r} to load; at that level it has: {have}")
+            problems.append(f"the commit has no {name} to load; at that level it has: {have}")
+            continue
         value = restored[key]
-        try:
-            if isinstance(target, torch.Tensor | np.ndarray):
-                _copy_into(target, value)
-            elif isinstance(target, Mapping) and isinstance(value, Mapping):
-                _load_into(target, value, path)
-            elif callable(getattr(target, "load_state_dict", None)) and isinstance(value, Mapping):
-                target.load_state_dict(value)
+        if isinstance(target, torch.Tensor | np.ndarray):
+            why = _tensor_misfit(target, value)
+            if why is None:
+                loads.append((_CHECKED, functools.partial(_copy_into, target, value)))
             else:
-                raise TypeError(f"{_describe(value)} cannot be loaded into {_describe(target)}")
-        except (RuntimeError, ValueError, KeyError, TypeError) as e:
-            raise UsageError(f"cannot load {join_path(path)!r}: {e}") from e
+                problems.append(f"{name}: {why}")
+        elif isinstance(target, Mapping) and isinstance(value, Mapping):
+            _plan_loads(target, value, path, loads, problems)
+        elif callable(getattr(target, "load_state_dict", None)) and isinstance(value, Mapping):
+            found = _module_misfits(target, value) if isinstance(target, torch.nn.Module) else (
+                _optimizer_misfits(target, value) if isinstance(target, torch.optim.Optimizer) else [])
+            problems.extend(f"{name}: {why}" for why in found)
+            if not found:
+                kind = _CHECKED if isinstance(target, torch.nn.Module) else (
+                    _OPTIMIZER if isinstance(target, torch.optim.Optimizer) else _OTHER)
+                loads.append((kind, functools.partial(_load_state_dict, target, value, name)))
+        else:
+            problems.append(f"{name}: {_describe_value(value)} cannot be loaded into {_describe(target)}")
+
+
+def _describe_value(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor ({_dtype_shape(value)})"
+    return _describe(value)
+
+
+def _dtype_shape(t: torch.Tensor) -> str:
+    return f"{t.dtype} {list(t.shape)}"
+
+
+def _tensor_misfit(target: torch.Tensor | np.ndarray[Any, Any], value: Any) -> str | None:
+    """Why ``value`` cannot be copied into ``target`` (same shape and dtype needed), or None."""
+    src = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+    dst = torch.from_numpy(target) if isinstance(target, np.ndarray) else target
+    if not isinstance(src, torch.Tensor) or src.shape != dst.shape or src.dtype != dst.dtype:
+        got = _dtype_shape(src) if isinstance(src, torch.Tensor) else _describe(value)
+        return f"the commit has {got}, the target is {_dtype_shape(dst)}"
+    return None
+
+
+def _module_misfits(module: torch.nn.Module, value: Mapping[Any, Any]) -> list[str]:
+    """What ``module.load_state_dict(value)`` (strict) would refuse: keys missing from ``value``,
+    keys the module lacks, tensors of another shape (but for a lazy module's uninitialized
+    parameters, which take the commit's), values that are no tensor."""
+    own = module.state_dict()
+    missing = [k for k in own if k not in value]
+    unexpected = [k for k in value if k not in own]
+    out = []
+    if missing:
+        out.append(f"{len(missing)} key(s) missing from the commit: {_names(missing)}")
+    if unexpected:
+        out.append(f"{len(unexpected)} key(s) the module does not have: {_names(unexpected)}")
+    for key, mine in own.items():
+        theirs = value.get(key)
+        if not isinstance(mine, torch.Tensor) or key not in value:
+            continue
+        if not isinstance(theirs, torch.Tensor):
+            out.append(f"{key!r} is {_describe(theirs)} in the commit, a tensor in the module")
+        elif not torch.nn.parameter.is_lazy(mine) and mine.shape != theirs.shape:  # a lazy one takes the commit's
+            out.append(f"{key!r} has shape {list(theirs.shape)} in the commit, {list(mine.shape)} in the module")
+    return out
+
+
+def _optimizer_misfits(optimizer: torch.optim.Optimizer, value: Mapping[Any, Any]) -> list[str]:
+    """What ``optimizer.load_state_dict(value)`` would refuse: another number of parameter groups,
+    or of parameters in a group."""
+    groups = value.get("param_groups")
+    if not isinstance(groups, list | tuple) or not isinstance(value.get("state"), Mapping):
+        return ["the commit's value is not an optimizer's state_dict (no 'state' and 'param_groups')"]
+    if len(groups) != len(optimizer.param_groups):
+        return [f"{len(groups)} parameter group(s) in the commit, {len(optimizer.param_groups)} in the optimizer"]
+    out = []
+    for i, (theirs, mine) in enumerate(zip(groups, optimizer.param_groups, strict=True)):
+        params = theirs.get("params") if isinstance(theirs, Mapping) else None
+        if not isinstance(params, list | tuple) or len(params) != len(mine["params"]):
+            got = len(params) if isinstance(params, list | tuple) else "no"
+            out.append(f"parameter group {i} has {got} parameter(s) in the commit, {len(mine['params'])} in the "
+                       "optimizer")
+    return out
+
+
+def _names(keys: Sequence[Any], shown: int = 5) -> str:
+    more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
+    return ", ".join(map(repr, keys[:shown])) + more
+
+
+def _load_state_dict(target: Any, value: Mapping[Any, Any], name: str) -> None:
+    try:
+        target.load_state_dict(value)
+    except (RuntimeError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"cannot load {name}: {e}") from e
 
 
 def _copy_into(target: torch.Tensor | np.ndarray[Any, Any], value: Any) -> None:
     src = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
     dst = torch.from_numpy(target) if isinstance(target, np.ndarray) else target
-    if not isinstance(src, torch.Tensor) or src.shape != dst.shape or src.dtype != dst.dtype:
-        got = f"{src.dtype} {list(src.shape)}" if isinstance(src, torch.Tensor) else _describe(value)
-        raise ValueError(f"the commit has {got}, the target is {dst.dtype} {list(dst.shape)}")
     with torch.no_grad():
         dst.copy_(src)

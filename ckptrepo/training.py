@@ -120,7 +120,8 @@ class CommitStream:
     With ``group`` (a process group), every rank of it runs one stream and each commit is one
     commit of all ranks' state (``Repo.commit(..., group=)``): rank 0 creates the repository if
     needed before the others open it, and a policy that is not ``by_step`` answers on rank 0
-    for all ranks.
+    for all ranks. Without one, this process commits alone, even under a process group of two or
+    more ranks (``Repo.commit(..., local=True)``: the integrations commit on rank 0 only).
     """
 
     def __init__(self, repo: Repo | str | Path, *, branch: str | None = None, policy: Policy | None = None,
@@ -196,7 +197,8 @@ class CommitStream:
         config = {"checkpointer": {"rule": rule, "world_size": self.world[1]}}
         handle = self.repo.commit(state, branch=self.branch, step=step, epoch=epoch, metrics=metrics,
                                   message=message or f"step {step} ({rule})", config=config,
-                                  allow_pickle=allow_pickle, group=self.group)
+                                  allow_pickle=allow_pickle, group=self.group,
+                                  local=self.group is None and _default_group() is not None)
         self.policy.committed(step, time.perf_counter() - t0)
         self._handles.append(handle)
         self.last_rule = rule

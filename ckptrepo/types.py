@@ -203,9 +203,10 @@ VERIFY_ERRORS = (
 )
 #: Problem kinds that lose nothing: leftovers of interrupted writes (``gc`` removes them), a
 #: journal entry of a change interrupted before its transaction, a format-1 manifest (no
-#: checksum), a store that names no repository yet, a symbolic link in the staging folder.
+#: checksum), a store that names no repository yet, a symbolic link in the staging folder, an
+#: object in the store that ckptrepo does not write (``gc`` leaves it: remove it by hand).
 VERIFY_WARNINGS = ("unreferenced_pack", "temporary_file", "unreferenced_manifest", "unrecorded_journal_entry",
-                   "outdated_manifest", "unclaimed_store", "store_link")
+                   "outdated_manifest", "unclaimed_store", "store_link", "foreign_object")
 
 
 @dataclass(frozen=True)
@@ -299,6 +300,9 @@ class VerifyReport:
     store_links: tuple[Problem, ...] = ()
     """Symbolic links in the store's staging folder (or the folder itself): gc never follows or
     removes them; remove them by hand."""
+    foreign_objects: tuple[Problem, ...] = ()
+    """Objects in the store whose keys are none ckptrepo writes (not a pack, manifest, journal entry,
+    lease or the identity): gc never removes them; move them out of the store by hand."""
     heads: Mapping[str, str] = field(default_factory=dict)
     """Every branch and its head commit."""
     last_good: Mapping[str, str | None] = field(default_factory=dict)
@@ -316,7 +320,7 @@ class VerifyReport:
     def warnings(self) -> tuple[Problem, ...]:
         return (*self.unreferenced_packs, *self.temporary_files, *self.unreferenced_manifests,
                 *self.unrecorded_journal_entries, *self.outdated_manifests, *self.unclaimed_store,
-                *self.store_links)
+                *self.store_links, *self.foreign_objects)
 
     @property
     def ok(self) -> bool:
@@ -644,7 +648,8 @@ class HistoryPoint:
     name, ``previous`` where its first parent has none (or it has no parent: a root commit
     counts as following an empty state). ``status`` is ``added``, ``removed``, ``changed``,
     ``unchanged`` or ``absent`` (in neither). ``chunks_changed`` of ``n_chunks`` and ``deltas``
-    (tensor − previous) are as in ``TensorDelta``.
+    (tensor − previous) are as in ``TensorDelta``. ``pruned``: retention dropped the commit's
+    tensor data (its statistics, shown here, are kept; it can no longer be checked out).
     """
 
     commit_id: str
@@ -656,18 +661,19 @@ class HistoryPoint:
     previous: TensorInfo | None = None
     chunks_changed: int = 0
     n_chunks: int = 0
+    pruned: bool = False
 
     @classmethod
     def _fast(cls, commit_id: str, step: int | None, created_at: datetime, depth: int, status: str,
               tensor: TensorInfo | None, previous: TensorInfo | None, chunks_changed: int,
-              n_chunks: int) -> HistoryPoint:
+              n_chunks: int, pruned: bool = False) -> HistoryPoint:
         """The constructor's result (every field given), without its ``object.__setattr__`` call
         per field of a frozen dataclass: a third of the time, for ``history``'s 10,000 points."""
         point = object.__new__(cls)
         fields = point.__dict__
         fields["commit_id"], fields["step"], fields["created_at"], fields["depth"] = commit_id, step, created_at, depth
         fields["status"], fields["tensor"], fields["previous"] = status, tensor, previous
-        fields["chunks_changed"], fields["n_chunks"] = chunks_changed, n_chunks
+        fields["chunks_changed"], fields["n_chunks"], fields["pruned"] = chunks_changed, n_chunks, pruned
         return point
 
     @property

@@ -7,8 +7,9 @@ Thin over ``Repo``'s analysis (reading) and ``ckptrepo.plot`` (drawing). Without
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ckptrepo import Repo, errors, plot
+from ckptrepo import errors, plot
 
 from . import render
 from .options import (
@@ -26,6 +27,9 @@ from .options import (
     TensorArg,
 )
 from .session import branch_head, current
+
+if TYPE_CHECKING:  # loaded when a command runs: `ckpt --version` imports no database stack
+    from ckptrepo import Repo
 
 DEFAULT_STATS = ",".join(plot.DEFAULT_STATS)
 
@@ -93,9 +97,10 @@ def plot_metrics(
 ) -> None:
     """Plot metrics along branches to FILE.png.
 
-    One panel per metric (comma-separated NAMEs), one line per --branch,
-    following each branch's first-parent chain."""
-    wanted = list(dict.fromkeys(n.strip() for n in names.split(",") if n.strip()))
+    One panel per metric (NAMEs separated by spaces or commas: `loss val_loss`
+    or `loss,val_loss`), one line per --branch, following each branch's
+    first-parent chain."""
+    wanted = list(dict.fromkeys(n.strip() for arg in names for n in arg.split(",") if n.strip()))
     if not wanted:
         raise errors.UsageError("no metric names given", hint="Name them, e.g. `ckpt plot metrics loss,val_loss`.")
     plot.check_output(output)

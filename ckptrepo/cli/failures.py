@@ -1,5 +1,11 @@
 """From an exception to what the user sees: one ``error:`` line, one ``hint:`` line, an exit code.
 
+Under ``--json`` the same failure is one line on stderr instead, a JSON object
+``{"error": message, "hint": hint, "exit_code": code}`` (what stdout holds is left as it is:
+the command's document when it printed one before failing, such as ``verify``'s report, else
+nothing). The text lines show the names an error quotes with their control characters made
+visible (``terminal.one_line``); the JSON object holds them exactly.
+
 ``ckptrepo.errors.CkptError`` subclasses carry their own ``exit_code`` and ``hint``;
 ``FAILURES`` covers the exceptions from outside the library that a command can meet (and a SQLite
 database's damage, however it surfaced, is ``errors.DatabaseDamaged``).
@@ -8,6 +14,7 @@ Anything else is a bug or an unforeseen input: exit 1, traceback only with ``--d
 
 from __future__ import annotations
 
+import json
 import traceback
 from dataclasses import dataclass
 from typing import Final
@@ -52,14 +59,34 @@ def classify(exc: BaseException) -> Failure:
     return Failure(1, _one_line(f"{type(exc).__name__}: {exc}"), UNEXPECTED_HINT)
 
 
-def report(exc: BaseException, *, debug: bool) -> int:
-    """Print ``exc`` for a person on stderr (traceback first with ``debug``); return the exit code."""
+def report(exc: BaseException, *, debug: bool, as_json: bool = False) -> int:
+    """Print ``exc`` on stderr (traceback first with ``debug``): for a person, or with ``as_json``
+    as one line of JSON (``emit``); return the exit code."""
+    from . import terminal  # rich: imported on failure only, so that `ckpt --version` does not
+
     failure = classify(exc)
     if debug:
-        typer.echo("".join(traceback.format_exception(exc)).rstrip(), err=True)
-    typer.echo(f"{typer.style('error:', fg='red', bold=True)} {failure.message}", err=True)
+        typer.echo(terminal.lines("".join(traceback.format_exception(exc)).rstrip()), err=True)
+    if as_json:
+        return emit(failure)
+    typer.echo(f"{typer.style('error:', fg='red', bold=True)} {terminal.one_line(failure.message)}", err=True)
     if failure.hint:
-        typer.echo(f"{typer.style('hint:', fg='yellow', bold=True)} {failure.hint}", err=True)
+        typer.echo(f"{typer.style('hint:', fg='yellow', bold=True)} {terminal.one_line(failure.hint)}", err=True)
+    return failure.exit_code
+
+
+def usage(exc: typer.TyperException) -> Failure:
+    """One of Typer's own usage errors (an unknown option, a malformed value) as a Failure."""
+    ctx = getattr(exc, "ctx", None)
+    command = ctx.command_path if ctx is not None else "ckpt"
+    return Failure(getattr(exc, "exit_code", 2), _one_line(exc.format_message()), f"See `{command} --help`.")
+
+
+def emit(failure: Failure) -> int:
+    """Print ``failure`` on stderr as one line, ``{"error", "hint", "exit_code"}`` (``--json``);
+    return its exit code."""
+    document = {"error": failure.message, "hint": failure.hint, "exit_code": failure.exit_code}
+    typer.echo(json.dumps(document), err=True)
     return failure.exit_code
 
 

@@ -7,10 +7,10 @@ Thin functions over ``Repo``'s lineage queries; ``--json`` prints a list of comm
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import typer
 
-from ckptrepo import Repo
 from ckptrepo.errors import NoPath
 from ckptrepo.types import EDGE_KINDS, Commit
 
@@ -29,6 +29,9 @@ from .options import (
     TopOpt,
 )
 from .session import current
+
+if TYPE_CHECKING:  # loaded when a command runs: `ckpt --version` imports no database stack
+    from ckptrepo import Repo
 
 
 def _kinds(kind: list[str] | None) -> tuple[str, ...]:

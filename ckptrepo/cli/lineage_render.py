@@ -1,7 +1,8 @@
 """Rendering for the lineage commands: ``log --graph``'s ASCII graph, ``best``'s table, path lines.
 
 Kept apart from ``render`` (shared output helpers) because the graph layout is a small
-algorithm of its own. Like ``render``, strings from the repository become plain ``Text``.
+algorithm of its own. Like ``render``, strings from the repository become plain ``Text``
+with their control characters made visible (``render.plain``).
 """
 
 from __future__ import annotations
@@ -129,11 +130,11 @@ def best_table(commits: Sequence[Commit], metric: str) -> Table:
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     table.add_column("#", justify="right")
     table.add_column("commit", style="yellow", no_wrap=True)
-    table.add_column(metric, justify="right", style="green")
+    table.add_column(render.plain(metric), justify="right", style="green")
     table.add_column("step", justify="right")
     table.add_column("branch", style="cyan")
     table.add_column("message")
     for rank, c in enumerate(commits, 1):
         table.add_row(str(rank), c.short_id, f"{c.metrics[metric]:.6g}", render.optional(c.step),
-                      Text(c.branch or ""), Text(c.message))
+                      render.plain(c.branch), render.plain(c.message))
     return table

@@ -15,6 +15,15 @@ from typing import Annotated
 
 import typer
 
+from .session import current
+
+# Bounds of the integers and durations a user gives (larger ones are Typer usage errors, exit 2,
+# before any query: the database holds 64-bit integers, ``datetime`` about 10,000 years).
+INT64_MAX = 2**63 - 1  # a step or an epoch (a column)
+MAX_COUNT = 10**18  # how many commits, edges, steps: what the library's queries take
+MAX_SECONDS = 100 * 366 * 86400  # a grace period or an age to keep
+DEMO_MAX_STEPS = 1_000_000  # the demo trains one step at a time, ~1 ms each
+
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
 _SIZE_UNITS: dict[str, int] = {
     "": 1,
@@ -38,6 +47,27 @@ def parse_size(text: str) -> int:
     if match is None or unit not in _SIZE_UNITS:
         raise typer.BadParameter(f"expected a size such as 1MiB, 512KiB or 65536, got {text!r}")
     return int(match.group(1)) * _SIZE_UNITS[unit]
+
+
+def _finite_grace(value: float) -> float:
+    """``--grace`` when it is a number of seconds (not nan, which no range check refuses)."""
+    if not math.isfinite(value):
+        raise typer.BadParameter(f"expected a number of seconds from 0 to {MAX_SECONDS}, got {value}")
+    return value
+
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$", re.IGNORECASE)
+_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def _bounded_duration(value: str | None) -> str | None:
+    """``--keep-younger-than`` as given, once it is known to be at most ``MAX_SECONDS`` (the
+    library parses it and refuses other syntax with its own hint)."""
+    match = _DURATION_RE.match(value) if value is not None else None
+    if match is not None and float(match.group(1)) * _DURATION_UNITS[match.group(2).lower()] > MAX_SECONDS:
+        raise typer.BadParameter(f"{match.group(0).strip()} is longer than the {MAX_SECONDS // (366 * 86400)} years a "
+                                 "commit's age is looked at (use e.g. 90s, 30m, 12h, 7d or 2w)")
+    return value
 
 
 @dataclass(frozen=True)
@@ -82,9 +112,20 @@ ReadOnlyOpt = Annotated[bool, typer.Option(
 
 # Shared by many commands --------------------------------------------------------
 
+
+def _json_failures(value: bool) -> bool:
+    """``--json`` also makes a failure one line of JSON on stderr (``failures.emit``). Eager, so
+    that it is known before any other argument is checked."""
+    if value:
+        current().json = True
+    return value
+
+
 JsonOpt = Annotated[
     bool,
-    typer.Option("--json", help="Print one JSON document on stdout instead of tables (for scripts)."),
+    typer.Option("--json", is_eager=True, callback=_json_failures,
+                 help="Print one JSON document on stdout instead of tables (for scripts); a failure is one line "
+                 'on stderr, {"error", "hint", "exit_code"}.'),
 ]
 REV_HELP = "Commit id or prefix, branch or tag name, REV~N, REV^N or BRANCH@step=N."
 RevArg = Annotated[
@@ -209,9 +250,13 @@ BranchOpt = Annotated[
     str | None,
     typer.Option("--branch", "-b", help="Branch to commit on. Default: the current branch.", show_default=False),
 ]
-StepOpt = Annotated[int | None, typer.Option("--step", min=0, help="Training step of this state.", show_default=False)]
+StepOpt = Annotated[
+    int | None,
+    typer.Option("--step", min=0, max=INT64_MAX, help="Training step of this state.", show_default=False),
+]
 EpochOpt = Annotated[
-    int | None, typer.Option("--epoch", min=0, help="Training epoch of this state.", show_default=False)
+    int | None,
+    typer.Option("--epoch", min=0, max=INT64_MAX, help="Training epoch of this state.", show_default=False),
 ]
 MetricOpt = Annotated[
     list[Metric] | None,
@@ -280,12 +325,18 @@ FormatOpt = Annotated[
         show_default=False,
     ),
 ]
+ExportForceOpt = Annotated[
+    bool,
+    typer.Option("--force", "-f", help="With -o: replace the file at PATH (a symbolic link there is replaced "
+                 "itself, never followed). Without it an existing PATH is refused; a folder is never replaced."),
+]
 
 # log ----------------------------------------------------------------------------
 
 LimitOpt = Annotated[
     int | None,
-    typer.Option("--max-count", "-n", min=1, metavar="N", help="Show at most N commits.", show_default=False),
+    typer.Option("--max-count", "-n", min=1, max=MAX_COUNT, metavar="N", help="Show at most N commits.",
+                 show_default=False),
 ]
 
 AllCommitsOpt = Annotated[
@@ -310,12 +361,26 @@ AtRevArg = Annotated[
         show_default=False,
     ),
 ]
+BranchRevArg = Annotated[
+    str | None,
+    typer.Argument(
+        metavar="REV|NEW",
+        help="Commit to point at (any revision). Default: the head of the current branch, else the latest commit. "
+        "With --move: the branch's new name.",
+        show_default=False,
+    ),
+]
 ForceOpt = Annotated[
     bool,
     typer.Option(
         "--force", "-f",
-        help="Move an existing branch to REV; with --delete, delete even when commits only it reaches become garbage.",
+        help="Move an existing branch to REV; with --delete, delete even when commits only it reaches become "
+        "garbage; with --move, replace an existing branch NEW.",
     ),
+]
+MoveOpt = Annotated[
+    bool,
+    typer.Option("--move", "-m", help="Rename branch NAME to NEW (the current branch follows its name)."),
 ]
 TagForceOpt = Annotated[
     bool, typer.Option("--force", "-f", help="With --delete: delete even when commits only it reaches become garbage.")
@@ -337,6 +402,8 @@ GraceOpt = Annotated[
     typer.Option(
         "--grace",
         min=0,
+        max=MAX_SECONDS,
+        callback=_finite_grace,
         metavar="SECONDS",
         help="Keep packs and temporary files younger than this (a commit in flight may be writing them).",
     ),
@@ -346,13 +413,13 @@ GraceOpt = Annotated[
 
 KeepLastOpt = Annotated[
     int | None,
-    typer.Option("--keep-last", min=1, metavar="N", help="Keep the N newest commits of each branch's first-parent "
-                 "line.", show_default=False),
+    typer.Option("--keep-last", min=1, max=MAX_COUNT, metavar="N", show_default=False,
+                 help="Keep the N newest commits of each branch's first-parent line."),
 ]
 KeepEveryOpt = Annotated[
     int | None,
-    typer.Option("--keep-every", min=1, metavar="STEPS", help="Keep one commit per STEPS-wide bucket of step (the "
-                 "first at or after each multiple of STEPS).", show_default=False),
+    typer.Option("--keep-every", min=1, max=INT64_MAX, metavar="STEPS", show_default=False,
+                 help="Keep one commit per STEPS-wide bucket of step (the first at or after each multiple of STEPS)."),
 ]
 KeepBestOpt = Annotated[
     str | None,
@@ -366,7 +433,8 @@ KeepDenseEarlyOpt = Annotated[
 ]
 KeepYoungerOpt = Annotated[
     str | None,
-    typer.Option("--keep-younger-than", metavar="DURATION", help="Keep commits made within DURATION: 90s, 30m, 12h, "
+    typer.Option("--keep-younger-than", metavar="DURATION", callback=_bounded_duration,
+                 help="Keep commits made within DURATION: 90s, 30m, 12h, "
                  "7d, 2w.", show_default=False),
 ]
 PruneBranchOpt = Annotated[
@@ -404,6 +472,7 @@ DemoStepsOpt = Annotated[
     typer.Option(
         "--steps",
         min=2,
+        max=DEMO_MAX_STEPS,
         metavar="N",
         help="Training steps on main, committing every N/8; the branch forks at the middle commit, trains to step N.",
     ),
@@ -437,7 +506,8 @@ AlongOpt = Annotated[
 ]
 HistoryLimitOpt = Annotated[
     int | None,
-    typer.Option("--max-count", "-n", min=1, metavar="N", help="Look at most N commits back.", show_default=False),
+    typer.Option("--max-count", "-n", min=1, max=MAX_COUNT, metavar="N", help="Look at most N commits back.",
+                 show_default=False),
 ]
 PlotOutputOpt = Annotated[
     Path,
@@ -449,8 +519,8 @@ StatsOpt = Annotated[
                  "min, max, l2_norm, abs_max, nan_count, inf_count."),
 ]
 MetricNamesArg = Annotated[
-    str,
-    typer.Argument(metavar="NAME[,NAME...]", help="Metric names, comma-separated (one panel each).",
+    list[str],
+    typer.Argument(metavar="NAME...", help="Metric names, space- or comma-separated (one panel each).",
                    show_default=False),
 ]
 PlotBranchOpt = Annotated[
@@ -474,7 +544,8 @@ KindOpt = Annotated[
 ]
 DepthOpt = Annotated[
     int | None,
-    typer.Option("--depth", "-d", min=1, metavar="N", help="At most N edges away.", show_default=False),
+    typer.Option("--depth", "-d", min=1, max=MAX_COUNT, metavar="N", help="At most N edges away.",
+                 show_default=False),
 ]
 PathAArg = Annotated[str, typer.Argument(metavar="A", help="One end (any revision).", show_default=False)]
 PathBArg = Annotated[str, typer.Argument(metavar="B", help="The other end (any revision).", show_default=False)]
@@ -509,7 +580,8 @@ SubtreeOpt = Annotated[
     str | None,
     typer.Option("--subtree", metavar="REV", help="Only REV and its descendants.", show_default=False),
 ]
-TopOpt = Annotated[int, typer.Option("--max-count", "-n", min=1, metavar="N", help="Show the N best commits.")]
+TopOpt = Annotated[int, typer.Option("--max-count", "-n", min=1, max=MAX_COUNT, metavar="N",
+                                     help="Show the N best commits.")]
 ReplaceDbOpt = Annotated[bool, typer.Option(
     "--replace", help="Rebuild over a database that holds a repository (a SQLite file is kept beside the new one).")]
 

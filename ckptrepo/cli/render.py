@@ -2,7 +2,10 @@
 
 Human output goes to ``out`` (stdout); progress, notices and errors go to ``err``
 (stderr), so ``--json`` keeps stdout to exactly one document. Every string that
-comes from a repository or a user is rendered as plain ``Text``, never as markup.
+comes from a repository or a user is rendered as plain ``Text``, never as markup,
+with its control characters made visible (``plain``, ``terminal.one_line``; a commit
+message in ``show`` keeps its line breaks: ``terminal.lines``). Both consoles are
+``terminal.Console``: no markup, and no wrapping when writing to a pipe or a file.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from typing import Any
 
 import typer
 from rich import box
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -35,9 +37,11 @@ from ckptrepo.types import (
     short_id,
 )
 
+from . import terminal
+
 # file=None: rich writes to whatever sys.stdout / sys.stderr is at print time.
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+out = terminal.Console()
+err = terminal.Console(stderr=True)
 
 _UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
 
@@ -84,15 +88,20 @@ def ratio(x: float) -> str:
 
 
 def metrics(values: Mapping[str, float]) -> str:
-    return "  ".join(f"{name}={value:.4g}" for name, value in sorted(values.items()))
+    return "  ".join(f"{terminal.one_line(name)}={value:.4g}" for name, value in sorted(values.items()))
 
 
 def refs(names: Iterable[str]) -> str:
-    return ", ".join(names)
+    return ", ".join(map(terminal.one_line, names))
 
 
 def optional(value: object) -> str:
-    return "" if value is None else str(value)
+    return "" if value is None else terminal.one_line(str(value))
+
+
+def plain(value: str | None, style: str = "") -> Text:
+    """A stored or user-given string as one line of plain text (``terminal.one_line``; None: empty)."""
+    return Text(terminal.one_line(value or ""), style=style)
 
 
 def commit_summary(commit: Commit) -> Text:
@@ -100,7 +109,7 @@ def commit_summary(commit: Commit) -> Text:
     text = Text("committed ")
     text.append(commit.short_id, style="bold yellow")
     if commit.branch:
-        text.append(f" on {commit.branch}")
+        text.append(f" on {terminal.one_line(commit.branch)}")
     if commit.step is not None:
         text.append(f" at step {commit.step}")
     text.append(
@@ -124,7 +133,7 @@ def log_line(commit: Commit) -> Text:
     if commit.damage is not None:
         line.append(" (damaged)", style="bold red")
     if commit.message:
-        line.append("  " + commit.message)
+        line.append("  " + terminal.one_line(commit.message))
     return line
 
 
@@ -166,8 +175,8 @@ def commit_fields(commit: Commit) -> Table:
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
     for label, value, style in rows:
-        if value:
-            grid.add_row(label, Text(value, style=style))
+        if value:  # the message keeps its line breaks; every other value is one line
+            grid.add_row(label, Text(terminal.lines(value), style=style) if label == "message" else plain(value, style))
     return grid
 
 
@@ -179,7 +188,7 @@ def tensor_table(tensors: Sequence[TensorInfo]) -> Table:
     table.add_column("size", justify="right")
     for tensor in tensors:
         shape = "[" + ", ".join(str(d) for d in tensor.shape) + "]"
-        table.add_row(Text(tensor.name), tensor.dtype, shape, size(tensor.nbytes))
+        table.add_row(plain(tensor.name), plain(tensor.dtype), shape, size(tensor.nbytes))
     return table
 
 
@@ -195,10 +204,10 @@ def ref_table(refs_: Sequence[RefInfo], commits: Mapping[str, Commit], *, curren
         commit = commits.get(ref.commit_id)
         marked = ("* " if ref.name == current else "  ") + ref.name if current is not None else ref.name
         table.add_row(
-            Text(marked, style="bold green" if ref.name == current else ""),
+            plain(marked, style="bold green" if ref.name == current else ""),
             short_id(ref.commit_id),
             optional(commit.step) if commit else "",
-            Text(commit.message) if commit else Text(""),
+            plain(commit.message if commit else ""),
         )
     return table
 
@@ -282,7 +291,7 @@ def prune_table(commits: Sequence[Commit], more: int) -> Table:
     table.add_column("metrics", style="green")
     table.add_column("message", overflow="fold")
     for c in commits:
-        table.add_row(c.short_id, optional(c.step), Text(optional(c.branch)), metrics(c.metrics), Text(c.message))
+        table.add_row(c.short_id, optional(c.step), plain(c.branch), metrics(c.metrics), plain(c.message))
     if more:
         table.add_row(f"+{more} more", "", "", "", "")
     return table
@@ -343,7 +352,7 @@ def last_good_table(report: VerifyReport) -> Table:
             good = Text(short_id(commit)).append(" (its head)", style="dim")
         else:
             good = Text(short_id(commit), style="yellow").append(" (its head is broken)", style="red")
-        table.add_row(Text(branch, style="cyan"), good)
+        table.add_row(plain(branch, style="cyan"), good)
     return table
 
 
@@ -352,7 +361,7 @@ def verify_verdict(report: VerifyReport) -> Text:
     n_err, n_warn = len(report.errors), len(report.warnings)
     verdict = Text("ok", style="bold green") if report.ok else Text(f"{n_err} errors", style="bold red")
     if n_warn:
-        verdict.append(f", {n_warn} warnings (leftovers gc reclaims)", style="yellow")
+        verdict.append(f", {n_warn} warnings (nothing lost; each says what to do)", style="yellow")
     return verdict
 
 
@@ -369,7 +378,7 @@ def problem_table(problems: Sequence[Problem]) -> Table:
         shown = ", ".join(short_id(c) for c in p.commits[:3])
         if len(p.commits) > 3:
             shown += f" +{len(p.commits) - 3} more"
-        table.add_row(Text(p.severity, style=style), p.kind, Text(p.detail + extra), shown)
+        table.add_row(plain(p.severity, style=style), plain(p.kind), plain(p.detail + extra), shown)
     return table
 
 
@@ -438,7 +447,7 @@ def diff_table(tensors: Sequence[TensorDelta], *, exact: bool) -> Table:
     table.add_column("note", overflow="fold", ratio=2, style="dim")
     for t in tensors:
         changed = t.status == "changed"
-        row: list[str | Text] = [Text(_STATUS_MARK[t.status], style=_STATUS_STYLE[t.status]), Text(t.name),
+        row: list[str | Text] = [Text(_STATUS_MARK[t.status], style=_STATUS_STYLE[t.status]), plain(t.name),
                                  _chunks(t.chunks_changed, t.n_chunks) if t.status != "unchanged" else ""]
         if exact:
             e = t.exact if changed else None
@@ -450,21 +459,21 @@ def diff_table(tensors: Sequence[TensorDelta], *, exact: bool) -> Table:
                     num(t.deltas.get("mean"), signed=True), num(t.deltas.get("std"), signed=True)]
         else:
             row += ["", "", ""]
-        table.add_row(*row, Text(diff_note(t)))
+        table.add_row(*row, plain(diff_note(t)))
     return table
 
 
 def history_summary(name: str, along: str, points: Sequence[HistoryPoint]) -> Text:
     """``NAME along REV: N commits, newest first; ...`` with the legend of the status marks."""
     counts = {k: sum(p.status == k for p in points) for k in _STATUS_MARK}
-    text = Text(name, style="bold").append(f" along {along}: {len(points)} commits, newest first; ")
+    text = plain(name, style="bold").append(f" along {terminal.one_line(along)}: {len(points)} commits, newest first; ")
     text.append(", ".join(f"{counts[k]} {k} ({_STATUS_MARK[k]})" for k in _STATUS_MARK if counts[k]))
     return text
 
 
 def history_table(points: Sequence[HistoryPoint]) -> Table:
     """One row per commit: status mark against its first parent, chunks that changed, stored
-    statistics, and the L2 norm's relative change."""
+    statistics, and the L2 norm's relative change; a pruned commit's id says ``(pruned)``."""
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     table.add_column("commit", style="yellow", no_wrap=True)
     table.add_column("step", justify="right", no_wrap=True)
@@ -474,8 +483,9 @@ def history_table(points: Sequence[HistoryPoint]) -> Table:
     for p in points:
         s = p.tensor.stats if p.tensor else None
         changed = p.status == "changed"
+        commit = Text(short_id(p.commit_id)).append(" (pruned)", style="dim red") if p.pruned else short_id(p.commit_id)
         table.add_row(
-            short_id(p.commit_id), optional(p.step), Text(_STATUS_MARK[p.status], style=_STATUS_STYLE[p.status]),
+            commit, optional(p.step), Text(_STATUS_MARK[p.status], style=_STATUS_STYLE[p.status]),
             _chunks(p.chunks_changed, p.n_chunks) if changed else "",
             *(num(getattr(s, f)) if s else "" for f in ("mean", "std", "l2_norm", "abs_max")),
             _relative(p.previous.stats.l2_norm, s.l2_norm) if changed and p.previous and s else "",
@@ -489,7 +499,7 @@ def rebuild_summary(report: RebuildReport) -> Table:
     grid.add_column(style="bold")
     grid.add_column(justify="right")
     grid.add_column(style="dim")
-    grid.add_row("database", "", report.database)
+    grid.add_row("database", "", plain(report.database))
     grid.add_row("commits", str(report.commits), f"from their manifests ({size(report.manifest_bytes)}), "
                  f"{report.pruned} of them pruned")
     if report.recovered:
@@ -502,9 +512,32 @@ def rebuild_summary(report: RebuildReport) -> Table:
     grid.add_row("tags", str(report.tags), f"replayed with {report.journal_entries} journal entries")
     grid.add_row("packs", str(report.packs), f"{report.chunks} chunks indexed from their footers")
     if report.moved_aside:
-        grid.add_row("old database", "", f"kept as {report.moved_aside}")
+        grid.add_row("old database", "", plain(f"kept as {report.moved_aside}"))
     for why in report.skipped:
-        grid.add_row("skipped", "", why, style="yellow")
+        grid.add_row("skipped", "", plain(why), style="yellow")
     grid.add_row("time", seconds(report.seconds), "")
     return grid
 
+
+
+def status_grid(branch: str, head: Commit | None, where: Mapping[str, str]) -> Table:
+    """``ckpt status``: the current branch and its head commit (step, message), or that the branch
+    has no commits yet; then ``where`` (label -> the repository's folder, database, store)."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+    grid.add_row("branch", plain(branch, style="bold green"))
+    if head is None:
+        grid.add_row("head", Text("no commits yet: the next commit creates the branch", style="yellow"))
+    else:
+        line = Text(head.short_id, style="yellow")
+        if head.step is not None:
+            line.append(f" step {head.step}", style="bold")
+        if head.pruned:
+            line.append(" (pruned)", style="dim red")
+        if head.message:
+            line.append("  ").append_text(plain(head.message))
+        grid.add_row("head", line)
+    for label, value in where.items():
+        grid.add_row(label, plain(value))
+    return grid

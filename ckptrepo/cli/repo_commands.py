@@ -1,4 +1,5 @@
-"""Commands about the repository as a whole: ``init``, ``stats``, ``db upgrade|rebuild|manifests``, ``demo``."""
+"""Commands about the repository as a whole: ``init``, ``status``, ``stats``, ``db upgrade|rebuild|manifests``,
+``demo``."""
 
 from __future__ import annotations
 
@@ -6,11 +7,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
-
-from ckptrepo import Repo, errors, upgrade_database
-from ckptrepo.config import RepoConfig
+import ckptrepo  # its names load when a command runs: `ckpt --version` imports no database stack
+from ckptrepo import errors
+from ckptrepo.config import SQLITE_NAME, RepoConfig
 
 from . import render
 from .options import (
@@ -28,7 +27,7 @@ from .options import (
     ReplaceDbOpt,
     StoreUrlOpt,
 )
-from .session import current
+from .session import branch_head, current
 
 
 def init(
@@ -45,7 +44,7 @@ def init(
 ) -> None:
     """Create a repository in PATH/.ckpt (its database, chunk store and settings)."""
     target = path if path is not None else current().repo or Path(".")
-    with Repo.init(target, db_url=db, store_url=store, chunk_size=chunk_size, compression=compression,
+    with ckptrepo.Repo.init(target, db_url=db, store_url=store, chunk_size=chunk_size, compression=compression,
                    delta=delta, max_delta_depth=max_delta_depth, delta_base=delta_base,
                    encode=encode) as repo:
         repo_dir, config = repo.repo_dir, repo.config
@@ -66,6 +65,31 @@ def init(
     )
 
 
+def status(as_json: JsonOpt = False) -> None:
+    """Show the current branch and its head commit, and where the repository keeps its database and store.
+
+    The current branch (.ckpt/HEAD) is where `ckpt commit` commits; a branch with no
+    commits yet is created by its first commit."""
+    with current().open() as repo:
+        name = repo.head
+        head_id = branch_head(repo, name)
+        head = repo.get_commit(head_id) if head_id is not None else None
+        repo_dir, config, read_only = repo.repo_dir, repo.config, repo.read_only
+    where = {
+        "repository": str(repo_dir),
+        "database": f"SQLite {repo_dir / SQLITE_NAME}" if config.db_url is None else _hide_password(config.db_url),
+        "store": f"local {repo_dir / 'store'}" if config.store_url is None else config.store_url,
+    }
+    if as_json:
+        render.emit_json({"branch": name, "exists": head is not None, "head": head.to_json() if head else None,
+                          "path": str(repo_dir.parent), "repo_dir": str(repo_dir), "database": where["database"],
+                          "store": where["store"], "read_only": read_only})
+        return
+    if read_only:
+        where["access"] = "read-only"
+    render.out.print(render.status_grid(name, head, where))
+
+
 def stats(as_json: JsonOpt = False) -> None:
     """Show the repository's size: commits, logical, unique and stored bytes, dedup and compression."""
     with current().open() as repo:
@@ -81,7 +105,7 @@ def db_upgrade(as_json: JsonOpt = False) -> None:
     """Upgrade the repository database's schema to this ckptrepo's version (works on an outdated one)."""
     current().check_writable("upgrade the database")
     location = current().location()
-    before, after = upgrade_database(location)
+    before, after = ckptrepo.upgrade_database(location)
     if as_json:
         render.emit_json({"from_revision": before, "to_revision": after, "upgraded": before != after})
     elif before == after:
@@ -100,7 +124,7 @@ def db_rebuild(replace: ReplaceDbOpt = False, as_json: JsonOpt = False) -> None:
     was skipped and nothing is damaged, else 5 (the database is rebuilt either way).
     """
     current().check_writable("rebuild the database")
-    report = Repo.rebuild_database(current().location(), replace=replace)
+    report = ckptrepo.Repo.rebuild_database(current().location(), replace=replace)
     if as_json:
         render.emit_json(report.to_json())
     else:
@@ -139,6 +163,9 @@ def _public(config: RepoConfig) -> dict[str, Any]:
 
 
 def _hide_password(url: str) -> str:
+    from sqlalchemy.engine import make_url  # imported here: `ckpt --version` loads no database stack
+    from sqlalchemy.exc import ArgumentError
+
     try:
         return make_url(url).render_as_string(hide_password=True)
     except ArgumentError:  # not an SQLAlchemy URL: show it as given

@@ -11,24 +11,31 @@ from __future__ import annotations
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ckptrepo import Repo, errors, find_repo
+import ckptrepo  # its names load when a command runs: `ckpt --version` imports no database stack
+from ckptrepo import errors
+
+if TYPE_CHECKING:
+    from ckptrepo import Repo
 
 
 @dataclass
 class Session:
-    """The global options ``--repo``, ``--read-only`` and ``--debug`` of one invocation."""
+    """The global options ``--repo``, ``--read-only`` and ``--debug`` of one invocation, and
+    whether its command was given ``--json`` (``json``: a failure is then reported as JSON)."""
 
     repo: Path | None = None
     debug: bool = False
     read_only: bool = False
+    json: bool = False
 
     def open(self) -> Repo:
         """The repository named by ``--repo``, else the nearest one at or above the working directory
         (read-only with ``--read-only``)."""
         if self.repo is not None:
-            return Repo.open(self.repo, read_only=self.read_only)
-        return Repo.discover(Path.cwd(), read_only=self.read_only)
+            return ckptrepo.Repo.open(self.repo, read_only=self.read_only)
+        return ckptrepo.Repo.discover(Path.cwd(), read_only=self.read_only)
 
     def check_writable(self, what: str) -> None:
         """ReadOnlyRepository (``what``: the refused action) under ``--read-only``, for the commands
@@ -41,7 +48,7 @@ class Session:
         for a schema that ``open()`` refuses)."""
         if self.repo is not None:
             return self.repo
-        return find_repo(Path.cwd(), search_parents=True)
+        return ckptrepo.find_repo(Path.cwd(), search_parents=True)
 
 
 _current: ContextVar[Session | None] = ContextVar("ckpt_session", default=None)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ckptrepo import Repo, errors
+from ckptrepo import errors
 from ckptrepo.formats import output_format, suffix_format, write_state
 from ckptrepo.types import short_id
 
@@ -17,6 +17,7 @@ from .options import (
     BranchOpt,
     CheckoutRevArg,
     EpochOpt,
+    ExportForceOpt,
     FormatOpt,
     InputArg,
     JsonOpt,
@@ -30,6 +31,9 @@ from .options import (
     TransferFromOpt,
 )
 from .session import branch_head, current
+
+if TYPE_CHECKING:  # loaded when a command runs: `ckpt --version` imports no database stack
+    from ckptrepo import Repo
 
 # Inputs at least this large get a spinner on stderr while they are read and persisted.
 PROGRESS_MIN_BYTES = 64 << 20
@@ -87,13 +91,18 @@ def commit(
 
 def _warn_if_pickle(allow_pickle: bool) -> None:
     if allow_pickle:
-        render.err.print("warning: --allow-pickle unpickles torch.save files, which runs any code they hold; "
-                         "use it only for files you trust", markup=False)
+        render.err.print("warning: --allow-pickle unpickles what the inputs hold (torch.save files, pickled values "
+                         "in a state's skeleton, a DCP folder's non-tensor objects), which runs any code they hold; "
+                         "use it only for inputs you trust", markup=False)
 
 
 def _commit_many(paths: list[Path], message: str | None, branch: str | None, as_json: bool,
-                 given: Mapping[str, object], *, allow_pickle: bool = False) -> None:
-    """Commit several inputs in order on one branch, each read while the one before is committed."""
+                 given: Mapping[str, object], *, allow_pickle: bool = False,
+                 steps: Mapping[Path, int | None] | None = None) -> None:
+    """Commit several inputs in order on one branch, each read while the one before is committed.
+
+    ``steps`` (import-run): each input's step when what the run recorded gives none; a failure's
+    hint then says how to import the rest instead of how to commit it."""
     per_state = [opt for opt, value in given.items() if value]
     if per_state:
         raise errors.UsageError(
@@ -113,8 +122,9 @@ def _commit_many(paths: list[Path], message: str | None, branch: str | None, as_
             for i, (path, state) in enumerate(files):
                 phase(f"committing {path.name} ({i + 1} of {len(paths)})")
                 run: dict[str, Any] = fill_run_meta({}, path, state)
+                step = run.get("step", (steps or {}).get(path))
                 result = repo.commit(state, branch=branch, message=f"{message}: {path.name}" if message else path.name,
-                                     step=run.get("step"), epoch=run.get("epoch"), metrics=run.get("metrics"),
+                                     step=step, epoch=run.get("epoch"), metrics=run.get("metrics"),
                                      allow_pickle=allow_pickle, blocking=True).wait()
                 del state
                 done.append(result.to_json())
@@ -122,10 +132,14 @@ def _commit_many(paths: list[Path], message: str | None, branch: str | None, as_
                     render.out.print(render.commit_summary(result))
         except errors.CkptError as exc:
             last = f" (the last: {short_id(done[-1]['id'])})" if done else ""
-            exc.hint = (  # type: ignore[misc]
-                f"{len(done)} of {len(paths)} inputs were committed before it{last}; commit the rest "
-                f"once it is fixed." + (f" {exc.hint}" if exc.hint else "")
-            )
+            if steps is None:
+                hint = f"{len(done)} of {len(paths)} inputs were committed before it{last}; commit the rest once it " \
+                       "is fixed."
+                own = exc.hint
+            else:
+                hint = f"{len(done)} of {len(paths)} new checkpoints were imported before it{last}. {_RERUN}"
+                own = "" if exc.hint == errors.InvalidInput.hint else exc.hint  # that one is about `ckpt commit`
+            exc.hint = hint + (f" {own}" if own else "")  # type: ignore[misc]
             raise
         finally:
             files.close()
@@ -149,18 +163,79 @@ def import_run(
     holds); last.ckpt, a copy of the newest, is left out when another file has its step.
     Each checkpoint is committed on top of the one before. Like `ckpt commit DIR...`: if one
     fails, the commits before it stay and the error names it.
+
+    Running it again imports only what is new: a checkpoint whose step a commit of the
+    branch has, with the same tensors, is left out (each is read and hashed to tell; nothing
+    is stored); one whose tensors differ from that commit's stops the import before anything
+    is committed (the run changed: import it on another branch). --json lists the commits made.
     """
-    from ckptrepo.formats import lightning_meta, read_state, run_checkpoints
+    from ckptrepo.formats import checkpoint_step, lightning_meta, read_state, run_checkpoints
 
     _warn_if_pickle(allow_pickle)
+    held: dict[Path, int | None] = {}
 
-    def step_of(path: Path) -> int | None:
-        return lightning_meta(read_state(path, mapped=True, allow_pickle=allow_pickle)).get("step")
+    def step_of(path: Path) -> int | None:  # read once: a file without step=S in its name is read for it
+        if path not in held:
+            held[path] = lightning_meta(read_state(path, mapped=True, allow_pickle=allow_pickle)).get("step")
+        return held[path]
 
-    paths, left_out = run_checkpoints(run_dir, step_of)
-    for path in left_out:
-        render.err.print(f"left out {path.name}: another checkpoint holds its step", markup=False)
-    _commit_many(paths, message, branch, as_json, given={}, allow_pickle=allow_pickle)
+    try:
+        paths, left_out = run_checkpoints(run_dir, step_of)
+        for path in left_out:
+            render.err.print(f"left out {path.name}: another checkpoint holds its step", markup=False)
+        steps = {path: checkpoint_step(path, step_of) for path in paths}
+        with current().open() as repo:
+            branch = branch or repo.head
+            new = _not_imported(repo, branch, steps, allow_pickle)
+    except errors.CkptError as exc:
+        if exc.hint == errors.InvalidInput.hint:  # that one is about `ckpt commit`
+            exc.hint = _RERUN  # type: ignore[misc]
+        raise
+    if not new:
+        render.err.print(f"nothing new to import: every checkpoint of {run_dir} is on {branch}", markup=False)
+        if as_json:
+            render.emit_json([])
+        return
+    _commit_many(new, message, branch, as_json, given={}, allow_pickle=allow_pickle, steps=steps)
+
+
+_RERUN = ("Fix that checkpoint or move it out of the folder, then run `ckpt import-run` again: it imports only the "
+          "checkpoints the branch does not have yet.")
+
+
+def _not_imported(repo: Repo, branch: str, steps: Mapping[Path, int | None], allow_pickle: bool) -> list[Path]:
+    """The checkpoints (``steps``: path -> step, in step order) that ``branch`` does not hold yet.
+
+    A checkpoint is imported when a commit of the branch's first-parent chain has its step and
+    the same tensors (names and tensor ids: ``Repo.tensor_ids`` hashes the checkpoint, reading it
+    whole but storing nothing; where ids differ, ``Repo.holds`` compares the stored bytes, since a
+    distributed commit lays equal tensors out differently); it is then left out, with a note.
+    ImportConflict when such a commit has other tensors (the run changed since): checked for
+    every checkpoint before any is imported, so nothing is."""
+    from ckptrepo.formats import read_state
+
+    if branch_head(repo, branch) is None:
+        return list(steps)
+    on_branch: dict[int, list[str]] = {}
+    for point in repo.metrics_along((), along=branch):
+        if point.step is not None:
+            on_branch.setdefault(point.step, []).append(point.commit_id)
+    new: list[Path] = []
+    for path, step in steps.items():
+        candidates = on_branch.get(step, []) if step is not None else []
+        if not candidates:
+            new.append(path)
+            continue
+        state = read_state(path, mapped=True, allow_pickle=allow_pickle)
+        ids = repo.tensor_ids(state, allow_pickle=allow_pickle)
+        same = next((c for c in candidates if {t.name: t.tensor_id for t in repo.tensors(c)} == ids), None)
+        if same is None:  # equal tensors may be laid out otherwise (a distributed commit's): compare them
+            same = next((c for c in candidates if repo.holds(c, state, allow_pickle=allow_pickle)), None)
+        del state
+        if same is None:
+            raise errors.ImportConflict(path=str(path), step=step, branch=branch, commit=short_id(candidates[0]))
+        render.err.print(f"already imported {path.name} (step {step}) as {short_id(same)}", markup=False)
+    return new
 
 
 def checkout(
@@ -168,6 +243,7 @@ def checkout(
     new_branch: NewBranchOpt = None,
     output: OutputOpt = None,
     fmt: FormatOpt = None,
+    force: ExportForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Switch branches, start one (-b NEW [REV]), or export a commit (REV -o PATH).
@@ -178,7 +254,8 @@ def checkout(
     PATH.safetensors or PATH.pt without switching, and with --format
     safetensors|torch|dcp in that format whatever the name (dcp: a
     torch.distributed.checkpoint folder, which dcp.load reads at any
-    world size). The output appears whole or not at all.
+    world size). The output appears whole or not at all, and replaces
+    an existing file only with --force.
 
     The current branch is where `ckpt commit` commits and what `ckpt log`
     shows; .ckpt/HEAD names it. Switching changes no other file.
@@ -189,8 +266,11 @@ def checkout(
                 "-o exports one commit and switches no branch" + (", so it takes no -b" if new_branch else ""),
                 hint="Export with `ckpt checkout REV -o PATH`; start a branch with `ckpt checkout -b NEW [REV]`.",
             )
-        _export(rev, output, fmt, as_json)
+        _export(rev, output, fmt, as_json, replace=force)
         return
+    if force:
+        raise errors.UsageError("--force replaces the file an export writes", hint="Export over an existing file "
+                                "with `ckpt checkout REV -o FILE --force`.")
     if fmt is not None:
         raise errors.UsageError("--format names the format of an export", hint="Export with "
                                 "`ckpt checkout REV -o PATH --format safetensors|torch|dcp`.")
@@ -248,15 +328,16 @@ def _switched(name: str, commit_id: str, *, created: bool, previous: str | None,
         render.out.print(f"switched to branch {name} ({short_id(commit_id)})", markup=False)
 
 
-def _export(rev: str, output: Path, fmt: str | None, as_json: bool) -> None:
+def _export(rev: str, output: Path, fmt: str | None, as_json: bool, *, replace: bool) -> None:
     # Refused before restoring anything: restoring a large state only to fail here wastes minutes.
-    kind = output_format(output, fmt)
+    kind = output_format(output, fmt, replace=replace)
     with current().open() as repo:
         if kind == suffix_format(output):
-            commit_id = repo.export(rev, output)  # streams: each tensor written while later ones decode
+            # streams: each tensor written while later ones decode
+            commit_id = repo.export(rev, output, replace=replace)
         else:
             commit_id = repo.resolve(rev)
-            write_state(repo.checkout(commit_id), output, format=kind)
+            write_state(repo.checkout(commit_id), output, format=kind, replace=replace)
     written = output.stat().st_size if kind != "dcp" else sum(f.stat().st_size for f in output.iterdir())
     if as_json:
         render.emit_json({"id": commit_id, "short_id": short_id(commit_id), "path": str(output), "format": kind,

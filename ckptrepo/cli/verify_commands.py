@@ -16,7 +16,8 @@ def verify(full: FullOpt = False, as_json: JsonOpt = False) -> None:
     Also that every commit has its manifest and every recorded journal entry is in the store, and
     that the store is this repository's; with --full, every chunk, manifest and journal entry is
     read and checked. Exits 0 when nothing is missing, corrupt, damaged or inconsistent
-    (unreferenced packs and temporary files are warnings: gc reclaims them), else 5. With --full,
+    (unreferenced packs and temporary files are warnings: gc reclaims them; so are objects in the
+    store that ckptrepo does not write, which gc leaves: move them out by hand), else 5. With --full,
     or when something is broken, it names per branch the newest commit nothing broke (last known
     good, to resume from).
     Changes nothing but indexing the commits' pending layouts first (their rows are what it

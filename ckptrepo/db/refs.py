@@ -23,7 +23,15 @@ from sqlalchemy.orm import Session
 from ckptrepo.atomic import write_atomic
 from ckptrepo.db.engine import insert_tuples
 from ckptrepo.db.models import Commit, Edge, Ref
-from ckptrepo.errors import InvalidRefName, RefExists, UnknownRef, UnknownRevision, UnreachableCommits, UsageError
+from ckptrepo.errors import (
+    ConcurrentChange,
+    InvalidRefName,
+    RefExists,
+    UnknownRef,
+    UnknownRevision,
+    UnreachableCommits,
+    UsageError,
+)
 from ckptrepo.ids import is_hex
 from ckptrepo.types import RefInfo
 
@@ -56,6 +64,8 @@ def check_ref_name(name: str, kind: str) -> None:
         reason = "longer than 255 characters"
     elif is_hex(name) and len(name) >= MIN_PREFIX:
         reason = "it looks like a commit id"
+    elif name == HEAD_FILE:
+        reason = "HEAD names the current branch (.ckpt/HEAD), not a ref"
     if reason:
         raise InvalidRefName(kind=kind, name=name, reason=reason)
 
@@ -132,6 +142,25 @@ def delete_ref(session: Session, kind: str, name: str, *, force: bool = False) -
             raise UnreachableCommits(kind=kind, name=name, count=count)
     session.execute(delete(Ref).where(Ref.kind == kind, Ref.name == name))
     return info
+
+
+def rename(session: Session, kind: str, old: str, new: str, target: str, *, force: bool = False) -> RefInfo:
+    """Rename ref ``(kind, old)``, which must still point at ``target`` (ConcurrentChange when it
+    moved or went since the caller read it), to ``new``. An existing ``new`` is replaced only with
+    ``force`` (RefExists otherwise); UnknownRef when ``old`` is gone."""
+    existing = session.get(Ref, (kind, new))
+    if existing is not None:
+        if not force:
+            raise RefExists(kind=kind.capitalize(), name=new)
+        session.execute(delete(Ref).where(Ref.kind == kind, Ref.name == new))
+    renamed = session.execute(update(Ref).where(Ref.kind == kind, Ref.name == old, Ref.commit_id == target)
+                              .values(name=new, updated_at=_now()))
+    if getattr(renamed, "rowcount", 0) != 1:  # a DML result's count of rows matched
+        if session.get(Ref, (kind, old)) is None:
+            raise UnknownRef(kind=kind, name=old)
+        raise ConcurrentChange(what=f"rename of {kind} {old!r}", other="commit",
+                               detail=f"{old!r} moved from {target[:10]} meanwhile")
+    return RefInfo(name=new, kind=kind, commit_id=target)
 
 
 def live_commits(exclude_ref: tuple[str, str] | None = None) -> CTE:

@@ -36,17 +36,23 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict, unflatten_state_dict
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.tensor import DTensor
 
 from ckptrepo import knobs
 from ckptrepo import state as st
 from ckptrepo import types as t
+from ckptrepo.dist.keys import int_keys
 from ckptrepo.dist.reader import CommitReader
+from ckptrepo.dist.scope import DDP_PREFIX
 from ckptrepo.dist.writer import ShareWriter, commit_id
 from ckptrepo.errors import RankFailed
 from ckptrepo.ingest.handle import CommitHandle
 from ckptrepo.ingest.writer import CommitWriter
 
+ALONE_HINT = ("Under a process group of two or more ranks, commit() and checkout(into=...) run on every rank "
+              "together: call them on every rank, or pass local=True where one process commits or loads alone. "
+              "If a rank died instead, no commit was made; packs already written are reclaimed by `ckpt gc`.")
 _groups: dict[Any, tuple[Any, Any]] = {}  # user group -> (phase-1 group, phase-2 group), both gloo
 _lock = threading.Lock()
 T = TypeVar("T")
@@ -82,8 +88,13 @@ def _own_groups(group: Any) -> tuple[Any, Any]:
                                  hint="Call torch.distributed.init_process_group first, on every rank.")
             ranks = dist.get_process_group_ranks(group) if group is not None else None
             timeout = timedelta(seconds=knobs.get_int("DIST_TIMEOUT", 300))
-            found = _groups[group] = (dist.new_group(ranks, backend="gloo", timeout=timeout),
-                                      dist.new_group(ranks, backend="gloo", timeout=timeout))
+            try:
+                found = (dist.new_group(ranks, backend="gloo", timeout=timeout),
+                         dist.new_group(ranks, backend="gloo", timeout=timeout))
+            except Exception as exc:  # every rank of the default group makes them: one did not come
+                raise RankFailed(rank=-1, detail=f"not every rank joined ckptrepo's process group "
+                                                 f"({_summary(exc)})", hint=ALONE_HINT) from exc
+            _groups[group] = found
         return found
 
 
@@ -223,17 +234,135 @@ def _agree(group: Any, failure: str) -> None:
         dist.all_gather_object(outcomes, (dist.get_rank(group), failure), group=group)
     except Exception as exc:  # a rank died or the group timed out
         raise RankFailed(rank=-1, detail=f"a rank stopped answering before the commit was staged "
-                                         f"({_summary(exc)})") from exc
+                                         f"({_summary(exc)})", hint=ALONE_HINT) from exc
     rank, why = next((r, w) for r, w in outcomes if w)
     raise RankFailed(rank=rank, detail=why)
 
 
 def load(reader: CommitReader, into: Any, *, group: Any) -> None:
-    """Load the commit ``reader`` serves into ``into`` (modules, optimizers, DTensors and tensors
-    in place) on every rank of ``group`` (None: the default group)."""
+    """Load the commit ``reader`` serves into ``into`` on every rank of ``group`` (None: the
+    default group), through ``dcp.load``: tensors and DTensors in place (each rank reads the
+    regions its shards hold), modules, optimizers and other objects with ``state_dict`` /
+    ``load_state_dict`` (in dicts, at any depth) through their state dicts, other values replaced.
+
+    An optimizer that has no state yet (a fresh job resuming) gets it first, as DCP's
+    ``get_state_dict`` does it (one step at learning rate 0 on zero gradients; the gradients the
+    parameters had are put back), so that the commit's moments have somewhere to go; parameters
+    the commit holds no state for are left without. The targets are checked against the commit
+    before anything is read, on every rank (DCP's load planner: a key the commit lacks fails).
+    A DDP module's commit made with ``module.`` names (``scope.DDP_PREFIX``) loads too."""
     from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-    dcp_load(into, storage_reader=reader, process_group=group)
+    targets, loaders = _targets(into, ())
+    dcp_load(targets, storage_reader=reader, process_group=group, planner=_Planner(loaders))
+    for loader in loaders:
+        loader.finish()
+    _put_back(into, targets)
+
+
+class _Loader:
+    """One object of ``into`` loaded through its state dict ``sd``, the target of the dict at
+    key path ``path``."""
+
+    def __init__(self, obj: Any, path: tuple[str, ...]) -> None:
+        self.obj, self.prefix = obj, "".join(f"{p}." for p in path)
+        if isinstance(obj, torch.optim.Optimizer):
+            _init_state(obj)
+        self.sd: dict[Any, Any] = obj.state_dict()
+        self.renamed = False
+
+    def fit(self, stored: set[str]) -> None:
+        """Fit the target to the commit's fqns (``stored``) before DCP plans the load."""
+        if isinstance(self.obj, torch.optim.Optimizer) and isinstance(self.sd.get("state"), dict):
+            base = f"{self.prefix}state."
+            held = {f[len(base):].split(".", 1)[0] for f in stored if f.startswith(base)}
+            for key in [k for k in self.sd["state"] if str(k) not in held]:
+                del self.sd["state"][key]  # no state for this parameter in the commit: none after the load
+        elif isinstance(self.obj, torch.nn.Module) and self.sd:
+            plain = any(f"{self.prefix}{k}" in stored for k in self.sd)
+            if not plain and all(f"{self.prefix}{DDP_PREFIX}{k}" in stored for k in self.sd):
+                items = list(self.sd.items())
+                self.sd.clear()
+                self.sd.update((f"{DDP_PREFIX}{k}", v) for k, v in items)
+                self.renamed = True
+
+    def finish(self) -> None:
+        sd = self.sd
+        if self.renamed:
+            sd = {k[len(DDP_PREFIX):]: v for k, v in sd.items()}
+        if isinstance(self.obj, torch.optim.Optimizer):
+            sd = int_keys(sd)  # a value DCP set by its string key path ("0"), next to the int
+        self.obj.load_state_dict(sd)
+
+
+def _targets(node: Any, path: tuple[str, ...]) -> tuple[Any, list[_Loader]]:
+    """``node`` with every object with ``state_dict``/``load_state_dict`` as its state dict (to be
+    loaded into it after DCP's load, by the ``_Loader``s returned); dicts copied, the rest as is."""
+    if isinstance(node, dict):
+        loaders: list[_Loader] = []
+        out: dict[Any, Any] = {}
+        for key, value in node.items():
+            out[key], found = _targets(value, (*path, str(key)))
+            loaders.extend(found)
+        return out, loaders
+    if not isinstance(node, torch.Tensor) and callable(getattr(node, "state_dict", None)) and callable(
+            getattr(node, "load_state_dict", None)):
+        loader = _Loader(node, path)
+        return loader.sd, [loader]
+    return node, []
+
+
+def _put_back(into: Any, loaded: Any) -> None:
+    """The values DCP replaced (not tensors, loaded in place; not objects, loaded by their
+    ``_Loader``) set in ``into``'s dicts, as DCP sets them in the dicts it is given."""
+    if not isinstance(into, dict) or not isinstance(loaded, dict):
+        return
+    for key, value in into.items():
+        if isinstance(value, dict):
+            _put_back(value, loaded[key])
+        elif not isinstance(value, torch.Tensor) and not (callable(getattr(value, "state_dict", None))
+                                                          and callable(getattr(value, "load_state_dict", None))):
+            into[key] = loaded[key]
+
+
+def _init_state(optim: torch.optim.Optimizer) -> None:
+    """Give an optimizer without state its state (``torch.distributed.checkpoint.state_dict``'s
+    ``_init_optim_state``, but the parameters keep the gradients they had)."""
+    if optim.state:
+        return
+    params = [p for g in optim.param_groups for p in g["params"]]
+    grads = [p.grad for p in params]
+    for p in params:
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    lrs = [g["lr"] for g in optim.param_groups if "lr" in g]
+    for g in optim.param_groups:
+        if "lr" in g:
+            g["lr"] = torch.tensor(0.0) if isinstance(g["lr"], torch.Tensor) else 0.0
+    try:
+        optim.step()
+    finally:
+        for g in optim.param_groups:
+            if "lr" in g:
+                g["lr"] = lrs.pop(0)
+        for p, grad in zip(params, grads, strict=True):
+            p.grad = grad
+
+
+class _Planner(DefaultLoadPlanner):
+    """DCP's load planner, after each ``_Loader`` fitted its target to the commit's contents
+    (every rank sees the same ``Metadata``, so all fit alike)."""
+
+    def __init__(self, loaders: list[_Loader]) -> None:
+        super().__init__()
+        self._loaders = loaders
+
+    def set_up_planner(self, state_dict: Any, metadata: Any = None, is_coordinator: bool = False) -> None:
+        if metadata is not None:
+            stored = set(metadata.state_dict_metadata)
+            for loader in self._loaders:
+                loader.fit(stored)
+        super().set_up_planner(state_dict, metadata, is_coordinator)
 
 
 def _failed_rank(exc: BaseException, here: int) -> int:

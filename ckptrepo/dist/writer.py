@@ -26,8 +26,8 @@ that host) or after the ``LEASE_TTL``.
 
 Layout (``layout``): a shard that is one range of its tensor's row-major bytes is cut on the
 tensor's own chunk grid; any other shard is stored as a box. Tensors keep their global shape;
-the commit's state is the nested state DCP flattened (its ``planner_data``), so it checks out
-like any other commit.
+the commit's state is the nested state DCP flattened (its ``planner_data``; an optimizer's
+per-parameter keys ints again, ``keys``), so it checks out like any other commit.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from torch.futures import Future
 from ckptrepo import state as st
 from ckptrepo.chunks.chunker import chunk_step
 from ckptrepo.dist import layout
+from ckptrepo.dist.keys import int_keys
 from ckptrepo.dist.merge import Share, merge
 from ckptrepo.errors import UnsupportedState
 from ckptrepo.ingest.request import CommitRequest
@@ -306,7 +307,9 @@ def _state_of(metadata: Metadata, values: dict[str, bytes],
             flat[fqn] = _value(fqn, values.get(fqn), allow_pickle)
     mappings = metadata.planner_data
     nested = unflatten_state_dict(flat, mappings) if isinstance(mappings, dict) and mappings else flat
-    taken = st.flatten(nested, allow_pickle=allow_pickle)
+    # DCP's key paths are strings: an optimizer's per-parameter keys become ints again, as a
+    # single process's commit of the same optimizer records them (``keys``).
+    taken = st.flatten(int_keys(nested), allow_pickle=allow_pickle)
     entries: dict[str, str] = {}
     extra: dict[str, torch.Tensor] = {}
     for name, t in taken.tensors.items():

@@ -15,19 +15,31 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ckptrepo.atomic import check_new
 from ckptrepo.errors import InvalidInput, UsageError
 from ckptrepo.formats.prefetch import read_states
 from ckptrepo.formats.readbuffer import ReadBuffer
-from ckptrepo.formats.run_meta import RunMeta, fill_run_meta, lightning_meta, run_checkpoints, run_meta
+from ckptrepo.formats.run_meta import (
+    RUN_HINT,
+    RunMeta,
+    checkpoint_step,
+    fill_run_meta,
+    lightning_meta,
+    run_checkpoints,
+    run_meta,
+)
 
 __all__ = [
     "DCP_METADATA",
     "FORMATS",
+    "RUN_HINT",
     "SAFETENSORS_SUFFIXES",
     "TORCH_SUFFIXES",
     "ReadBuffer",
     "RunMeta",
+    "check_file_target",
     "check_folder_target",
+    "checkpoint_step",
     "fill_run_meta",
     "is_dcp_folder",
     "lightning_meta",
@@ -136,13 +148,26 @@ def check_folder_target(folder: Path) -> None:
         )
 
 
-def output_format(path: Path, format: str | None = None) -> str:
-    """The format ``write_state(state, path, format=format)`` writes, checked before any state is
-    made: ``format`` when given (one of ``FORMATS``), else the one ``path``'s suffix names.
+def check_file_target(path: Path, *, replace: bool = True) -> None:
+    """UsageError when ``path`` is a folder, OutputExists when anything is there and not ``replace``
+    (a symbolic link is never followed: a link is something there, and what ``replace`` replaces).
+    Changes nothing."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():  # first: --force would not help
+        raise UsageError(f"cannot write {path}: it is a folder, not a file",
+                         hint="Name a file, or write a folder in format dcp (a torch.distributed.checkpoint folder).")
+    if not replace:
+        check_new(path)
+
+
+def output_format(path: Path, format: str | None = None, *, replace: bool = True) -> str:
+    """The format ``write_state(state, path, format=format, replace=replace)`` writes, checked before
+    any state is made: ``format`` when given (one of ``FORMATS``), else the one ``path``'s suffix names.
 
     UsageError for an unknown format or suffix, and for a target that format cannot take: for
     ``dcp``, anything but a new or empty folder (``check_folder_target``); for a file format, a
-    folder. Writes nothing and does not import torch.
+    folder, or anything at all unless ``replace`` (``check_file_target``). Writes nothing and does
+    not import torch.
     """
     path = Path(path)
     if format is not None and format not in FORMATS:
@@ -157,15 +182,18 @@ def output_format(path: Path, format: str | None = None) -> str:
         )
     if kind == "dcp":
         check_folder_target(path)
-    elif path.is_dir():
-        raise UsageError(f"cannot write {path}: it is a folder, and a {kind} checkpoint is a file",
-                         hint="Name a file, or write a folder in format dcp (a torch.distributed.checkpoint folder).")
+    else:
+        check_file_target(path, replace=replace)
     return kind
 
 
-def write_state(state: Any, path: Path, *, allow_pickle: bool = False, format: str | None = None) -> None:
+def write_state(state: Any, path: Path, *, allow_pickle: bool = False, format: str | None = None,
+                replace: bool = True) -> None:
     """Write ``state`` to ``path`` in ``format`` (default: the one its suffix names), atomically and
     validated first (``output_format`` checks the format and the target before anything else).
+    A file there is replaced (a symbolic link itself, never what it points at) unless ``replace``
+    is false (OutputExists, also for a file that appears while the state is written); a folder
+    is never replaced.
 
     ``safetensors``: a flat ``dict[str, Tensor]`` as is, anything else with its structure in
     the metadata (see ``write_safetensors``); ``torch`` (``.pt``/``.pth``/``.bin``/``.ckpt``):
@@ -174,15 +202,15 @@ def write_state(state: Any, path: Path, *, allow_pickle: bool = False, format: s
     cannot be stored (unless ``allow_pickle``).
     """
     path = Path(path)
-    kind = output_format(path, format)
+    kind = output_format(path, format, replace=replace)
     if kind == "safetensors":
         from ckptrepo.formats.safetensors_io import write_safetensors
 
-        write_safetensors(state, path, allow_pickle=allow_pickle)
+        write_safetensors(state, path, allow_pickle=allow_pickle, replace=replace)
     elif kind == "torch":
         from ckptrepo.formats.torch_io import write_torch
 
-        write_torch(state, path, allow_pickle=allow_pickle)
+        write_torch(state, path, allow_pickle=allow_pickle, replace=replace)
     else:
         from ckptrepo.formats.dcp_folder import write_dcp_folder
 

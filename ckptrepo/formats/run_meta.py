@@ -22,9 +22,12 @@ from typing import Any, TypedDict, TypeVar
 
 from ckptrepo.errors import InvalidInput
 
-__all__ = ["RunMeta", "fill_run_meta", "lightning_meta", "logged_at", "run_checkpoints", "run_meta"]
+__all__ = ["RUN_HINT", "RunMeta", "checkpoint_step", "fill_run_meta", "lightning_meta", "logged_at",
+           "run_checkpoints", "run_meta"]
 
 TRAINER_STATE = "trainer_state.json"
+RUN_HINT = ("`ckpt import-run DIR` takes a Hugging Face Trainer's output_dir (its checkpoint-N folders) or a folder "
+            "of Lightning .ckpt files (with step=S in their names, or holding global_step).")
 _CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
 _STEP_IN_NAME = re.compile(r"(?:^|[-_])step=(\d+)(?:$|[-_])")
 
@@ -90,27 +93,44 @@ def run_checkpoints(run_dir: Path, step_of: Callable[[Path], int | None]) -> tup
     folder, holds neither kind, or a file's step cannot be found.
     """
     if not run_dir.is_dir():
-        raise InvalidInput(path=str(run_dir), reason="not a folder")
+        raise InvalidInput(path=str(run_dir), reason="not a folder", hint=RUN_HINT)
     folders = [(int(m.group(1)), p) for p in run_dir.iterdir() if p.is_dir() and (m := _CHECKPOINT_DIR.match(p.name))]
     if folders:
         return [p for _, p in sorted(folders)], []
     files = sorted((p for p in run_dir.iterdir() if p.is_file() and p.suffix == ".ckpt"),
                    key=lambda p: (p.name.startswith("last"), p.name))
     if not files:
-        raise InvalidInput(path=str(run_dir), reason="no checkpoint-N folders (a Hugging Face Trainer's output_dir) "
-                                                     "and no .ckpt files (a Lightning run's checkpoints)")
+        raise InvalidInput(path=str(run_dir), hint=RUN_HINT,
+                           reason="no checkpoint-N folders (a Hugging Face Trainer's output_dir) "
+                                  "and no .ckpt files (a Lightning run's checkpoints)")
     kept: dict[int, Path] = {}
     left: list[Path] = []
     for path in files:
-        m = _STEP_IN_NAME.search(path.stem)
-        step = int(m.group(1)) if m else step_of(path)
+        step = checkpoint_step(path, step_of)
         if step is None:
-            raise InvalidInput(path=str(path), reason="no step in its name or its content (global_step)")
+            raise InvalidInput(path=str(path), reason="no step in its name or its content (global_step)",
+                               hint=RUN_HINT)
         if step in kept:
             left.append(path)
         else:
             kept[step] = path
     return [kept[s] for s in sorted(kept)], left
+
+
+def checkpoint_step(path: Path, step_of: Callable[[Path], int | None]) -> int | None:
+    """The step of one checkpoint of a run (``run_checkpoints``): a folder's ``global_step`` in its
+    ``trainer_state.json``, else (none, or one that cannot be read: committing the folder reports it)
+    the N of its name ``checkpoint-N``; a file's ``step=S`` in its name, else ``step_of(path)`` (the
+    step it holds); None when there is none."""
+    if path.is_dir():
+        try:
+            recorded = run_meta(path).get("step")
+        except InvalidInput:
+            recorded = None
+        folder = _CHECKPOINT_DIR.match(path.name)
+        return recorded if recorded is not None else int(folder.group(1)) if folder else None
+    m = _STEP_IN_NAME.search(path.stem)
+    return int(m.group(1)) if m else step_of(path)
 
 
 def lightning_meta(state: Any) -> RunMeta:

@@ -81,32 +81,51 @@ def read_flat(path: Path | str, *, mapped: bool = False, buffer: ReadBuffer | No
     truncated while they are in use (touching a page past its end raises SIGBUS).
     ``buffer``: the file is read whole into that ``ReadBuffer`` and the views are of it, valid
     until the buffer's next read (``buffer`` wins over ``mapped``).
+
+    Whichever way: the header is read and validated first, with ordinary reads of its 8-byte
+    length and its ``N`` bytes (the length checked against the file's size and the 100 MB cap
+    before those bytes are read), so a file that is not a safetensors file is refused having
+    read at most its header, however large the file: nothing is mapped, allocated or read for
+    the data section until then. The header found again in the buffer or the map must be the
+    one validated (InvalidInput: the file changed while being read).
     """
     path = Path(path)
-    if buffer is not None:
-        whole = buffer.read(path)
-        return _flat_file(path, whole, len(whole))
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             length = _check_length_field(path, f.read(_LENGTH_BYTES), size)
-            if mapped:
-                memory = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-                result = _flat_file(path, memoryview(memory), len(memory))
-                if hasattr(mmap, "MADV_WILLNEED"):  # only once the file proved valid
-                    memory.madvise(mmap.MADV_WILLNEED)
-                return result
             header = f.read(length)
             if len(header) != length:
                 _fail(path, f"it changed while being read ({len(header)} of {length} header bytes)")
-            layout = _parse_header(path, header, size - _LENGTH_BYTES - length)
-            section = bytearray(size - _LENGTH_BYTES - length)
-            got = _read_into(f, memoryview(section))
+            start = _LENGTH_BYTES + length
+            layout = _parse_header(path, header, size - start)
+            if buffer is None and mapped:
+                memory = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+                _check_same(path, memoryview(memory), size, header)
+                if hasattr(mmap, "MADV_WILLNEED"):  # only once the file proved valid
+                    memory.madvise(mmap.MADV_WILLNEED)
+                return _views(layout, memoryview(memory)[start:size])
+            if buffer is None:
+                section = bytearray(size - start)
+                got = _read_into(f, memoryview(section))
     except OSError as e:
         raise InvalidInput(path=str(path), reason=e.strerror or str(e)) from e
+    if buffer is not None:
+        whole = buffer.read(path)
+        _check_same(path, whole, size, header)
+        return _views(layout, whole[start:size])
     if got != len(section):
         _fail(path, f"it changed while being read ({got} of {len(section)} data bytes)")
     return _views(layout, memoryview(section))
+
+
+def _check_same(path: Path, whole: memoryview, size: int, header: bytes) -> None:
+    """InvalidInput unless ``whole`` (the file read or mapped whole) is ``size`` bytes long and
+    holds ``header``, the header validated before it was read: else the file changed meanwhile."""
+    start = _LENGTH_BYTES + len(header)
+    if len(whole) != size or whole[_LENGTH_BYTES:start] != header:
+        _fail(path, f"it changed while being read (its size or header is no longer what it was: {len(whole)} bytes, "
+                    f"{size} before)")
 
 
 def _read_into(f: io.BufferedReader, view: memoryview) -> int:
@@ -118,14 +137,6 @@ def _read_into(f: io.BufferedReader, view: memoryview) -> int:
             break
         got += n
     return got
-
-
-def _flat_file(path: Path, whole: memoryview, size: int) -> FlatFile:
-    """The validated contents of a whole file held in ``whole`` (``size`` bytes)."""
-    length = _check_length_field(path, bytes(whole[:_LENGTH_BYTES]), size)
-    start = _LENGTH_BYTES + length
-    data = whole[start:size]
-    return _views(_parse_header(path, bytes(whole[_LENGTH_BYTES:start]), len(data)), data)
 
 
 def _views(layout: tuple[dict[str, str], Any | None, list[_Entry]], data: memoryview) -> FlatFile:

@@ -135,8 +135,9 @@ def _writable(name: str, t: torch.Tensor, seen: set[int]) -> torch.Tensor:
     return t
 
 
-def write_safetensors(state: Any, path: Path, *, allow_pickle: bool = False) -> None:
-    """Write ``state`` to ``path`` atomically, after validating all of it.
+def write_safetensors(state: Any, path: Path, *, allow_pickle: bool = False, replace: bool = True) -> None:
+    """Write ``state`` to ``path`` atomically, after validating all of it (``replace=False``:
+    OutputExists rather than replace a file there, see ``atomic_output``).
 
     A flat ``dict[str, Tensor]`` is written under its own keys; anything else (a dict, module,
     optimizer ...) is written under its entry names with the skeleton JSON in the metadata key
@@ -156,18 +157,18 @@ def write_safetensors(state: Any, path: Path, *, allow_pickle: bool = False) -> 
     tensors = {name: _writable(name, t, seen) for name, t in named.items()}
     header = flat_header({n: (t.dtype, list(t.shape)) for n, t in tensors.items()}, metadata)
     if header is None:
-        with atomic_output(path) as tmp:
+        with atomic_output(path, replace=replace) as tmp:
             safetensors.torch.save_file(tensors, str(tmp), metadata=metadata)
         return
-    write_flat(path, header[0], (tensor_bytes(tensors[name]) for name in header[1]))
+    write_flat(path, header[0], (tensor_bytes(tensors[name]) for name in header[1]), replace=replace)
 
 
-def write_flat(path: Path, header: bytes, payloads: Iterable[memoryview]) -> None:
+def write_flat(path: Path, header: bytes, payloads: Iterable[memoryview], *, replace: bool = True) -> None:
     """Write a flat safetensors file from its header (``flat_header``) and its tensors' bytes
-    in header order, atomically (as ``atomic_output``) and with direct I/O where the folder's
-    filesystem allows it (``AppendFile``). ``payloads`` may be a generator that produces each
-    tensor while the earlier ones are being written."""
-    with atomic_output(path) as tmp:
+    in header order, atomically (as ``atomic_output``, ``replace`` as there) and with direct I/O
+    where the folder's filesystem allows it (``AppendFile``). ``payloads`` may be a generator that
+    produces each tensor while the earlier ones are being written."""
+    with atomic_output(path, replace=replace) as tmp:
         out = AppendFile(path.parent, prefix=tmp.name + ".", suffix="")
         try:
             out.write(header)

@@ -63,13 +63,14 @@ def _damage(path: Path, is_zip: bool) -> str | None:
     return None
 
 
-def write_torch(state: Any, path: Path, *, allow_pickle: bool = False) -> None:
-    """``torch.save`` the plain form of ``state`` (modules etc. as state dicts) to ``path`` atomically.
+def write_torch(state: Any, path: Path, *, allow_pickle: bool = False, replace: bool = True) -> None:
+    """``torch.save`` the plain form of ``state`` (modules etc. as state dicts) to ``path`` atomically
+    (``replace=False``: OutputExists rather than replace a file there, see ``atomic_output``).
 
     The state is validated first (UnsupportedState); the file is readable by ``read_torch``
     without ``allow_pickle`` unless pickled values were allowed in.
     """
     flat = flatten(state, allow_pickle=allow_pickle)
     plain = unflatten(flat.skeleton, flat.tensors, allow_pickle=True)
-    with atomic_output(path) as tmp:
+    with atomic_output(path, replace=replace) as tmp:
         torch.save(plain, tmp)

@@ -11,7 +11,8 @@ at its first commit (the others touch it only to ``checkout``).
 To resume, ``RepoCallback.checkout(rev, folder)`` writes the commit as a Trainer checkpoint
 folder (``model.safetensors``, ``optimizer.pt``, ``scheduler.pt``, ``rng_state.pth``,
 ``trainer_state.json``); ``trainer.train(resume_from_checkpoint=folder)`` then restores
-everything and skips the batches already seen, as from its own checkpoint.
+everything and skips the batches already seen, as from its own checkpoint. On a first run (the
+callback's branch has no commit yet) ``checkout`` returns None, so the same line starts afresh.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from transformers import TrainerCallback
 
 from ckptrepo.atomic import atomic_output, write_atomic
 from ckptrepo.formats.run_meta import logged_at
+from ckptrepo.integrations._resume import first_run
 from ckptrepo.repository import Repo
 from ckptrepo.training import CommitStream, capture_rng, native_rng
 
@@ -72,13 +74,22 @@ class RepoCallback(TrainerCallback):
         """``wait``, then close the repository if this callback opened it."""
         self.stream.close()
 
-    def checkout(self, rev: str, folder: str | Path) -> str:
-        """Write commit ``rev`` as a Trainer checkpoint folder at ``folder``; returns its path for
-        ``trainer.train(resume_from_checkpoint=...)``."""
+    def checkout(self, rev: str, folder: str | Path) -> str | None:
+        """Write commit ``rev`` as a Trainer checkpoint folder at ``folder`` (created if missing;
+        each file written atomically) and return its path, for
+        ``trainer.train(resume_from_checkpoint=...)``.
+
+        Waits for this callback's commits first. Returns None, writing nothing, when ``rev`` is
+        this callback's own branch and it has no commit yet (a first run:
+        ``resume_from_checkpoint=None`` starts afresh). Raises UnknownRevision for any other
+        revision that names no commit, and UsageError for a commit RepoCallback did not make.
+        """
         import torch
         from safetensors.torch import save_file
 
         self.wait()
+        if first_run(self.stream, rev):
+            return None
         state = self.repo.checkout(rev)
         if "trainer_state" not in state:
             raise _not_a_trainer_commit(rev)

@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session, aliased
 
 from ckptrepo import dtypes
 from ckptrepo.chunks.chunker import chunk_step
-from ckptrepo.db import catalog, lines
+from ckptrepo.db import catalog, integers, lines
 from ckptrepo.db.engine import Sessions, fetch_tuples, serial_plans
 from ckptrepo.db.models import Chunk, Commit, Entry, EntryRun, Id, Metric, Tensor, TensorChunk, utc_datetime
 from ckptrepo.errors import CommitDamaged, UnknownTensor, UsageError, did_you_mean
@@ -112,8 +112,8 @@ def _compare(a: _Side | None, b: _Side | None, differing: int) -> tuple[str, int
 
 
 def _check_limit(limit: int | None) -> None:
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise UsageError(f"limit {limit!r} is not a positive number of commits")
+    if limit is not None:
+        integers.count("limit (commits)", limit, minimum=1)
 
 
 def _first_parent_chain(head: str, limit: int | None) -> Any:
@@ -383,16 +383,18 @@ def history(reading: Sessions, name: str, *, along: str = "main", limit: int | N
     points: list[HistoryPoint] = []
     for i, row in enumerate(shown):
         this, prev = tensors[i], tensors[i + 1]
+        pruned = bool(row[5])
         if this is prev:  # the same tensor as its first parent's (or absent from both)
             if this is None:
-                points.append(point(row[1], row[2], times[i], row[0], "absent", None, None, 0, 0))
+                points.append(point(row[1], row[2], times[i], row[0], "absent", None, None, 0, 0, pruned))
             else:
                 info = this.info
-                points.append(point(row[1], row[2], times[i], row[0], "unchanged", info, info, 0, info.n_chunks))
+                points.append(point(row[1], row[2], times[i], row[0], "unchanged", info, info, 0, info.n_chunks,
+                                    pruned))
             continue
         status, changed, n = _compare(prev, this, differing.get(i, 0))
         points.append(point(row[1], row[2], times[i], row[0], status, this.info if this else None,
-                            prev.info if prev else None, changed, n))
+                            prev.info if prev else None, changed, n, pruned))
     return points
 
 
@@ -459,10 +461,10 @@ def _history_statements(limited: bool) -> tuple[Any, Any]:
     """The two queries of ``history``, built once (with or without a limit) and run with bound
     ``head``, ``name`` and (``limited``) ``walked``; fetched with ``fetch_tuples``.
 
-    The chain: rows (depth, id, step, created_at, starts) of ``head``'s first-parent chain,
-    at most ``walked`` commits, depth 0 = head, in no particular order; ``starts``: the
-    commit is the first of its line. One index range per line (``lines``; index-only on
-    PostgreSQL); ``utc_datetime`` reads ``created_at``.
+    The chain: rows (depth, id, step, created_at, starts, pruned) of ``head``'s first-parent
+    chain, at most ``walked`` commits, depth 0 = head, in no particular order; ``starts``: the
+    commit is the first of its line. One index range per line (``lines``; on PostgreSQL the index
+    covers all but ``pruned``, read from the rows); ``utc_datetime`` reads ``created_at``.
 
     The runs: rows (depth, tid, changed_chunks, tensor columns but the id...) of the runs of
     tensor ``name`` along that chain (``EntryRun``), in no particular order: one key range of
@@ -475,7 +477,7 @@ def _history_statements(limited: bool) -> tuple[Any, Any]:
     head, name = bindparam("head", type_=Id), bindparam("name", type_=Text)
     walked = bindparam("walked", type_=Integer) if limited else None
     chain = lines.chain_commits(head, walked, Commit.id, Commit.step, Commit.created_at,
-                                (Commit.id == Commit.line_id).label("starts"))
+                                (Commit.id == Commit.line_id).label("starts"), Commit.pruned)
     hops = lines.line_hops(head, walked)
     run = aliased(EntryRun, name="run")
     cond = [run.name == name, run.line_id == hops.c.line, run.fp_depth <= hops.c.upto]

@@ -15,20 +15,17 @@ from collections.abc import Collection, Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ckptrepo.db import refs, views
+from ckptrepo.db import integers, refs, views
 from ckptrepo.db.engine import Sessions, fetch_tuples
 from ckptrepo.db.models import Commit as CommitRow
 from ckptrepo.db.models import Edge, Metric, utc_datetime
-from ckptrepo.errors import UsageError
 from ckptrepo.lineage import graph, revparse
 from ckptrepo.lineage import where as where_lang
 from ckptrepo.types import EDGE_KINDS, Commit, GraphEdge, GraphNode, LineageGraph
 
 
 def _depth(max_depth: int | None) -> int | None:
-    if max_depth is not None and (isinstance(max_depth, bool) or not isinstance(max_depth, int) or max_depth < 1):
-        raise UsageError(f"max_depth must be a positive integer, got {max_depth!r}")
-    return max_depth
+    return None if max_depth is None else integers.count("max_depth", max_depth, minimum=1)
 
 
 def ancestors(sessions: Sessions, rev: str, *, kinds: Collection[str] = EDGE_KINDS,
@@ -78,8 +75,7 @@ def best(sessions: Sessions, metric: str, *, maximize: bool = False, branch: str
     its ancestors (any revision works); ``subtree``: only ``subtree`` and its descendants; both:
     commits in both. UsageError for a metric no commit records.
     """
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise UsageError(f"limit must be a positive integer, got {limit!r}")
+    integers.count("limit", limit, minimum=1)
     with sessions() as s:
         where_lang.check_metrics(s, {metric})
         value = Metric.value
@@ -100,10 +96,9 @@ def log(sessions: Sessions, rev: str | None = None, *, where: str | None = None,
     """``rev`` and its ancestors (every commit when None), newest first, only those matching the
     expression ``where`` (``lineage.where``: UsageError when malformed or naming an unknown
     field or metric); ``offset`` skipped, at most ``limit`` (see ``graph.log_commits``)."""
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise UsageError(f"limit must be a positive integer, got {limit!r}")
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise UsageError(f"offset must be a non-negative integer, got {offset!r}")
+    if limit is not None:
+        integers.count("limit", limit, minimum=1)
+    integers.count("offset", offset)
     node = where_lang.parse(where) if where is not None else None
     with sessions() as s:
         start = revparse.resolve(s, rev) if rev is not None else None

@@ -11,22 +11,25 @@ Grammar (git-like)::
 Parents are the ``parent`` and ``merge`` edges; a transfer source is not a parent.
 
 Names are looked up in that order: branch, tag, full id, id prefix. Resolution only
-reads the database; parameters always travel as bound values, never as SQL text.
+reads the database; parameters always travel as bound values, never as SQL text. Numbers are
+bounded (``db.integers``): a step is a 64-bit integer, ``~N`` and ``^N`` at most 10**18;
+beyond, UsageError.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ckptrepo.db import lines
+from ckptrepo.db import integers, lines
 from ckptrepo.db.engine import fetch_tuples
 from ckptrepo.db.models import Commit, Edge, Ref
 from ckptrepo.db.refs import MIN_PREFIX
-from ckptrepo.errors import AmbiguousRevision, UnknownRevision
+from ckptrepo.errors import AmbiguousRevision, UnknownRevision, UsageError, did_you_mean
 from ckptrepo.ids import ID_HEX_LEN, is_hex, short
 
 _BASE_RE = re.compile(r"^(?P<name>[^~^@\s]+)(?:@step=(?P<step>-?\d+))?")
@@ -43,7 +46,8 @@ class RevSpec:
 
 
 def parse(rev: str) -> RevSpec:
-    """Parse ``rev``; UnknownRevision when it is not of the grammar above."""
+    """Parse ``rev``; UnknownRevision when it is not of the grammar above, UsageError for a
+    number out of range."""
     text = rev.strip()
     match = _BASE_RE.match(text)
     if not match:
@@ -54,10 +58,22 @@ def parse(rev: str) -> RevSpec:
         m = _SUFFIX_RE.match(text, pos)
         if not m:
             raise UnknownRevision(rev=rev)
-        hops.append((m.group(1), int(m.group(2)) if m.group(2) else 1))
+        op = m.group(1)
+        hops.append((op, _number(rev, f"N of {op}N", m.group(2), integers.count) if m.group(2) else 1))
         pos = m.end()
     step = match.group("step")
-    return RevSpec(match.group("name"), int(step) if step is not None else None, tuple(hops))
+    at = _number(rev, "the step", step, integers.value) if step is not None else None
+    return RevSpec(match.group("name"), at, tuple(hops))
+
+
+def _number(rev: str, what: str, digits: str, check: Callable[[str, int], int]) -> int:
+    """``digits`` as an int, within the range ``check`` (``db.integers``) allows; UsageError, naming
+    ``what`` in ``rev``, otherwise (before ``int()``, which refuses more than 4300 digits, when
+    it is so long that it cannot fit)."""
+    what = f"{what} in revision {rev!r}" if len(rev) <= 60 else f"{what} in the revision"
+    if len(digits.lstrip("-")) > 40:
+        raise UsageError(f"{what} is out of range: {len(digits)} characters long")
+    return check(what, int(digits))
 
 
 def resolve(session: Session, rev: str) -> str:
@@ -83,7 +99,7 @@ def _resolve_name(session: Session, name: str, rev: str) -> str:
             return str(refs[kind])
     lowered = name.lower()
     if not is_hex(lowered) or len(lowered) < MIN_PREFIX or len(lowered) > ID_HEX_LEN:
-        raise UnknownRevision(rev=rev)
+        raise _unknown_name(session, name, rev)
     if len(lowered) == ID_HEX_LEN:
         # The id only: loading the row would parse its skeleton (thousands of names for a large model).
         if session.scalar(select(Commit.id).where(Commit.id == lowered)) is None:
@@ -100,6 +116,18 @@ def _resolve_name(session: Session, name: str, rev: str) -> str:
         shown = ", ".join(short(r, 12) for r in rows[:10]) + (" ..." if len(rows) > 10 else "")
         raise AmbiguousRevision(rev=rev, candidates=shown)
     return rows[0]
+
+
+def _unknown_name(session: Session, name: str, rev: str) -> UnknownRevision:
+    """UnknownRevision for a ``name`` that is neither a ref nor an id prefix: its hint names the
+    branches and tags spelled like it (``errors.did_you_mean``), and says that an id prefix needs
+    4+ hex digits when ``name`` is a shorter run of hex digits; else the error's own hint."""
+    close = did_you_mean("branch or tag", name, session.scalars(select(Ref.name).distinct()), "`ckpt branch`")
+    similar = close.startswith("Did you mean")
+    if is_hex(name.lower()) and len(name) < MIN_PREFIX:
+        return UnknownRevision(rev=rev, hint=f"A commit id prefix needs at least {MIN_PREFIX} hex digits. "
+                               + (close if similar else "`ckpt log` lists commits."))
+    return UnknownRevision(rev=rev, hint=close) if similar else UnknownRevision(rev=rev)
 
 
 def _parent(session: Session, commit_id: str, n: int, rev: str) -> str:

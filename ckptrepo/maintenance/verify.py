@@ -362,16 +362,19 @@ class _Run:
             cid = manifest.commit_of_key(key)
             if cid is not None:
                 if cid not in self.commit_ids:
-                    self._leftover("unreferenced_manifest", key, "no commit has it", now)
+                    self._leftover("unreferenced_manifest", key, "no commit has it; gc reclaims it", now)
                 continue
             match = _PACK_KEY.fullmatch(key)
             pid = match.group(2) if match and match.group(2).startswith(match.group(1)) else None
             if pid in self.pack_ids:
                 continue
-            if pid is not None and self._unreferenced_pack_damaged(pid, key):
+            if pid is None:  # gc deletes only what ckptrepo writes: this stays until someone moves it
+                self._leftover("foreign_object", key, "not an object ckptrepo writes (a pack, manifest, journal "
+                               "entry, lease or the identity); gc never removes it: move it out of the store", now)
                 continue
-            self._leftover("unreferenced_pack", key, "no packs row names it" if pid else "not a pack name", now,
-                           pack_id=pid)
+            if self._unreferenced_pack_damaged(pid, key):
+                continue
+            self._leftover("unreferenced_pack", key, "no packs row names it; gc reclaims it", now, pack_id=pid)
         staging = local_staging(self.backend)
         if staging is None:
             return
@@ -447,8 +450,7 @@ class _Run:
             size, age = self.backend.size(key), now - self.backend.mtime(key)
         except CkptError:
             return  # deleted since listed (a concurrent gc): nothing left to report
-        self.found[kind].append(Problem(kind, key, f"{key}: {what}; gc reclaims it", pack_id=pack_id, size=size,
-                                        age_s=age))
+        self.found[kind].append(Problem(kind, key, f"{key}: {what}", pack_id=pack_id, size=size, age_s=age))
 
     def report(self, seconds: float) -> VerifyReport:
         for cid, reasons in self.commit_reasons.items():
@@ -482,6 +484,7 @@ class _Run:
             outdated_manifests=kind("outdated_manifest"),
             unclaimed_store=kind("unclaimed_store"),
             store_links=kind("store_link"),
+            foreign_objects=kind("foreign_object"),
         )
 
 

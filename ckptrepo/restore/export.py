@@ -21,7 +21,7 @@ from ckptrepo import state as st
 from ckptrepo.chunks.store import ChunkReader
 from ckptrepo.db.models import Tensor
 from ckptrepo.errors import UsageError
-from ckptrepo.formats import SAFETENSORS_SUFFIXES, TORCH_SUFFIXES, write_state
+from ckptrepo.formats import SAFETENSORS_SUFFIXES, TORCH_SUFFIXES, check_file_target, write_state
 from ckptrepo.formats.safetensors_io import flat_header, write_flat
 from ckptrepo.locations import ChunkLocation
 from ckptrepo.restore.tensors import iter_tensors
@@ -59,23 +59,27 @@ def export(
     *,
     commit_id: str,
     checkout: Callable[[], Any],
+    replace: bool = True,
 ) -> None:
     """Write the state of commit ``commit_id`` (its ``skeleton`` and its entries' tensor rows and
     chunk rows in ``items``) to ``path``. ``checkout()`` returns the whole state, for the
     states and suffixes that are not streamed. Atomic: on any error ``path`` is unchanged.
-    UsageError, before anything is read, for a suffix that names no format."""
+    UsageError, before anything is read, for a suffix that names no format or a folder at
+    ``path``; OutputExists, before anything is read and at the end, when something is at ``path``
+    and not ``replace`` (``atomic.atomic_output``)."""
     suffix = path.suffix.lower()
     if suffix not in SAFETENSORS_SUFFIXES + TORCH_SUFFIXES:  # refused before anything is read
         raise UsageError(f"cannot write {path}: unknown suffix {suffix or '(none)'!r}",
                          hint=f"Name it {'/'.join(SAFETENSORS_SUFFIXES)}, or {'/'.join(TORCH_SUFFIXES)} "
                               "for torch.save.")
+    check_file_target(path, replace=replace)
     keys = flat_entries(skeleton) if suffix in SAFETENSORS_SUFFIXES else None
     header = None
     if keys is not None:
         header = flat_header({k: (st.dtype_from_name(items[e][0].dtype), list(items[e][0].shape))
                               for k, e in keys.items()}, METADATA)
     if keys is None or header is None:
-        write_state(checkout(), path)
+        write_state(checkout(), path, replace=replace)
         return
     order = [(key, *items[keys[key]]) for key in header[1]]
 
@@ -83,4 +87,4 @@ def export(
         for _, tensor in iter_tensors(reader, pool, order, commit_id=commit_id, jobs_per_worker=16):
             yield st.tensor_bytes(tensor)
 
-    write_flat(path, header[0], payloads())
+    write_flat(path, header[0], payloads(), replace=replace)

@@ -433,8 +433,13 @@ def test_bad_metric_is_a_usage_error(run: Run, work: Path, checkpoints: list[Pat
 def test_no_repository(run: Run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
-    for argv in (["log"], ["stats", "--json"], ["db", "upgrade"]):
+    for argv in (["log"], ["db", "upgrade"]):
         _assert_one_line_error(run(*argv, repo=empty), errors.NotARepository.exit_code)
+    result = run("stats", "--json", repo=empty)  # under --json the error is one JSON line (issue 45)
+    assert result.exit_code == errors.NotARepository.exit_code and result.stdout == ""
+    failure = json.loads(result.stderr)
+    assert failure == {"error": failure["error"], "hint": errors.NotARepository.hint,
+                       "exit_code": errors.NotARepository.exit_code}
     monkeypatch.chdir(empty)
     monkeypatch.delenv("CKPT_REPO", raising=False)
     result = run("show", "main", repo=None)

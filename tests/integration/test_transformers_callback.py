@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import ckptrepo
+from ckptrepo.errors import UnknownRevision
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
@@ -84,3 +85,32 @@ def test_trainer_commits_at_save_steps_and_resumes_from_the_repository(tmp_path:
     want, got = straight.model.state_dict(), resumed.model.state_dict()
     for name in want:
         assert torch.equal(want[name], got[name]), name
+
+
+def test_checkout_of_the_callbacks_empty_branch_is_none_and_starts_afresh(tmp_path: Path) -> None:
+    """Issue 45 item 7: the README's one-liner on a first run. ``checkout`` of the callback's own
+    branch without a commit returns None (no folder), and ``resume_from_checkpoint=None`` trains
+    from scratch; any other unknown revision still raises UnknownRevision."""
+    straight = trainer(tmp_path / "straight", [])
+    straight.train()
+    callback = RepoCallback(tmp_path / "repo", branch="ft")
+    with pytest.raises(UnknownRevision):
+        callback.checkout("other", tmp_path / "other")
+    assert callback.checkout("ft", tmp_path / "from-repo" / "ckpt") is None
+    assert not (tmp_path / "from-repo").exists()
+    first = trainer(tmp_path / "out", [callback])
+    first.train(resume_from_checkpoint=callback.checkout("ft", tmp_path / "from-repo" / "ckpt"))
+    assert first.state.global_step == 12
+    want, got = straight.model.state_dict(), first.model.state_dict()
+    assert [name for name in want if not torch.equal(want[name], got[name])] == []
+    assert callback.checkout("ft", tmp_path / "from-repo" / "ckpt") == str(tmp_path / "from-repo" / "ckpt")
+    with pytest.raises(UnknownRevision):
+        callback.checkout("ft~7", tmp_path / "old")
+    callback.close()
+    with ckptrepo.Repo.open(tmp_path / "repo") as repo:
+        assert [c.step for c in repo.log("ft")] == [12, 8, 4]
+    default = RepoCallback(tmp_path / "fresh")  # no branch: the repository's current one
+    assert default.checkout("main", tmp_path / "fresh") is None
+    with pytest.raises(UnknownRevision):
+        default.checkout("ft", tmp_path / "fresh")
+    default.close()

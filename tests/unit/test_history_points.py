@@ -16,7 +16,7 @@ NOW = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=timezone.utc)
 
 def test_fast_history_point_equals_the_constructed_one() -> None:
     info = TensorInfo("w", "a" * 64, "float32", (2, 3), 24, 1, TensorStats(6, 0.5, 1.0, -1.0, 2.0, 3.0, 2.0, 0, 0))
-    args = ("b" * 64, 7, NOW, 3, "changed", info, None, 1, 1)
+    args = ("b" * 64, 7, NOW, 3, "changed", info, None, 1, 1, True)  # every field, pruned last
     fast, plain = HistoryPoint._fast(*args), HistoryPoint(*args)
     assert fast == plain and fast.to_json() == plain.to_json()
     assert [getattr(fast, f.name) for f in dataclasses.fields(fast)] == list(args)
