@@ -401,7 +401,9 @@ class Repo:
         with ``part`` (a key path such as ``"model"`` or ``"ranks/1"``) only that value, reading only its
         tensors. With ``into``, also load it into live objects: modules, optimizers and schedulers via
         ``load_state_dict``, tensors in place. An optimizer's state comes back keyed as
-        ``load_state_dict`` expects, whether one process or many made the commit.
+        ``load_state_dict`` expects, whether one process or many made the commit. Like ``export``
+        and ``load_tensor``, it first waits for this process's pending commits: ``commit(state)``
+        then ``checkout("main")`` reads that commit.
 
         ``into`` without ``part`` is collective when ``commit`` would be (``dist.scope``: a process
         group of two or more ranks, DTensors, or ``group``): every rank calls it and each reads
@@ -448,8 +450,17 @@ class Repo:
         return read_tensors(self._reader, self._pool, [(name, *items[name])], commit_id=cid)[name]
 
     def _layout(self, rev: str, names: list[str] | None = None) -> tuple[str, Any, dict[str, Any]]:
+        """Commit id, skeleton and tensor locations of ``rev``, once this process's pending commits
+        have landed (read-your-writes: ``commit()`` then ``checkout("main")`` reads that commit)."""
         self._check_open()
+        self._own_commits_landed()
         return layout_of(self._reading, rev, names)
+
+    def _own_commits_landed(self) -> None:
+        """Wait for this process's pending commits, if it made any (a read-only one makes none)."""
+        writer: CommitWriter | None = self.__dict__.get("_writer")
+        if writer is not None:
+            writer.wait_commits()
 
     def dcp_writer(self, *, branch: str | None = None, allow_pickle: bool = False,
                    **meta: Unpack[CommitMeta]) -> ShareWriter:
@@ -467,6 +478,7 @@ class Repo:
         from ckptrepo.dist.reader import CommitReader
 
         self._check_open()
+        self._own_commits_landed()
         return CommitReader(self._reading, self._reader, self._pool, rev, allow_pickle=allow_pickle)
 
     # -- lineage and analysis (read-only; see lineage.queries and lineage.analysis) ---------

@@ -15,6 +15,8 @@ Anything else is a bug or an unforeseen input: exit 1, traceback only with ``--d
 from __future__ import annotations
 
 import json
+import os
+import sys
 import traceback
 from dataclasses import dataclass
 from typing import Final
@@ -24,6 +26,7 @@ import typer
 from ckptrepo import errors
 
 EXIT_INTERRUPTED: Final = 130
+EXIT_BROKEN_PIPE: Final = 141  # 128 + SIGPIPE, as a shell reports a reader that went away
 
 # First match wins, so subclasses come before their bases.
 FAILURES: Final[tuple[tuple[type[BaseException], int, str], ...]] = (
@@ -64,6 +67,9 @@ def report(exc: BaseException, *, debug: bool, as_json: bool = False) -> int:
     as one line of JSON (``emit``); return the exit code."""
     from . import terminal  # rich: imported on failure only, so that `ckpt --version` does not
 
+    if isinstance(exc, BrokenPipeError):  # `ckpt log | head`: the reader has all it wanted
+        _drop_stdout()
+        return EXIT_BROKEN_PIPE
     failure = classify(exc)
     if debug:
         typer.echo(terminal.lines("".join(traceback.format_exception(exc)).rstrip()), err=True)
@@ -73,6 +79,15 @@ def report(exc: BaseException, *, debug: bool, as_json: bool = False) -> int:
     if failure.hint:
         typer.echo(f"{typer.style('hint:', fg='yellow', bold=True)} {terminal.one_line(failure.hint)}", err=True)
     return failure.exit_code
+
+
+def _drop_stdout() -> None:
+    """Point stdout at the null device, so that flushing it at exit raises no second BrokenPipeError."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no file descriptor behind stdout (a test's capture)
+        pass
 
 
 def usage(exc: typer.TyperException) -> Failure:

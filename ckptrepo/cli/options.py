@@ -19,6 +19,8 @@ from .session import current
 
 # Bounds of the integers and durations a user gives (larger ones are Typer usage errors, exit 2,
 # before any query: the database holds 64-bit integers, ``datetime`` about 10,000 years).
+# The library's own bounds (``ckptrepo.db.integers``, below the CLI's public API), checked here too
+# so that Typer reports them as usage errors before a repository is opened.
 INT64_MAX = 2**63 - 1  # a step or an epoch (a column)
 MAX_COUNT = 10**18  # how many commits, edges, steps: what the library's queries take
 MAX_SECONDS = 100 * 366 * 86400  # a grace period or an age to keep

@@ -20,6 +20,7 @@ from ckptrepo.errors import UsageError
 INT64_MIN: Final = -(2**63)
 INT64_MAX: Final = 2**63 - 1
 MAX_COUNT: Final = 10**18
+MAX_SECONDS: Final = 100 * 366 * 86400  # a grace period or an age: ``datetime`` spans about 10,000 years
 
 
 def value(what: str, number: Any) -> int:
@@ -31,6 +32,15 @@ def count(what: str, number: Any, *, minimum: int = 0) -> int:
     """``number`` when it is an int (not a bool) from ``minimum`` to ``MAX_COUNT``; UsageError naming
     ``what`` otherwise."""
     return _check(what, number, minimum, MAX_COUNT)
+
+
+def seconds(what: str, number: Any) -> float:
+    """``number`` as a float of seconds from 0 to ``MAX_SECONDS`` (a grace period, an age to keep,
+    which become a ``datetime`` cutoff); UsageError naming ``what`` otherwise (nan and inf too)."""
+    if isinstance(number, bool) or not isinstance(number, int | float) or not 0 <= number <= MAX_SECONDS:
+        raise UsageError(f"{what} must be from 0 to {MAX_SECONDS} seconds (100 years), got {_shown(number)}",
+                         hint="Give a number of seconds, or a duration such as 90s, 12h or 7d.")
+    return float(number)
 
 
 def _check(what: str, number: Any, low: int, high: int) -> int:

@@ -19,7 +19,12 @@ lease (``ledger.leases``) from its ``write_data`` until the coordinator's transa
 (``writer.ShareWriter``), all on the committer threads, never on the caller's.
 
 ``load`` runs ``dcp.load`` through ``reader.CommitReader``: every rank reads the regions of each
-tensor its shards hold, whatever layout and world size committed them.
+tensor its shards hold, whatever layout and world size committed them. Modules and optimizers are
+loaded through their state dicts; an optimizer without state yet is given it first, as DCP's
+``get_state_dict`` does, so a fresh job's optimizer is restored too.
+
+Whether a call runs here at all (every rank of a group, or this process alone) is decided by
+``scope.collective_group``; a DDP module comes here as the module it wraps (``scope.unwrapped``).
 """
 
 from __future__ import annotations

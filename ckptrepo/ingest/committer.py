@@ -25,6 +25,7 @@ jobs no thread of it will run.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -171,6 +172,17 @@ class Committer:
         with self._lock:
             if self._failure is failure:
                 self._failure = None
+
+    def wait_commits(self) -> None:
+        """Block until every commit queued so far has finished (successfully or not: a failure
+        stays on its handle); an idle job goes on. In a forked child, return at once."""
+        if self.inherited:
+            return
+        with self._lock:
+            pending = list(self._pending)
+        for future in pending:
+            with contextlib.suppress(BaseException):  # reported through the handle and the next commit()
+                future.result()
 
     def drain(self) -> None:
         """Block until every queued job has finished (successfully or not); an idle job in

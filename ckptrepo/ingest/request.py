@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from ckptrepo import knobs
-from ckptrepo.db import catalog, refs
+from ckptrepo.db import catalog, integers, refs
 from ckptrepo.errors import UsageError, did_you_mean
 from ckptrepo.lineage import revparse
 
@@ -109,8 +109,8 @@ def check_int(what: str, value: Any) -> int | None:
             raise UsageError(f"{what} {value!r} is not an integer") from exc
         if as_int != value:
             raise UsageError(f"{what} {value!r} is not an integer")
-        return as_int
-    return value
+        value = as_int
+    return integers.value(what, value)  # a 64-bit column holds it
 
 
 def check_json(what: str, value: Any) -> None:

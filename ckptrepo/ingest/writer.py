@@ -200,6 +200,11 @@ class CommitWriter:
         if self.inherited:
             raise ForkedProcess(what="repository", owner=self.owner, pid=os.getpid())
 
+    def wait_commits(self) -> None:
+        """Wait for this process's pending commits (their failures stay on their handles): a read
+        that follows sees them."""
+        self._committer.wait_commits()
+
     def settle(self) -> None:
         """Wait for pending commits and for a background repack to end (gc, repack and verify
         see the repository at rest)."""

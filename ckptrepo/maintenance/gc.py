@@ -73,7 +73,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ckptrepo import faults
 from ckptrepo.chunks.pack import pack_key
-from ckptrepo.db import catalog, pending
+from ckptrepo.db import catalog, integers, pending
 from ckptrepo.db.engine import write_transaction
 from ckptrepo.db.models import Chunk, Commit, Edge, Entry, JournalKey, Metric, Pack, RepoMeta, Tensor, TensorChunk
 from ckptrepo.errors import CkptError, ConcurrentChange, DamagedCommits, UsageError
@@ -304,8 +304,9 @@ def collect(sessions: sessionmaker[Session], backend: Backend, *, grace: float =
     commit of another process inserted rows that name what this run was deleting (nothing
     is changed then; run gc again).
     """
-    if grace < 0:
+    if isinstance(grace, int | float) and grace < 0:
         raise UsageError(f"grace period {grace} s is negative", hint="Pass --grace 0 or more seconds.")
+    grace = integers.seconds("the grace period", grace)
     started = time.perf_counter()
     cutoff = time.time() - grace
     try:

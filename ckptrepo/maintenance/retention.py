@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from ckptrepo.db import integers
 from ckptrepo.errors import UsageError, did_you_mean
 from ckptrepo.types import RetentionRules
 
@@ -71,7 +72,7 @@ def parse_duration(value: str | float | int) -> float:
         seconds = float(match.group(1)) * _UNITS[match.group(2)]
     if not math.isfinite(seconds) or seconds < 0:
         raise UsageError(f"duration {value!r} is not a non-negative duration", hint="Use e.g. 90s, 30m, 12h or 7d.")
-    return seconds
+    return integers.seconds(f"duration {value!r}", seconds)
 
 
 def parse_best(value: str | tuple[str, int] | list[Any]) -> tuple[str, int]:

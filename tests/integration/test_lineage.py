@@ -637,16 +637,24 @@ def test_cli_text(hand: Hand) -> None:
     assert rows[0].startswith("* ") and "|\\" in rows[2]
 
 
+def _json_error(result: Result, code: int) -> str:
+    """Under --json a failure is one line of JSON on stderr (error, hint, exit_code); its error."""
+    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
+    failure = json.loads(result.stderr)
+    assert failure["exit_code"] == code and failure["hint"] and result.stdout == ""
+    return str(failure["error"])
+
+
 def test_cli_errors(hand: Hand) -> None:
     before = _counts(hand)
     assert "unknown revision" in _one_line_error(_run(hand, "lineage", "ancestors", "nope"), 3).lower()
     _one_line_error(_run(hand, "lineage", "merge-base", "main", "nope~3"), 3)
     assert "share no ancestor" in _one_line_error(_run(hand, "lineage", "path", "main", "other"), 3)
-    _one_line_error(_run(hand, "lineage", "path", "main", "other", "--json"), 3)
+    assert "share no ancestor" in _json_error(_run(hand, "lineage", "path", "main", "other", "--json"), 3)
     assert "edge kind" in _one_line_error(_run(hand, "lineage", "descendants", "main", "--kind", "parent,child"), 2)
     for bad in ("step = 1; DROP TABLE commits", "'x' OR 1=1 --", "val_loss <", "(step > 1"):
         assert "where expression" in _one_line_error(_run(hand, "log", "--where", bad), 2)
-        _one_line_error(_run(hand, "log", "--where", bad, "--json"), 2)
+        assert "where expression" in _json_error(_run(hand, "log", "--where", bad, "--json"), 2)
     assert "val_loss" in _run(hand, "log", "--where", "val_los < 2").stderr
     _one_line_error(_run(hand, "best", "--metric", "nope"), 2)
     assert _counts(hand) == before

@@ -376,3 +376,22 @@ def test_the_ui_tensor_page_marks_pruned_commits(pruned_repo: Any) -> None:
     assert "pruned-mark" not in rows[ids[3]] and " pruned" not in rows[ids[3]].split(">", 1)[0]
     assert {p["commit_id"]: p["pruned"] for p in api["points"]} == {ids[0]: True, ids[1]: True, ids[2]: True,
                                                                    ids[3]: False}
+
+
+# -- reading what this process just committed -------------------------------------------------
+
+
+def test_a_read_after_a_commit_sees_that_commit_although_it_was_still_pending(tmp_path: Path) -> None:
+    """``commit()`` returns once the state is copied; ``checkout``, ``export`` and ``load_tensor``
+    of the branch right after it read that commit (they wait for this process's pending ones),
+    not the head before it."""
+    with Repo.init(tmp_path / "repo") as repo:
+        repo.commit(_state(1), step=1).wait()
+        for step in range(2, 6):
+            handle = repo.commit(_state(step), step=step)  # not waited for
+            assert torch.equal(repo.checkout("main")["w"], _state(step)["w"])
+            assert torch.equal(repo.load_tensor("main", "b"), _state(step)["b"])
+            assert handle.wait().step == step
+        repo.commit(_state(9), step=9)
+        repo.export("main", tmp_path / "out.safetensors")
+        assert torch.equal(read_state(tmp_path / "out.safetensors")["w"], _state(9)["w"])

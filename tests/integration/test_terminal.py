@@ -333,3 +333,26 @@ def test_symlinked_export_folder_is_not_touched(work: Path, tmp_path: Path) -> N
         result = runner.invoke(app, ["--repo", str(work), "checkout", "main", "-o", str(folder), *extra])
         assert result.exit_code == 2 and "folder" in result.stderr
     assert folder.is_dir() and not os.listdir(folder)
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path: Path) -> None:
+    """`ckpt log | head -1`: when the pipe's reader has closed it, the command prints no error
+    (no 'Check free space' hint) and exits non-zero: 141 (as a shell reports SIGPIPE) when the
+    command met the closed pipe, 1 when Click did, flushing after it."""
+    import subprocess
+    import sys
+
+    with Repo.init(tmp_path / "repo") as repo:
+        for step in range(400):
+            repo.commit({"w": torch.zeros(2)}, step=step, message="m" * 300)
+    script = ("import sys; sys.argv = ['ckpt', '--repo', sys.argv[1], 'log']\n"
+              "from ckptrepo.cli.app import main\nmain()")
+    with subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "repo")], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.read(10)
+        proc.stdout.close()
+        stderr = proc.stderr.read().decode()
+        code = proc.wait(timeout=120)
+    assert stderr == ""
+    assert code in (1, 141)

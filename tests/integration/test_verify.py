@@ -287,8 +287,8 @@ def test_cli_exit_codes_and_json(repo_path: Path) -> None:
     doc = json.loads(out)  # the report still comes out, on stdout, as one document
     assert doc["ok"] is False and [p["pack_id"] for p in doc["errors"]] == [pid]
     assert doc["errors"][0]["kind"] == "missing_pack" and doc["damaged_commits"] == list(_unrestorable(repo_path))
-    lines = err.strip().splitlines()
-    assert lines[0].startswith("error: ") and lines[1].startswith("hint: ") and len(lines) == 2
+    failure = json.loads(err)  # and the failure, on stderr, as one line of JSON
+    assert failure["exit_code"] == 5 and "verify found 1 errors" in failure["error"] and failure["hint"]
     code, out, err = ckpt()
     assert code == 5 and "missing_pack" in out and pid[:10] in out and err.startswith("error: ")
 

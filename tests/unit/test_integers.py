@@ -90,3 +90,31 @@ def test_ui_integer_in_range() -> None:
     assert params.integer(_request("limit="), "limit", default=3, minimum=1) == 3
     assert params.integer(_request(""), "limit", default=None, minimum=1) is None
     assert params.integer(_request("limit=1000000000000000000"), "limit", default=None, minimum=1) == 10**18
+
+
+def test_the_library_bounds_steps_grace_periods_and_durations_before_any_query(tmp_path: object) -> None:
+    """``Repo.commit(step=HUGE)``, ``gc(grace=HUGE)`` and a duration of centuries are UsageErrors
+    (they raised OverflowError from the driver or ``datetime``), and the CLI's bounds are the
+    library's."""
+    import torch
+
+    import ckptrepo
+    from ckptrepo.cli import options
+    from ckptrepo.maintenance.retention import parse_duration
+
+    assert (options.INT64_MAX, options.MAX_COUNT, options.MAX_SECONDS) == (
+        integers.INT64_MAX, integers.MAX_COUNT, integers.MAX_SECONDS)
+    with pytest.raises(UsageError, match="100 years"):
+        parse_duration("99999999999d")
+    assert parse_duration("7d") == 7 * 86400
+    with ckptrepo.Repo.init(str(tmp_path)) as repo:
+        for bad in (10**20, -(2**63) - 1):
+            with pytest.raises(UsageError, match=r"^step must be an integer"):
+                repo.commit({"w": torch.zeros(1)}, step=bad)
+        with pytest.raises(UsageError, match=r"^epoch must be an integer"):
+            repo.commit({"w": torch.zeros(1)}, epoch=2**64)
+        for grace in (1e308, float("inf"), float("nan")):
+            with pytest.raises(UsageError, match="grace period"):
+                repo.gc(grace=grace)
+        assert repo.log() == []
+        repo.gc(grace=0)
