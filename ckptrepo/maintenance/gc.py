@@ -33,7 +33,8 @@ write-ahead put their packs, manifest and staging files before the transaction t
 them. Each takes a lease in the store first and releases it once that transaction has
 committed or failed (``ledger.leases``). An unreferenced object whose store mtime is at or
 after a live lease's own (minus a few seconds) is kept whatever ``grace`` is, so
-``gc --grace 0`` beside running writers loses no acknowledged commit. Stale leases (a dead
+``gc --grace 0`` beside running writers loses no acknowledged commit (a lease's own put, which
+no lease covers, writes its staged file again if gc removed it: ``storage.local``). Stale leases (a dead
 process on this host, or older than the ``LEASE_TTL`` knob) protect nothing and are deleted.
 No object younger than ``grace`` seconds is deleted either. Its age is looked at again right
 before the deletion, because pack ids are content hashes and a commit may have just written

@@ -64,6 +64,9 @@ def _ensure_dir(path: Path) -> None:
         _fsync_path(new_dir.parent)
 
 
+_PUT_ATTEMPTS = 5  # a put whose staged file a concurrent gc removed is written again
+
+
 @dataclass
 class _Fd:
     fd: int
@@ -196,7 +199,24 @@ class LocalBackend:
         return Path(name)
 
     def put_bytes(self, key: str, data: bytes | memoryview) -> None:
+        """Stage ``data`` and rename it to ``key``. A staged file that vanished before its rename
+        (``gc`` at a grace period shorter than the write, which no lease can cover for the lease's
+        own put) is written again, up to ``_PUT_ATTEMPTS`` times."""
         check_key(key)
+        for attempt in range(1, _PUT_ATTEMPTS + 1):
+            name = self._stage_bytes(key, data)
+            try:
+                self.put_file(key, name)
+                return
+            except StorageError:
+                if attempt < _PUT_ATTEMPTS and not os.path.lexists(name):
+                    continue
+                raise
+            finally:
+                name.unlink(missing_ok=True)
+
+    def _stage_bytes(self, key: str, data: bytes | memoryview) -> Path:
+        """A new file of the staging folder holding ``data`` (not fsynced: ``put_file`` does that)."""
         fd, name = tempfile.mkstemp(prefix="put-", suffix=".tmp", dir=self.staging_dir())
         try:
             with os.fdopen(fd, "wb") as fh:
@@ -204,10 +224,7 @@ class LocalBackend:
         except OSError as exc:
             Path(name).unlink(missing_ok=True)
             raise StorageError(detail=f"cannot write {key!r} to staging ({exc})") from exc
-        try:
-            self.put_file(key, Path(name))
-        finally:
-            Path(name).unlink(missing_ok=True)
+        return Path(name)
 
     @contextlib.contextmanager
     def _reading(self, key: str) -> Iterator[int]:

@@ -81,6 +81,21 @@ class Net(nn.Module):
         return self.head(x).squeeze(-1)
 """
 
+# The multi-rank preludes' last lines: three training steps before the README's block runs.
+_THREE_STEPS = """
+
+def train_step():
+    model(torch.randn(4, 8)).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+step = 0
+for _ in range(3):
+    train_step()
+    step += 1
+"""
+
 PRELUDES: dict[str, str] = {
     # The Python tour: the model, an optimizer with state, a scheduler, 3200 steps (commits at 0,
     # 500, ..., 3000 and 3200) of a train_step that sets `loss`, a distilled model's state and a
@@ -216,19 +231,7 @@ torch.manual_seed(0)
 model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 torch.manual_seed(1 + dist.get_rank())  # each rank its own batches; DDP averages the gradients
-
-
-def train_step():
-    model(torch.randn(4, 8)).pow(2).mean().backward()
-    opt.step()
-    opt.zero_grad()
-
-
-step = 0
-for _ in range(3):
-    train_step()
-    step += 1
-""",
+""" + _THREE_STEPS,
     # The same with FSDP2 (fully_shard on a 1-D CPU mesh): parameters and optimizer state are DTensors.
     "fsdp2": """
 import torch
@@ -250,19 +253,7 @@ for layer in (model[0], model[2]):
 fully_shard(model, mesh=mesh)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 torch.manual_seed(1 + dist.get_rank())
-
-
-def train_step():
-    model(torch.randn(4, 8)).pow(2).mean().backward()
-    opt.step()
-    opt.zero_grad()
-
-
-step = 0
-for _ in range(3):
-    train_step()
-    step += 1
-""",
+""" + _THREE_STEPS,
 }
 
 # After a block on every torchrun rank: leave the group together. gloo's threads may still hold
