@@ -361,10 +361,8 @@ class Repo:
         Compared by tensor id first (``tensor_ids``). Equal content can have another id: a distributed
         commit cuts each rank's shard on its own grid or stores it as boxes (the id names the layout
         too). So where an id differs while dtype and shape agree, the stored tensor is read and its
-        bytes compared; a pickled value (``allow_pickle``) is compared unpickled, with ``==``. A pruned
+        bytes compared (a pickled value's too: it is never unpickled). A pruned
         commit's data is gone: it holds ``state`` only when every id is equal."""
-        import pickle
-
         from ckptrepo import state as st
         from ckptrepo.ingest.identify import tensor_ids
         from ckptrepo.ingest.sources import from_tensors
@@ -379,16 +377,8 @@ class Repo:
         differ = [name for name, tid in ids.items() if stored[name].tensor_id != tid]
         if differ and commit.pruned:
             return False
-        for name in differ:
+        for name in differ:  # a pickled value too is compared by its bytes: nothing is unpickled here
             mine, theirs = flat.tensors[name], stored[name]
-            if flat.kinds[name] == "pickle":
-                try:
-                    if pickle.loads(st.tensor_bytes(self.load_tensor(commit.id, name))) == pickle.loads(
-                            st.tensor_bytes(mine)):
-                        continue
-                except Exception:  # an unpicklable or uncomparable value: not the same
-                    pass
-                return False
             if theirs.dtype != st.dtype_name(mine.dtype) or tuple(theirs.shape) != tuple(mine.shape):
                 return False
             if st.tensor_bytes(self.load_tensor(commit.id, name)) != st.tensor_bytes(mine):
