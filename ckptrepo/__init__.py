@@ -23,7 +23,7 @@ from ckptrepo import errors
 
 if TYPE_CHECKING:
     from ckptrepo.folder import find_repo, upgrade_database
-    from ckptrepo.ingest.handle import CommitHandle
+    from ckptrepo.handle import CommitHandle
     from ckptrepo.repository import DEFAULT_BRANCH, Repo
     from ckptrepo.training import Checkpointer
     from ckptrepo.types import (
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 # Where each public name lives, imported at its first use (PEP 562): `import ckptrepo` alone
 # loads no database stack, so `ckpt --version` starts in about the time Typer takes to import.
 _HOMES = {
-    "find_repo": "ckptrepo.folder", "upgrade_database": "ckptrepo.folder", "CommitHandle": "ckptrepo.ingest.handle",
+    "find_repo": "ckptrepo.folder", "upgrade_database": "ckptrepo.folder", "CommitHandle": "ckptrepo.handle",
     "DEFAULT_BRANCH": "ckptrepo.repository", "Repo": "ckptrepo.repository", "Checkpointer": "ckptrepo.training",
 }
 

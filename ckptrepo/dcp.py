@@ -12,7 +12,7 @@ ranks), and the coordinator records the commit once every rank's packs are durab
 ``Reader(repo, rev)`` is a DCP StorageReader: ``dcp.load`` reshards commit ``rev`` to the
 target's layout, each rank reading only the chunks its shards need. ``repo`` is an open
 ``Repo`` or a path; a path opens a repository the Writer or Reader owns (``close()`` it, or use
-it as a context manager). See ``ckptrepo.dist`` for the protocol and its failure semantics.
+it as a context manager). See ``ckptrepo.distributed`` for the protocol and its failure semantics.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, SavePlan
 from torch.distributed.checkpoint.storage import StorageReader, StorageWriter, WriteResult
 from torch.futures import Future
 
-from ckptrepo.dist.writer import commit_id
+from ckptrepo.distributed.writer import commit_id
 from ckptrepo.repository import Repo
 from ckptrepo.types import Commit
 

@@ -1,5 +1,5 @@
 """The ``Repo`` facade: validates arguments, resolves revisions and delegates to the commit engine
-(``ingest.writer``), the catalog (``db``), ``restore``, ``lineage``, ``dist`` and ``maintenance``.
+(``ingest.writer``), the catalog (``db``), ``restore``, ``lineage``, ``distributed`` and ``maintenance``.
 Every method opens its own short session (a ``Repo`` may be shared between threads); those that
 return no tensor run without torch. The folder's layout: ``folder``."""
 
@@ -34,8 +34,8 @@ from ckptrepo.errors import (
     UsageError,
     did_you_mean,
 )
+from ckptrepo.handle import CommitHandle
 from ckptrepo.ids import short
-from ckptrepo.ingest.handle import CommitHandle
 from ckptrepo.ingest.request import prepare
 from ckptrepo.ledger import identity, journal
 from ckptrepo.lineage import analysis, queries, revparse
@@ -51,8 +51,8 @@ if TYPE_CHECKING:  # imported where used: reading the lineage needs neither the 
     from typing_extensions import Unpack
 
     from ckptrepo.chunks.store import ChunkReader
-    from ckptrepo.dist.reader import CommitReader
-    from ckptrepo.dist.writer import ShareWriter
+    from ckptrepo.distributed.reader import CommitReader
+    from ckptrepo.distributed.writer import ShareWriter
     from ckptrepo.ingest.request import CommitMeta
     from ckptrepo.ingest.writer import CommitWriter, WriterOptions
 
@@ -257,7 +257,7 @@ class Repo:
         or ``(rev, {dst: src})``, the commit this state was initialised from. ``handle.wait()``
         returns the commit or re-raises; ``blocking=True`` returns once durable.
 
-        In a distributed job it is collective (``dist.scope``): under an initialised process group
+        In a distributed job it is collective (``distributed.scope``): under an initialised process group
         of two or more ranks (DDP, FSDP2, DTensors or plain tensors alike), for a state holding
         DTensors, or with ``group``, every rank of that group (default: the default group) calls
         it with its own state and one commit of all ranks' state is made, the same on every
@@ -268,15 +268,22 @@ class Repo:
         RankFailed. A ``DistributedDataParallel`` is stored as the module it wraps (no ``module.``
         in the names), so the commit loads into a plain, a DDP or an FSDP2 model alike.
         """
-        from ckptrepo.dist import scope
+        from ckptrepo.distributed import scope
 
         entered = time.perf_counter()
         self._check_writable("commit")
         group = scope.collective_group(state, group, local=local, what="commit()")
         meta: CommitMeta = {"message": message, "step": step, "epoch": epoch, "metrics": metrics, "config": config,
                             "parents": parents, "transfer_from": transfer_from, "code_version": code_version}
-        handle = self._writer.commit_state(scope.unwrapped(state), meta, branch=branch or self.head,
-                                           blocking=blocking, allow_pickle=allow_pickle, group=group, entered=entered)
+        if group is None:
+            handle = self._writer.commit_state(scope.unwrapped(state), meta, branch=branch or self.head,
+                                               blocking=blocking, allow_pickle=allow_pickle, entered=entered)
+        else:
+            from ckptrepo.distributed import native
+
+            fields = self._writer.collective_fields(meta, branch=branch or self.head)
+            handle = native.commit(self._writer, scope.unwrapped(state), fields, group=group, blocking=blocking,
+                                   entered=entered, allow_pickle=allow_pickle)
         self._retention.track(handle)
         return handle
 
@@ -395,20 +402,20 @@ class Repo:
         and ``load_tensor``, it first waits for this process's pending commits: ``commit(state)``
         then ``checkout("main")`` reads that commit.
 
-        ``into`` without ``part`` is collective when ``commit`` would be (``dist.scope``: a process
+        ``into`` without ``part`` is collective when ``commit`` would be (``distributed.scope``: a process
         group of two or more ranks, DTensors, or ``group``): every rank calls it and each reads
         only the chunks of its shards, at any world size and layout (DCP's load; an optimizer
         without state yet gets it first, as ``get_state_dict`` does); returns ``into``.
         ``local=True`` loads in this process alone (not with ``group``, nor into DTensors).
         Without ``into``, or with ``part``, it always runs in this process alone."""
         from ckptrepo import state as st
-        from ckptrepo.dist import keys, scope
+        from ckptrepo.distributed import keys, scope
         from ckptrepo.restore.tensors import read_state
 
         if into is not None and part is None:
             group = scope.collective_group(into, group, local=local, what="checkout(into=...)")
             if group is not None:
-                from ckptrepo.dist import native
+                from ckptrepo.distributed import native
 
                 native.load(self.dcp_reader(rev, allow_pickle=allow_pickle), scope.unwrapped(into), group=group)
                 return into
@@ -455,8 +462,8 @@ class Repo:
     def dcp_writer(self, *, branch: str | None = None, allow_pickle: bool = False,
                    **meta: Unpack[CommitMeta]) -> ShareWriter:
         """A ``torch.distributed.checkpoint`` StorageWriter: each ``dcp.save`` through it is one
-        commit on ``branch`` (``ckptrepo.dcp.Writer``; ``dist.writer``)."""
-        from ckptrepo.dist.writer import ShareWriter
+        commit on ``branch`` (``ckptrepo.dcp.Writer``; ``distributed.writer``)."""
+        from ckptrepo.distributed.writer import ShareWriter
 
         self._check_writable("commit")
         return ShareWriter(self._writer, prepare(self._sessions, branch=branch or self.head, names=(), **meta),
@@ -464,8 +471,8 @@ class Repo:
 
     def dcp_reader(self, rev: str, *, allow_pickle: bool = False) -> CommitReader:
         """A ``torch.distributed.checkpoint`` StorageReader over commit ``rev``: ``dcp.load``
-        reshards it to any world size (``ckptrepo.dcp.Reader``; ``dist.reader``)."""
-        from ckptrepo.dist.reader import CommitReader
+        reshards it to any world size (``ckptrepo.dcp.Reader``; ``distributed.reader``)."""
+        from ckptrepo.distributed.reader import CommitReader
 
         self._check_open()
         self._own_commits_landed()

@@ -38,7 +38,7 @@ from typing import Any
 
 from ckptrepo.entries import join_path
 from ckptrepo.errors import NotARepository, RepositoryExists, UnknownRevision, UsageError
-from ckptrepo.ingest.handle import CommitHandle
+from ckptrepo.handle import CommitHandle
 from ckptrepo.policy import Every, Policy
 from ckptrepo.repository import Repo
 from ckptrepo.types import Commit
@@ -131,7 +131,7 @@ class CommitStream:
         self._repo = repo if isinstance(repo, Repo) else None
         self._path = None if isinstance(repo, Repo) else Path(repo)
         if self._path is not None and group is not None:
-            from ckptrepo.dist import native
+            from ckptrepo.distributed import native
 
             path = self._path
             self._repo = native.rank0_first(lambda: open_or_init(path), group)
@@ -182,7 +182,7 @@ class CommitStream:
         rule = self.policy.due(step)
         if self.group is None or getattr(self.policy, "by_step", False):
             return rule
-        from ckptrepo.dist import native
+        from ckptrepo.distributed import native
 
         return (rule or "rank 0") if native.rank0_decides(rule is not None, self.group) else None
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 import functools
 import os
 import socket
-import sys
 import time
 import warnings
 from collections.abc import Callable, Collection, Mapping
@@ -62,12 +61,12 @@ from ckptrepo.errors import (
     UsageError,
     storage_failure,
 )
+from ckptrepo.handle import CommitHandle
 from ckptrepo.ids import short
 from ckptrepo.ingest import priority, request
 from ckptrepo.ingest.basecache import DEFAULT_BUDGET, BaseCache
 from ckptrepo.ingest.bases import delta_plan
 from ckptrepo.ingest.committer import Committer
-from ckptrepo.ingest.handle import CommitHandle
 from ckptrepo.ingest.idle import IdleRepack
 from ckptrepo.ingest.pipeline import DeltaPlan, IngestOptions, IngestResult, ingest
 from ckptrepo.ingest.request import CommitMeta, CommitRequest
@@ -294,23 +293,24 @@ class CommitWriter:
         return CommitHandle(future, staged=True, on_failure_seen=self._committer.acknowledge)
 
     def commit_state(self, state: Any, meta: CommitMeta, *, branch: str, blocking: bool, allow_pickle: bool,
-                     group: Any, entered: float) -> CommitHandle:
-        """``Repo.commit``: validate ``state`` and ``meta`` (``request.prepare``), then commit it on
-        this process (``submit``), or on every rank of ``group`` when one is given or the state
-        holds a DTensor (``dist.native``)."""
+                     entered: float) -> CommitHandle:
+        """``Repo.commit`` on this process alone: validate ``state`` and ``meta``
+        (``request.prepare``), then commit it (``submit``). A commit of every rank of a process
+        group starts from ``collective_fields`` instead (the facade decides which)."""
         from ckptrepo import state as st
 
         self.check_usable()
         self.raise_unseen_failure()
-        if distributed(state, group):
-            from ckptrepo.dist import native
-
-            fields = request.prepare(self._sessions, branch=branch, names=(), **meta)
-            return native.commit(self, state, fields, group=group, blocking=blocking, entered=entered,
-                                 allow_pickle=allow_pickle)
         flat = st.flatten(state, allow_pickle=allow_pickle)
         fields = request.prepare(self._sessions, branch=branch, names=flat.tensors.keys(), **meta)
         return self.submit(flat.tensors, {"skeleton": flat.skeleton, **fields}, blocking=blocking, entered=entered)
+
+    def collective_fields(self, meta: CommitMeta, *, branch: str) -> dict[str, Any]:
+        """``meta`` validated (``request.prepare``) for a commit of every rank of a process group
+        (``distributed.native.commit``), once this engine is usable and has no unseen failure."""
+        self.check_usable()
+        self.raise_unseen_failure()
+        return request.prepare(self._sessions, branch=branch, names=(), **meta)
 
     def commit_sources(self, skeleton: Any, sources: list[Source], meta: CommitMeta, *, branch: str,
                        entered: float) -> t.Commit:
@@ -657,19 +657,6 @@ class CommitWriter:
             for entry, tensor in catalog.tensor_layout(s, source):
                 by_id.setdefault(tensor.id, entry.name)
         return {name: by_id[tid] for name, tid in entries.items() if tid in by_id}
-
-
-def distributed(state: Any, group: Any) -> bool:
-    """Whether a commit or checkout of ``state`` runs on every rank of a process group: a group
-    is given, or the state holds a DTensor (which only exists once ``torch.distributed.tensor``
-    is imported: single-process commits never import it)."""
-    if group is not None:
-        return True
-    if sys.modules.get("torch.distributed.tensor") is None:
-        return False
-    from ckptrepo.dist.native import is_distributed
-
-    return is_distributed(state)
 
 
 def commit_row(result: IngestResult, entries: dict[str, str], edges: Collection[catalog.EdgeRow],

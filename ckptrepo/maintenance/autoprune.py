@@ -34,7 +34,7 @@ from ckptrepo.storage import Backend
 from ckptrepo.types import PruneReport, RetentionRules
 
 if TYPE_CHECKING:
-    from ckptrepo.ingest.handle import CommitHandle
+    from ckptrepo.handle import CommitHandle
 
 log = logging.getLogger("ckptrepo")
 REFRESH_S = 5.0

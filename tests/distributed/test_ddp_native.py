@@ -101,7 +101,7 @@ def test_a_commit_with_string_optimizer_keys_checks_out_into_an_optimizer(tmp_pa
 
 
 def test_local_and_group_together_are_refused_and_without_a_group_nothing_is_collective(tmp_path: Path) -> None:
-    from ckptrepo.dist import scope
+    from ckptrepo.distributed import scope
 
     state = {"w": torch.zeros(3)}
     assert scope.collective_group(state, None, local=False, what="commit()") is None  # no process group
@@ -121,7 +121,7 @@ def test_local_and_group_together_are_refused_and_without_a_group_nothing_is_col
 
 
 def test_optimizer_keys_are_mended_only_where_the_params_are_positions() -> None:
-    from ckptrepo.dist.keys import int_keys
+    from ckptrepo.distributed.keys import int_keys
 
     t = torch.zeros(1)
     by_position = {"state": {"0": {"m": t}, "1": {"m": t}}, "param_groups": [{"params": [0, 1], "lr": 0.1}]}

@@ -26,7 +26,7 @@ from typer.testing import CliRunner, Result
 
 from ckptrepo import Repo, errors
 from ckptrepo.cli.app import app
-from ckptrepo.dist.keys import int_keys
+from ckptrepo.distributed.keys import int_keys
 from ckptrepo.formats.dcp_folder import read_dcp_folder
 from ckptrepo.state import tensor_bytes
 

@@ -17,7 +17,7 @@ import torch
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex, TensorProperties
 from torch.distributed.checkpoint.planner import SavePlan, TensorWriteData, WriteItem, WriteItemType
 
-from ckptrepo.dist.writer import ShareWriter, _Assignment
+from ckptrepo.distributed.writer import ShareWriter, _Assignment
 
 STEP = 4096
 

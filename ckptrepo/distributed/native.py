@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -47,12 +46,12 @@ from torch.distributed.tensor import DTensor
 from ckptrepo import knobs
 from ckptrepo import state as st
 from ckptrepo import types as t
-from ckptrepo.dist.keys import int_keys
-from ckptrepo.dist.reader import CommitReader
-from ckptrepo.dist.scope import DDP_PREFIX
-from ckptrepo.dist.writer import ShareWriter, commit_id
+from ckptrepo.distributed.keys import int_keys
+from ckptrepo.distributed.reader import CommitReader
+from ckptrepo.distributed.scope import DDP_PREFIX
+from ckptrepo.distributed.writer import ShareWriter, commit_id
 from ckptrepo.errors import RankFailed
-from ckptrepo.ingest.handle import CommitHandle
+from ckptrepo.handle import CommitHandle
 from ckptrepo.ingest.writer import CommitWriter
 
 ALONE_HINT = ("Under a process group of two or more ranks, commit() and checkout(into=...) run on every rank "
@@ -61,26 +60,6 @@ ALONE_HINT = ("Under a process group of two or more ranks, commit() and checkout
 _groups: dict[Any, tuple[Any, Any]] = {}  # user group -> (phase-1 group, phase-2 group), both gloo
 _lock = threading.Lock()
 T = TypeVar("T")
-
-
-def is_distributed(state: Any) -> bool:
-    """Whether ``state`` holds a DTensor (its modules' and optimizers' parameters, other stateful
-    objects' state dicts included)."""
-    if isinstance(state, DTensor):
-        return True
-    if isinstance(state, dict):
-        return any(is_distributed(v) for v in state.values())
-    if isinstance(state, list | tuple):
-        return any(is_distributed(v) for v in state)
-    # Modules and optimizers by their parameters (FSDP2's are DTensors): their state dicts are
-    # built once, by the commit.
-    if isinstance(state, torch.nn.Module):
-        return any(isinstance(p, DTensor) for p in itertools.chain(state.parameters(), state.buffers()))
-    if isinstance(state, torch.optim.Optimizer):
-        return any(isinstance(p, DTensor) for g in state.param_groups for p in g["params"])
-    if callable(getattr(state, "state_dict", None)) and callable(getattr(state, "load_state_dict", None)):
-        return is_distributed(state.state_dict())
-    return False
 
 
 def _own_groups(group: Any) -> tuple[Any, Any]:

@@ -28,6 +28,7 @@ them, so ``sys.modules`` answers first.
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -70,9 +71,29 @@ def collective_group(state: Any, group: ProcessGroup | None, *, local: bool, wha
 def _holds_dtensors(state: Any) -> bool:
     if sys.modules.get("torch.distributed.tensor") is None:  # no DTensor can exist yet
         return False
-    from ckptrepo.dist.native import is_distributed
+    import torch
+    from torch.distributed.tensor import DTensor
 
-    return is_distributed(state)
+    def holds(value: Any) -> bool:
+        """Whether ``value`` holds a DTensor (its modules' and optimizers' parameters, other stateful
+        objects' state dicts included)."""
+        if isinstance(value, DTensor):
+            return True
+        if isinstance(value, dict):
+            return any(holds(v) for v in value.values())
+        if isinstance(value, list | tuple):
+            return any(holds(v) for v in value)
+        # Modules and optimizers by their parameters (FSDP2's are DTensors): their state dicts are
+        # built once, by the commit.
+        if isinstance(value, torch.nn.Module):
+            return any(isinstance(p, DTensor) for p in itertools.chain(value.parameters(), value.buffers()))
+        if isinstance(value, torch.optim.Optimizer):
+            return any(isinstance(p, DTensor) for g in value.param_groups for p in g["params"])
+        if callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None)):
+            return holds(value.state_dict())
+        return False
+
+    return holds(state)
 
 
 def _ddp_type() -> type | None:

@@ -46,9 +46,9 @@ from torch.futures import Future
 
 from ckptrepo import state as st
 from ckptrepo.chunks.chunker import chunk_step
-from ckptrepo.dist import layout
-from ckptrepo.dist.keys import int_keys
-from ckptrepo.dist.merge import Share, merge
+from ckptrepo.distributed import layout
+from ckptrepo.distributed.keys import int_keys
+from ckptrepo.distributed.merge import Share, merge
 from ckptrepo.errors import UnsupportedState
 from ckptrepo.ingest.request import CommitRequest
 from ckptrepo.ingest.sources import Source
