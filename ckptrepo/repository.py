@@ -1,7 +1,9 @@
 """The ``Repo`` facade: validates arguments, resolves revisions and delegates to the commit engine
 (``ingest.writer``), the catalog (``db``), ``restore``, ``lineage``, ``distributed`` and ``maintenance``.
 Every method opens its own short session (a ``Repo`` may be shared between threads); those that
-return no tensor run without torch. The folder's layout: ``folder``."""
+return no tensor run without torch. The folder's layout: ``folder``. What reads without writing
+(commits, states, lineage queries, analysis, refs) is ``reads.Reads``, which ``Repo`` inherits;
+here: opening and closing, commits, ref changes and maintenance."""
 
 from __future__ import annotations
 
@@ -20,38 +22,30 @@ from sqlalchemy import select
 from ckptrepo import folder, knobs
 from ckptrepo import types as t
 from ckptrepo.config import RepoConfig
-from ckptrepo.db import catalog, migrate, pending, refs, views
+from ckptrepo.db import catalog, migrate, pending, refs
 from ckptrepo.db.engine import Sessions, database_url, make_engine, session_factory, write_transaction
 from ckptrepo.db.models import RepoMeta
 from ckptrepo.db.readcopy import IndexedCopy
 from ckptrepo.errors import (
     CurrentBranch,
-    ForkedProcess,
     ReadOnlyRepository,
     UnknownRef,
-    UnknownRevision,
-    UnknownTensor,
     UsageError,
     did_you_mean,
 )
 from ckptrepo.handle import CommitHandle
-from ckptrepo.ids import short
 from ckptrepo.ingest.request import prepare
 from ckptrepo.ledger import identity, journal
-from ckptrepo.lineage import analysis, queries, revparse
+from ckptrepo.lineage import revparse
 from ckptrepo.maintenance import DEFAULT_GRACE_S
 from ckptrepo.maintenance.autoprune import AutoRetention
-from ckptrepo.restore.layout import layout_of
+from ckptrepo.reads import Reads
 from ckptrepo.storage import open_backend
-from ckptrepo.types import EDGE_KINDS
 
 if TYPE_CHECKING:  # imported where used: reading the lineage needs neither the engine nor numpy
-    import torch
     from torch.distributed import ProcessGroup
     from typing_extensions import Unpack
 
-    from ckptrepo.chunks.store import ChunkReader
-    from ckptrepo.distributed.reader import CommitReader
     from ckptrepo.distributed.writer import ShareWriter
     from ckptrepo.ingest.request import CommitMeta
     from ckptrepo.ingest.writer import CommitWriter, WriterOptions
@@ -59,7 +53,7 @@ if TYPE_CHECKING:  # imported where used: reading the lineage needs neither the 
 DEFAULT_BRANCH = refs.DEFAULT_BRANCH
 
 
-class Repo:
+class Repo(Reads):
     """A checkpoint repository. Use ``Repo.init`` / ``Repo.open`` / ``Repo.discover``, whose
     ``options`` tune commits (``ingest.writer.WriterOptions``: ``max_inflight``, ``staging_budget``,
     ``background_priority``, ``idle_repack``). ``close()`` (or leaving a ``with`` block) waits for
@@ -98,13 +92,6 @@ class Repo:
         self._pool = ThreadPoolExecutor(max_workers=knobs.workers(), thread_name_prefix="ckpt")
         if writer_options and self._read_only is None:
             self._writer.check_usable()  # options are checked now, not at the first commit
-
-    @functools.cached_property
-    def _reader(self) -> ChunkReader:
-        """Reads and verifies chunks (delta bases looked up in the catalog)."""
-        from ckptrepo.chunks.store import ChunkReader
-
-        return ChunkReader(self._backend, catalog.locator(self._sessions))
 
     @functools.cached_property
     def _writer(self) -> CommitWriter:
@@ -214,22 +201,11 @@ class Repo:
                 s.merge(RepoMeta(key=identity.CLAIMED, value="1"))
         self._store_owned = True
 
-    @property
-    def read_only(self) -> bool:
-        """Whether writes are refused (``open(read_only=True)``, or a repository this process cannot write)."""
-        return self._read_only is not None
-
     def _check_writable(self, what: str) -> None:
         """ReadOnlyRepository (``what``: the refused action) when this repository is read-only."""
         self._check_open()
         if self._read_only is not None:
             raise ReadOnlyRepository(what=what, path=str(self.repo_dir), why=self._read_only)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise UsageError("this repository is closed", hint="Open it again with Repo.open(path).")
-        if os.getpid() != self._owner:  # its threads, connections and pending commits are the parent's
-            raise ForkedProcess(what="repository", owner=self._owner, pid=os.getpid())
 
     # -- committing ------------------------------------------------------------------------
 
@@ -305,160 +281,6 @@ class Repo:
         meta = fill_run_meta(meta, Path(path), state)
         return self.commit(state, branch=branch, blocking=True, allow_pickle=allow_pickle, local=True, **meta).wait()
 
-    # -- reading ---------------------------------------------------------------------------
-
-    def resolve(self, rev: str) -> str:
-        """The full id of the commit ``rev`` names (``main~2``, ``run@step=500``, an id prefix...)."""
-        self._check_open()
-        with self._sessions() as s:
-            return revparse.resolve(s, rev)
-
-    def get_commit(self, rev: str) -> t.Commit:
-        """The commit ``rev`` names, with parents, metrics and refs."""
-        self._check_open()
-        with self._sessions() as s:
-            found = views.commits_by_id(s, [revparse.resolve(s, rev)])
-        if not found:
-            raise UnknownRevision(rev=rev)
-        return found[0]
-
-    def log(self, rev: str | None = None, *, where: str | None = None, limit: int | None = None,
-            offset: int = 0) -> list[t.Commit]:
-        """``rev`` and its ancestors (every commit when None), newest first, optionally filtered by
-        a ``where`` expression (``"val_loss < 2.1 and step >= 1000"``) and paged."""
-        self._check_open()
-        return queries.log(self._sessions, rev, where=where, limit=limit, offset=offset)
-
-    def graph(self, rev: str | None = None) -> t.LineageGraph:
-        """The lineage graph (every commit, or ``rev`` and its ancestors): nodes with the fields a
-        drawing needs, edges and refs (``LineageGraph``), one lean read for thousands of commits."""
-        self._check_open()
-        return queries.lineage_graph(self._sessions, rev)
-
-    def commits(self, ids: Collection[str]) -> list[t.Commit]:
-        """The commits with these full ids, in the order given (unknown ids left out)."""
-        self._check_open()
-        return queries.commits(self._sessions, list(ids))
-
-    def tensors(self, rev: str) -> list[t.TensorInfo]:
-        """Names, layout and ingest statistics of a commit's tensors (no tensor bytes read)."""
-        self._check_open()
-        with self._reading() as s:
-            cid = revparse.resolve(s, rev)
-            return [views.tensor_info(e.name, tr) for e, tr in catalog.tensor_layout(s, cid)]
-
-    def tensor_ids(self, state: Any, *, allow_pickle: bool = False) -> dict[str, str]:
-        """Entry name -> the id each tensor of ``state`` would have if committed here by ``commit`` or
-        ``commit_file`` (``tensors(rev)`` lists the stored ones), computed by hashing its bytes
-        (``ingest.identify``); nothing is read from or written to the repository. Equal ids: equal
-        dtype, shape and bytes. A distributed commit may give equal content another id (its shards
-        are cut on their own grid): ``holds`` then compares the bytes."""
-        from ckptrepo import state as st
-        from ckptrepo.ingest.identify import tensor_ids
-        from ckptrepo.ingest.sources import from_tensors
-
-        self._check_open()
-        return tensor_ids(from_tensors(st.flatten(state, allow_pickle=allow_pickle).tensors), self.config.chunk_size,
-                          self._pool)
-
-    def holds(self, rev: str, state: Any, *, allow_pickle: bool = False) -> bool:
-        """Whether commit ``rev`` holds the tensors of ``state``: the same entry names, each with the same
-        dtype, shape and bytes (the skeleton's other values are not compared); nothing is written.
-
-        Compared by tensor id first (``tensor_ids``). Equal content can have another id: a distributed
-        commit cuts each rank's shard on its own grid or stores it as boxes (the id names the layout
-        too). So where an id differs while dtype and shape agree, the stored tensor is read and its
-        bytes compared (a pickled value's too: it is never unpickled). A pruned
-        commit's data is gone: it holds ``state`` only when every id is equal."""
-        from ckptrepo import state as st
-        from ckptrepo.ingest.identify import tensor_ids
-        from ckptrepo.ingest.sources import from_tensors
-
-        self._check_open()
-        flat = st.flatten(state, allow_pickle=allow_pickle)
-        ids = tensor_ids(from_tensors(flat.tensors), self.config.chunk_size, self._pool)
-        commit = self.get_commit(rev)
-        stored = {info.name: info for info in self.tensors(commit.id)}
-        if stored.keys() != ids.keys():
-            return False
-        differ = [name for name, tid in ids.items() if stored[name].tensor_id != tid]
-        if differ and commit.pruned:
-            return False
-        for name in differ:  # a pickled value too is compared by its bytes: nothing is unpickled here
-            mine, theirs = flat.tensors[name], stored[name]
-            if theirs.dtype != st.dtype_name(mine.dtype) or tuple(theirs.shape) != tuple(mine.shape):
-                return False
-            if st.tensor_bytes(self.load_tensor(commit.id, name)) != st.tensor_bytes(mine):
-                return False
-        return True
-
-    def checkout(self, rev: str, *, into: Mapping[str, Any] | None = None, part: str | None = None,
-                 allow_pickle: bool = False, group: ProcessGroup | None = None, local: bool = False) -> Any:
-        """The state committed at ``rev`` (tensors on the CPU, ties restored), every chunk verified;
-        with ``part`` (a key path such as ``"model"`` or ``"ranks/1"``) only that value, reading only its
-        tensors. With ``into``, also load it into live objects: modules, optimizers and schedulers via
-        ``load_state_dict``, tensors in place. An optimizer's state comes back keyed as
-        ``load_state_dict`` expects, whether one process or many made the commit. Like ``export``
-        and ``load_tensor``, it first waits for this process's pending commits: ``commit(state)``
-        then ``checkout("main")`` reads that commit.
-
-        ``into`` without ``part`` is collective when ``commit`` would be (``distributed.scope``: a process
-        group of two or more ranks, DTensors, or ``group``): every rank calls it and each reads
-        only the chunks of its shards, at any world size and layout (DCP's load; an optimizer
-        without state yet gets it first, as ``get_state_dict`` does); returns ``into``.
-        ``local=True`` loads in this process alone (not with ``group``, nor into DTensors).
-        Without ``into``, or with ``part``, it always runs in this process alone."""
-        from ckptrepo import state as st
-        from ckptrepo.distributed import keys, scope
-        from ckptrepo.restore.tensors import read_state
-
-        if into is not None and part is None:
-            group = scope.collective_group(into, group, local=local, what="checkout(into=...)")
-            if group is not None:
-                from ckptrepo.distributed import native
-
-                native.load(self.dcp_reader(rev, allow_pickle=allow_pickle), scope.unwrapped(into), group=group)
-                return into
-        restored = keys.int_keys(read_state(self._reader, self._pool, *self._layout(rev), part=part,
-                                            allow_pickle=allow_pickle))
-        if into is not None:
-            st.load_into(scope.unwrapped(into), scope.strip_ddp_prefix(into, restored))
-        return restored
-
-    def export(self, rev: str, path: str | Path, *, replace: bool = True) -> str:
-        """Write the state committed at ``rev`` to ``path`` (``.safetensors``; ``.pt``, ``.pth``, ``.bin``,
-        ``.ckpt``: torch.save) atomically, a flat dict of tensors streamed; returns the commit id.
-        ``replace=False``: OutputExists when anything is at ``path`` (before reading any chunk, and
-        for a file that appears meanwhile); else a file there is replaced (a symbolic link itself)."""
-        from ckptrepo.restore.export import export
-
-        cid, skeleton, items = self._layout(rev)
-        export(Path(path), skeleton, items, self._reader, self._pool, commit_id=cid,
-               checkout=lambda: self.checkout(cid), replace=replace)
-        return cid
-
-    def load_tensor(self, rev: str, name: str) -> torch.Tensor:
-        """One tensor of a commit, reading only that tensor's chunks."""
-        from ckptrepo.restore.tensors import read_tensors
-
-        cid, _, items = self._layout(rev, [name])
-        if name not in items:
-            raise UnknownTensor(commit=short(cid), name=name)
-        return read_tensors(self._reader, self._pool, [(name, *items[name])], commit_id=cid)[name]
-
-    def _layout(self, rev: str, names: list[str] | None = None) -> tuple[str, Any, dict[str, Any]]:
-        """Commit id, skeleton and tensor locations of ``rev``, once this process's pending commits
-        have landed (read-your-writes: ``commit()`` then ``checkout("main")`` reads that commit)."""
-        self._check_open()
-        self._own_commits_landed()
-        return layout_of(self._reading, rev, names)
-
-    def _own_commits_landed(self) -> None:
-        """Wait for this process's pending commits, if it made any (a read-only one makes none)."""
-        writer: CommitWriter | None = self.__dict__.get("_writer")
-        if writer is not None:
-            writer.wait_commits()
-
     def dcp_writer(self, *, branch: str | None = None, allow_pickle: bool = False,
                    **meta: Unpack[CommitMeta]) -> ShareWriter:
         """A ``torch.distributed.checkpoint`` StorageWriter: each ``dcp.save`` through it is one
@@ -469,76 +291,7 @@ class Repo:
         return ShareWriter(self._writer, prepare(self._sessions, branch=branch or self.head, names=(), **meta),
                            allow_pickle=allow_pickle, per_save_time=True)
 
-    def dcp_reader(self, rev: str, *, allow_pickle: bool = False) -> CommitReader:
-        """A ``torch.distributed.checkpoint`` StorageReader over commit ``rev``: ``dcp.load``
-        reshards it to any world size (``ckptrepo.dcp.Reader``; ``distributed.reader``)."""
-        from ckptrepo.distributed.reader import CommitReader
-
-        self._check_open()
-        self._own_commits_landed()
-        return CommitReader(self._reading, self._reader, self._pool, rev, allow_pickle=allow_pickle)
-
-    # -- lineage and analysis (read-only; see lineage.queries and lineage.analysis) ---------
-
-    def ancestors(self, rev: str, *, kinds: Collection[str] = EDGE_KINDS, max_depth: int | None = None) -> list[str]:
-        """Ids of the commits ``rev`` descends from through edges of ``kinds``, nearest first."""
-        self._check_open()
-        return queries.ancestors(self._sessions, rev, kinds=kinds, max_depth=max_depth)
-
-    def descendants(self, rev: str, *, kinds: Collection[str] = EDGE_KINDS,
-                    max_depth: int | None = None) -> list[str]:
-        """Ids of the commits descending from ``rev`` through edges of ``kinds``, nearest first."""
-        self._check_open()
-        return queries.descendants(self._sessions, rev, kinds=kinds, max_depth=max_depth)
-
-    def path(self, a: str, b: str, *, kinds: Collection[str] = EDGE_KINDS) -> list[str]:
-        """A shortest chain of commit ids from ``a`` to ``b`` (down to a common ancestor and up);
-        [] when they are unrelated."""
-        self._check_open()
-        return queries.path(self._sessions, a, b, kinds=kinds)
-
-    def merge_base(self, a: str, b: str, *, kinds: Collection[str] = EDGE_KINDS) -> list[str]:
-        """The best common ancestors of ``a`` and ``b`` (several after criss-cross merges)."""
-        self._check_open()
-        return queries.merge_base(self._sessions, a, b, kinds=kinds)
-
-    def best(self, metric: str, *, maximize: bool = False, branch: str | None = None, subtree: str | None = None,
-             limit: int = 1) -> list[t.Commit]:
-        """The commits with the lowest (or highest) ``metric``, among a branch's history or a subtree."""
-        self._check_open()
-        return queries.best(self._sessions, metric, maximize=maximize, branch=branch, subtree=subtree, limit=limit)
-
-    def diff(self, a: str, b: str, *, exact: bool = False) -> t.Diff:
-        """Per-tensor differences from ``a`` to ``b`` from stored statistics and shared chunks; with
-        ``exact`` also L2 distance, relative change and cosine, reading only the chunks that differ."""
-        self._check_open()
-        return analysis.diff(self._reading, a, b, exact=exact, reader=self._reader if exact else None,
-                             pool=self._pool)
-
-    def history(self, name: str, *, along: str = DEFAULT_BRANCH, limit: int | None = None) -> list[t.HistoryPoint]:
-        """Statistics of tensor ``name`` and its change from the previous commit along the
-        first-parent chain of ``along``, newest first (no tensor bytes read)."""
-        self._check_open()
-        return analysis.history(self._reading, name, along=along, limit=limit)
-
-    def metrics_along(self, names: Collection[str], *, along: str = DEFAULT_BRANCH,
-                      limit: int | None = None) -> list[t.MetricPoint]:
-        """The metrics ``names`` of every commit of ``along``'s first-parent chain, newest first."""
-        self._check_open()
-        return analysis.metrics_along(self._sessions, list(names), along=along, limit=limit)
-
-    def metric_names(self) -> list[str]:
-        """Every metric name any commit records, sorted."""
-        self._check_open()
-        return analysis.metric_names(self._sessions)
-
     # -- refs ------------------------------------------------------------------------------
-
-    @property
-    def head(self) -> str:
-        """The current branch: what ``commit`` uses when no branch is given (``main`` until
-        ``switch``). It may not exist yet; the next commit on it creates it."""
-        return refs.read_head(self.repo_dir)
 
     def switch(self, branch: str) -> None:
         """Make ``branch`` the current branch (``head``), atomically; InvalidRefName for a bad name."""
@@ -618,25 +371,7 @@ class Repo:
             catalog.record_journal_key(s, key)
             return refs.delete_ref(s, kind, name, force=force)
 
-    def branches(self) -> list[t.RefInfo]:
-        """Every branch, by name."""
-        self._check_open()
-        with self._sessions() as s:
-            return refs.listing(s, "branch")
-
-    def tags(self) -> list[t.RefInfo]:
-        """Every tag, by name."""
-        self._check_open()
-        with self._sessions() as s:
-            return refs.listing(s, "tag")
-
     # -- whole repository ------------------------------------------------------------------
-
-    def stats(self) -> t.RepoStats:
-        """Counts and sizes of the whole repository (see ``RepoStats``)."""
-        self._check_open()
-        with self._reading() as s:
-            return t.RepoStats(**catalog.totals(s))
 
     def gc(self, *, grace: float = DEFAULT_GRACE_S, dry_run: bool = False) -> t.GcReport:
         """Remove commits no ref reaches and everything only they needed (``maintenance.gc``); objects
@@ -689,14 +424,6 @@ class Repo:
         setting.write(self._sessions, self._backend, rules)
         self._retention.set_rules(rules)
 
-    def retention(self) -> t.RetentionRules | None:
-        """The stored retention setting (``set_retention``), or None."""
-        from ckptrepo.maintenance import setting
-
-        self._check_open()
-        with self._sessions() as s:
-            return setting.read(s)
-
     def repack(self, *, compact_below: float = 0.0, dry_run: bool = False) -> t.RepackReport:
         """Encode the chunks commits stored raw and, with ``compact_below`` (a fraction), move the
         live chunks of packs less live than that into new packs (``maintenance.repack``)."""
@@ -706,12 +433,6 @@ class Repo:
         self._settle()
         return packer.repack(self._sessions, self._backend, self._reader, self._pool, self.config,
                              compact_below=compact_below, dry_run=dry_run)
-
-    def repack_pending(self) -> tuple[int, int]:
-        """``(packs, bytes)`` that commits stored raw and no repack has encoded yet."""
-        self._check_open()
-        with self._sessions() as s:
-            return catalog.awaiting_repack(s)
 
     def write_missing_manifests(self) -> int:
         """Write the manifests that are missing (commits made before manifests existed), damaged or
