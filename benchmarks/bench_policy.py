@@ -38,18 +38,35 @@ time between failures and ``R`` the restart time (``--restart``). ``M`` defaults
 value that puts Young's optimum (``sqrt(2 C M)``, from a probe of the commit cost C here)
 at the geometric middle of the sweep, so the sweep brackets it; it is printed.
 
+Cold start (issue 46), in rounds of fresh processes (``--cold-rounds``; 0: none): the loop of
+``tests/integration/test_adaptive_cold_start.py``, a 2.1M-parameter MLP with AdamW (a 25 MB
+state, one torch thread), its batch sized once so that a step takes about 23 ms here, 300 steps,
+committed to a new repository with no commit before, under ``Adaptive(0.05)`` and under
+``Every(50)``, one process each per round in random order. Processes differ in speed by up to
+2x here, so each is its own reference: 150 steps without a checkpointer before the loop and
+150 after. Per kind and round: commits; the *wall overhead*, the loop's wall (first step to
+the last commit durable and the repository closed) against 300 steps at the reference's mean
+step (the first commit's one-time costs included); for Adaptive its own measured overhead
+(``Adaptive.overhead``), its one-time cost (``meter.one_time_s``), also taken off the wall
+overhead; and each kind's median clean step (no commit in flight) against the reference's
+median step: what a cost measure of commits cannot see (the loop slowed between commits).
+Means over rounds with 95% bootstrap intervals. Goals: at least 10 commits, measured overhead
+<= 5%.
+
     python benchmarks/bench_policy.py [--rounds 6] [--steps 200] [--ks 5 7 10 14 20 28 40]
-        [--mtbf SECONDS] [--restart 0] [--quick] [--seed 0] [--dir PATH]
+        [--mtbf SECONDS] [--restart 0] [--quick] [--seed 0] [--dir PATH] [--cold-rounds 5] [--cold-only]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import random
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -59,7 +76,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import bootstrap, goal_note, report, scratch_dir
+from _common import ForeignLoad, bootstrap, goal_note, report, scratch_dir, wait_quiet
 from _training import Trainer, add_model_args
 
 import ckptrepo
@@ -67,6 +84,11 @@ from ckptrepo import Checkpointer
 from ckptrepo.policy import Adaptive, DenseEarly, Every, Policy, YoungDaly
 
 BUDGET = 0.035
+COLD_BUDGET = 0.05  # the cold-start loop's, as issue 46 ran it
+COLD_STEPS = 300
+COLD_STEP_S = 0.023
+COLD_REF = 150  # uncheckpointed steps before and after the loop: each process's own reference
+COLD_KINDS = ("adaptive", "every(50)")
 
 
 @dataclass
@@ -233,6 +255,134 @@ def goals(info: dict[str, Any], ks: list[int]) -> list[tuple[str, float, str]]:
     return rows
 
 
+class ColdLoop:
+    """Issue 46's loop: a 2.1M-parameter MLP (1024 -> 1024 -> 1024) and AdamW on batches of ``rows``."""
+
+    def __init__(self, rows: int) -> None:
+        torch.manual_seed(0)
+        self.model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024))
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        self.batch = torch.randn(rows, 1024)
+
+    def step(self) -> None:
+        loss = self.model(self.batch).square().mean()
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+
+
+def cold_rows() -> int:
+    """The batch rows for which a step of the cold-start loop takes about ``COLD_STEP_S`` here."""
+    loop = ColdLoop(16)
+
+    def seconds(rows: int) -> float:
+        loop.batch = torch.randn(rows, 1024)
+        times = []
+        for _ in range(10):
+            start = time.perf_counter()
+            loop.step()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[3:])  # the first steps at a new size allocate
+
+    small, large = seconds(16), seconds(256)
+    per_row = max((large - small) / 240, 1e-6)
+    return min(1024, max(8, round(16 + (COLD_STEP_S - small) / per_row)))
+
+
+def cold_child(kind: str, rows: int, repo: Path, out: Path) -> None:
+    """One fresh process's run of the cold-start loop under ``kind``, between two stretches of
+    ``COLD_REF`` steps without a checkpointer (its reference); what it measured goes to ``out``."""
+    torch.set_num_threads(1)
+    loop = ColdLoop(rows)
+    policy: Policy = Adaptive(COLD_BUDGET) if kind == "adaptive" else Every(50)
+
+    def uncheckpointed() -> list[float]:
+        times = []
+        for _ in range(COLD_REF):
+            t0 = time.perf_counter()
+            loop.step()
+            times.append(time.perf_counter() - t0)
+        return times
+
+    before = uncheckpointed()  # AdamW's state made here; nothing committed
+    commits: list[tuple[int, str]] = []
+    clean: list[float] = []  # the loop's steps no commit overlapped
+    pending: list[Any] = []
+    with ForeignLoad() as load:
+        start = time.perf_counter()
+        with Checkpointer(repo, model=loop.model, optimizer=loop.opt, policy=policy) as ckpt:
+            for step in range(1, COLD_STEPS + 1):
+                pending = [h for h in pending if not h.done()]
+                t0 = time.perf_counter()
+                loop.step()
+                if not pending:
+                    clean.append(time.perf_counter() - t0)
+                handle = ckpt.after_step(step)
+                if handle is not None:
+                    commits.append((step, ckpt.last_rule or ""))
+                    pending.append(handle)
+        wall = time.perf_counter() - start  # the last commit durable, the repository closed
+    reference = before + uncheckpointed()
+    got: dict[str, Any] = {"wall": wall, "none": COLD_STEPS * statistics.fmean(reference), "commits": commits,
+                           "step": statistics.median(reference), "clean": statistics.median(clean),
+                           "foreign": load.share}
+    if isinstance(policy, Adaptive):
+        got |= {"overhead": policy.overhead, "one_time": policy.meter.one_time_s, "cost": policy.meter.cost_s}
+    out.write_text(json.dumps(got))
+
+
+def cold_start(rounds: int, rng: random.Random, base: Path) -> tuple[list[tuple[str, float, str]], dict[str, Any]]:
+    """Issue 46's loop from a cold start, in ``rounds`` of fresh processes (see the module docstring)."""
+    rows = cold_rows()
+    runs: dict[str, list[dict[str, Any]]] = {kind: [] for kind in COLD_KINDS}
+    for r in range(rounds):
+        waited = wait_quiet(0.25)
+        order = list(COLD_KINDS)
+        rng.shuffle(order)
+        for kind in order:
+            out = base / "cold.json"
+            shutil.rmtree(base / "cold", ignore_errors=True)
+            subprocess.run([sys.executable, __file__, "--cold-child", kind, str(rows), str(base / "cold"), str(out)],
+                           check=True, timeout=600)
+            runs[kind].append(json.loads(out.read_text()))
+        a = runs["adaptive"][-1]
+        print(f"cold round {r + 1}/{rounds} (waited {waited:.0f} s for a quiet machine): Adaptive step "
+              f"{a['step'] * 1e3:.1f} ms, {len(a['commits'])} commits at {[s for s, _ in a['commits']]}, overhead "
+              f"{100 * a['overhead']:.2f}%, wall {100 * (a['wall'] / a['none'] - 1):.1f}%, one-time "
+              f"{a['one_time']:.2f} s; others' CPU {100 * max(x[-1]['foreign'] for x in runs.values()):.0f}%",
+              flush=True)
+
+    def mean_ci(values: list[float]) -> tuple[float, str]:
+        lo, hi = bootstrap(lambda idx: statistics.fmean(values[i] for i in idx), len(values), rng)
+        return statistics.fmean(values), f"[{lo:.2f}, {hi:.2f}]"
+
+    adaptive = runs["adaptive"]
+    commits = [len(a["commits"]) for a in adaptive]
+    measured, measured_ci = mean_ci([100 * a["overhead"] for a in adaptive])
+    walled, wall_ci = mean_ci([100 * (a["wall"] / a["none"] - 1) for a in adaptive])
+    steady, steady_ci = mean_ci([100 * ((a["wall"] - a["one_time"]) / a["none"] - 1) for a in adaptive])
+    every, every_ci = mean_ci([100 * (e["wall"] / e["none"] - 1) for e in runs["every(50)"]])
+    clean, clean_ci = mean_ci([100 * (a["clean"] / a["step"] - 1) for a in adaptive])
+    every_clean, every_clean_ci = mean_ci([100 * (e["clean"] / e["step"] - 1) for e in runs["every(50)"]])
+    steps = [a["step"] * 1e3 for a in adaptive]
+    one_time = [a["one_time"] for a in adaptive]
+    gaps = [b - a for run in adaptive for (a, _), (b, _) in zip(run["commits"][2:], run["commits"][3:], strict=False)]
+    rows_out = [
+        ("cold start: Adaptive(0.05) commits in 300 steps", statistics.fmean(commits),
+         f"rounds {min(commits)}-{max(commits)}; median interval after the probe {statistics.median(gaps or [0]):g} "
+         f"steps; steps {min(steps):.1f}-{max(steps):.1f} ms ({rows} rows)  "
+         + goal_note(min(commits), 10, at_most=False)),
+        ("cold start: Adaptive(0.05) measured overhead %", measured, f"{measured_ci}  " + goal_note(measured, 5.0)),
+        ("cold start: Adaptive(0.05) wall overhead vs none %", walled,
+         f"{wall_ci}; less its one-time cost ({statistics.fmean(one_time):.2f} s, rounds {min(one_time):.2f}-"
+         f"{max(one_time):.2f}): {steady:.2f} {steady_ci}; its clean steps vs none {clean:+.1f}% {clean_ci}"),
+        ("cold start: Every(50) wall overhead vs none %", every,
+         f"{every_ci}; {statistics.fmean(len(e['commits']) for e in runs['every(50)']):g} commits; its clean steps "
+         f"vs none {every_clean:+.1f}% {every_clean_ci}"),
+    ]
+    return rows_out, {"rows": rows, "runs": runs}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ks", type=int, nargs="+", default=[5, 7, 10, 14, 20, 28, 40], help="the Every(k) sweep")
@@ -245,12 +395,25 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     add_model_args(ap)
     ap.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir under /work)")
+    ap.add_argument("--cold-rounds", type=int, default=5, help="rounds of the cold-start processes (0: none)")
+    ap.add_argument("--cold-only", action="store_true", help="only the cold-start rounds")
+    ap.add_argument("--cold-child", nargs=4, metavar=("KIND", "ROWS", "REPO", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.cold_child:
+        kind, rows, repo, out = args.cold_child
+        cold_child(kind, int(rows), Path(repo), Path(out))
+        return
     if args.quick:
-        args.rounds, args.steps, args.ks = 2, 60, [4, 8, 16, 32]
+        args.rounds, args.steps, args.ks, args.cold_rounds = 2, 60, [4, 8, 16, 32], min(args.cold_rounds, 1)
         args.d_model, args.layers = 128, 2
     torch.set_num_threads(1)
     rng = random.Random(args.seed)
+    if args.cold_only:
+        with scratch_dir(args.dir) as base:
+            rows, info = cold_start(args.cold_rounds, rng, base)
+        report("Adaptive from a cold start (fresh processes; mean over rounds, 95% bootstrap interval)", rows,
+               {"cold_start": info})
+        return
     trainer = Trainer.warmed(args)
     print(f"load average at start {os.getloadavg()[0]:.1f}; model {trainer.params() / 1e6:.1f}M params, state "
           f"{trainer.state_mib():.0f} MiB; {args.rounds} rounds of {args.steps} steps per kind", flush=True)
@@ -273,10 +436,11 @@ def main() -> None:
             print(f"round {r + 1}/{args.rounds}: {time.perf_counter() - t0:.0f} s; none step "
                   f"{statistics.median(none.segments[-1].steps) * 1e3:.1f} ms", flush=True)
         rows, info = summarize(kinds, none, rng, mtbf, args.restart)
-    rows += goals(info, args.ks)
+        cold_rows_out, cold_info = cold_start(args.cold_rounds, rng, base) if args.cold_rounds else ([], {})
+    rows += goals(info, args.ks) + cold_rows_out
     report("commit policies on the training loop (mean over rounds, 95% bootstrap interval)", rows,
            {"mtbf_s": mtbf, "restart_s": args.restart, "cost_probe_s": cost_s, "step_probe_s": step_s,
-            "rounds": args.rounds, "steps": args.steps, "kinds": info})
+            "rounds": args.rounds, "steps": args.steps, "kinds": info, "cold_start": cold_info})
 
 
 if __name__ == "__main__":
