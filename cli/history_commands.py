@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import lineage_render, render
+from . import render
 from .options import AllCommitsOpt, GraphOpt, JsonOpt, LimitOpt, OptionalRevArg, RevArg, WhereOpt
 from .session import current, log_start
 
@@ -25,6 +25,8 @@ def log(
     elif not commits:
         render.err.print("no commits match" if where is not None else "no commits yet")
     elif graph:
+        from . import lineage_render  # rich's tables: only the graph draws one
+
         for line in lineage_render.graph_lines(commits):
             render.out.print(line, soft_wrap=True)
     else:

@@ -15,6 +15,8 @@ from typing import Annotated
 
 import typer
 
+from ckptrepo import knobs
+
 from .session import current
 
 # Bounds of the integers and durations a user gives (larger ones are Typer usage errors, exit 2,
@@ -102,8 +104,8 @@ RepoOpt = Annotated[
     typer.Option(
         "--repo",
         metavar="PATH",
-        envvar="CKPT_REPO",
-        help="Repository to use: PATH or PATH/.ckpt. Default: the nearest .ckpt/ at or above the working directory.",
+        envvar=knobs.KNOBS["REPO"].variable,
+        help=f"Repository to use: PATH or PATH/.ckpt. Default: {knobs.KNOBS['REPO'].shown_default}.",
         show_default=False,
     ),
 ]

@@ -13,11 +13,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich import box
-from rich.table import Table
 from rich.text import Text
 
 from ckptrepo.types import (
@@ -39,11 +37,30 @@ from ckptrepo.types import (
 
 from . import terminal
 
+if TYPE_CHECKING:
+    from rich.table import Table
+
 # file=None: rich writes to whatever sys.stdout / sys.stderr is at print time.
 out = terminal.Console()
 err = terminal.Console(stderr=True)
 
 _UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def _table() -> Table:
+    """An empty table: a header line over its rows. (rich's tables are imported at first use:
+    ``ckpt log`` draws none.)"""
+    from rich import box
+    from rich.table import Table
+
+    return Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+
+
+def _grid() -> Table:
+    """An empty grid: columns two spaces apart, no lines."""
+    from rich.table import Table
+
+    return Table.grid(padding=(0, 2))
 
 
 def emit_json(document: Any) -> None:
@@ -55,7 +72,7 @@ def emit_json(document: Any) -> None:
 def phases(*, enabled: bool) -> Iterator[Callable[[str], None]]:
     """A spinner on stderr naming the current phase of a long command (nothing when not enabled
     or when stderr is not a terminal); yields the function that names the next phase."""
-    if not enabled:
+    if not (enabled and err.is_terminal):  # rich's live display is not even imported then
         yield lambda _description: None
         return
     with err.status("") as status:
@@ -171,7 +188,7 @@ def commit_fields(commit: Commit) -> Table:
         ("pruned", "yes: metadata and statistics kept, tensors dropped" if commit.pruned else "", "red"),
         ("damaged", commit.damage or "", "bold red"),
     ]
-    grid = Table.grid(padding=(0, 2))
+    grid = _grid()
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
     for label, value, style in rows:
@@ -181,7 +198,7 @@ def commit_fields(commit: Commit) -> Table:
 
 
 def tensor_table(tensors: Sequence[TensorInfo]) -> Table:
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table = _table()
     table.add_column("tensor")
     table.add_column("dtype", style="magenta")
     table.add_column("shape")
@@ -195,7 +212,7 @@ def tensor_table(tensors: Sequence[TensorInfo]) -> Table:
 def ref_table(refs_: Sequence[RefInfo], commits: Mapping[str, Commit], *, current: str | None = None) -> Table:
     """Branches or tags with the step and message of the commit each names; branch ``current``
     is marked with ``*`` (the others get two spaces, so names stay aligned)."""
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table = _table()
     table.add_column("name", style="cyan")
     table.add_column("commit", style="yellow", no_wrap=True)
     table.add_column("step", justify="right")
@@ -213,7 +230,7 @@ def ref_table(refs_: Sequence[RefInfo], commits: Mapping[str, Commit], *, curren
 
 
 def stats_table(stats: RepoStats, awaiting_repack: tuple[int, int] = (0, 0)) -> Table:
-    grid = Table.grid(padding=(0, 2))
+    grid = _grid()
     grid.add_column(style="bold")
     grid.add_column(justify="right")
     grid.add_column(style="dim")
@@ -237,7 +254,7 @@ def stats_table(stats: RepoStats, awaiting_repack: tuple[int, int] = (0, 0)) -> 
 def verify_summary(report: VerifyReport) -> Table:
     """``ckpt verify``: what was checked."""
     c = report.checked
-    grid = Table.grid(padding=(0, 2))
+    grid = _grid()
     grid.add_column(style="bold")
     grid.add_column(justify="right")
     grid.add_column(style="dim")
@@ -255,7 +272,7 @@ def verify_summary(report: VerifyReport) -> Table:
 def gc_summary(report: GcReport) -> Table:
     """``ckpt gc``: what was (or, with --dry-run, would be) removed, and what was kept."""
     would = "would remove" if report.dry_run else "removed"
-    grid = Table.grid(padding=(0, 2))
+    grid = _grid()
     grid.add_column(style="bold")
     grid.add_column(justify="right")
     grid.add_column(style="dim")
@@ -284,7 +301,7 @@ def gc_summary(report: GcReport) -> Table:
 
 def prune_table(commits: Sequence[Commit], more: int) -> Table:
     """``ckpt prune``: the commits it pruned (or would), ``more`` of them left out."""
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table = _table()
     table.add_column("pruned", style="yellow", no_wrap=True)
     table.add_column("step", justify="right")
     table.add_column("branch", style="cyan")
@@ -299,7 +316,7 @@ def prune_table(commits: Sequence[Commit], more: int) -> Table:
 
 def prune_summary(report: PruneReport, rules: str, saved: bool) -> Table:
     """``ckpt prune``: what was considered, kept (and why) and pruned, and what gc then frees."""
-    grid = Table.grid(padding=(0, 2))
+    grid = _grid()
     grid.add_column(style="bold")
     grid.add_column(justify="right")
     grid.add_column(style="dim")
@@ -320,7 +337,7 @@ def prune_summary(report: PruneReport, rules: str, saved: bool) -> Table:
 
 def repack_summary(report: RepackReport) -> Table:
     """``ckpt repack``: what was read, encoded, copied and written, and the bytes before and after."""
-    grid = Table.grid(padding=(0, 2))
+    grid = _grid()
     grid.add_column(style="bold")
     grid.add_column(justify="right")
     grid.add_column(style="dim")
@@ -341,7 +358,7 @@ def repack_summary(report: RepackReport) -> Table:
 
 def last_good_table(report: VerifyReport) -> Table:
     """``ckpt verify``: per branch, the newest commit no error breaks (what to resume from)."""
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table = _table()
     table.add_column("branch")
     table.add_column("last known good")
     heads = dict(report.heads)
@@ -367,7 +384,7 @@ def verify_verdict(report: VerifyReport) -> Text:
 
 def problem_table(problems: Sequence[Problem]) -> Table:
     """One row per verify problem: severity, kind, what is wrong, and the commits it breaks."""
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table = _table()
     table.add_column("severity")
     table.add_column("kind")
     table.add_column("problem", overflow="fold")
@@ -437,7 +454,7 @@ def diff_summary(d: Diff) -> Text:
 def diff_table(tensors: Sequence[TensorDelta], *, exact: bool) -> Table:
     """One row per tensor: status mark, name, chunks that differ; then the L2 norm's relative change
     and the mean/std deltas (stat), or ‖b−a‖, ‖b−a‖/‖a‖, cosine similarity and max |b−a| (exact)."""
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table = _table()
     table.add_column("", no_wrap=True)
     table.add_column("tensor", overflow="fold", ratio=3)
     table.add_column("chunks", justify="right", no_wrap=True)
@@ -474,7 +491,7 @@ def history_summary(name: str, along: str, points: Sequence[HistoryPoint]) -> Te
 def history_table(points: Sequence[HistoryPoint]) -> Table:
     """One row per commit: status mark against its first parent, chunks that changed, stored
     statistics, and the L2 norm's relative change; a pruned commit's id says ``(pruned)``."""
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
+    table = _table()
     table.add_column("commit", style="yellow", no_wrap=True)
     table.add_column("step", justify="right", no_wrap=True)
     table.add_column("", no_wrap=True)
@@ -495,7 +512,7 @@ def history_table(points: Sequence[HistoryPoint]) -> Table:
 
 def rebuild_summary(report: RebuildReport) -> Table:
     """``ckpt db rebuild``: what came back from the store, and what could not."""
-    grid = Table.grid(padding=(0, 2))
+    grid = _grid()
     grid.add_column(style="bold")
     grid.add_column(justify="right")
     grid.add_column(style="dim")
@@ -523,7 +540,7 @@ def rebuild_summary(report: RebuildReport) -> Table:
 def status_grid(branch: str, head: Commit | None, where: Mapping[str, str]) -> Table:
     """``ckpt status``: the current branch and its head commit (step, message), or that the branch
     has no commits yet; then ``where`` (label -> the repository's folder, database, store)."""
-    grid = Table.grid(padding=(0, 2))
+    grid = _grid()
     grid.add_column(style="bold", no_wrap=True)
     grid.add_column()
     grid.add_row("branch", plain(branch, style="bold green"))

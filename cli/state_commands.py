@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ckptrepo import errors
-from ckptrepo.formats import output_format, suffix_format, write_state
+from ckptrepo.formats import output_format, read_ahead, suffix_format, write_state
 from ckptrepo.types import short_id
 
 from . import render
@@ -69,6 +69,7 @@ def commit(
         return
     path = paths[0]
     transfer = _transfer_spec(transfer_from) if transfer_from is not None else None
+    read_ahead(path)  # a safetensors file is read while the library is imported and the repository opened
     with current().open() as repo, render.phases(enabled=_input_bytes(path) >= PROGRESS_MIN_BYTES) as phase:
         branch = branch or repo.head
         phase(f"committing {path.name}: reading, hashing, compressing and writing")

@@ -1,9 +1,10 @@
-"""What starting ``ckpt`` and importing ``ckptrepo`` load (issue 45, item 9).
+"""What starting ``ckpt`` and importing ``ckptrepo`` load (issue 45, item 9; issue 46).
 
 ``ckpt --version`` is answered before any command module is imported, so it loads neither the
 database stack (sqlalchemy), nor torch, nor rich; ``import ckptrepo`` alone loads no database
-stack either, its public names being imported at first use (PEP 562 ``__getattr__``). Each
-check runs in a fresh interpreter, since this one has imported everything already.
+stack either, its public names being imported at first use (PEP 562 ``__getattr__``). A command
+imports its own module alone (``ckpt log``: not the formats, the plots, the web UI, rich's tables).
+Each check runs in a fresh interpreter, since this one has imported everything already.
 """
 
 from __future__ import annotations
@@ -39,6 +40,22 @@ def test_version_prints_the_version() -> None:
     out = subprocess.run([sys.executable, "-m", "ckptrepo.cli.app", "--version"], capture_output=True, text=True,
                          check=True, cwd=ROOT, timeout=120)
     assert out.stdout.startswith("ckpt ") and out.stderr == ""
+
+
+OTHER_COMMANDS = ("ckptrepo.cli.state_commands", "ckptrepo.cli.analysis_commands", "ckptrepo.cli.ui_commands",
+                  "ckptrepo.cli.verify_commands", "ckptrepo.cli.lineage_render", "ckptrepo.formats", "rich.table",
+                  "rich.live")
+
+
+def test_log_imports_its_own_command_alone(tmp_path: Path) -> None:
+    ckptrepo.Repo.init(tmp_path).close()
+    code = (f"import sys\nsys.argv = ['ckpt', '--repo', {str(tmp_path)!r}, 'log', '-n', '20']\n"
+            "from ckptrepo.cli.app import main\ntry:\n    main()\nexcept SystemExit as e:\n    assert not e.code\n"
+            f"import json\nprint(json.dumps([m for m in {OTHER_COMMANDS!r} if m in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
+                         timeout=120)
+    assert "no commits yet" in out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 
 
 def test_import_ckptrepo_loads_no_database_stack() -> None:
@@ -82,3 +99,9 @@ def test_the_app_with_every_command_for_cli_runner() -> None:
     for command in ("init", "status", "commit", "checkout", "log", "show", "branch", "verify", "plot", "ui"):
         assert command in result.stdout, command
     assert CliRunner().invoke(app, ["--version"]).stdout.startswith("ckpt ")
+    for group, commands in (("lineage", ("ancestors", "merge-base")), ("db", ("upgrade", "rebuild")),
+                            ("plot", ("history", "metrics"))):
+        result = CliRunner().invoke(app, [group, "--help"])
+        assert result.exit_code == 0 and all(command in result.stdout for command in commands), result.stdout
+    result = CliRunner().invoke(app, ["lgo"])
+    assert result.exit_code == 2 and "Did you mean 'log'" in result.output
