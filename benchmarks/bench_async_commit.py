@@ -81,6 +81,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import fsync_dir, fsync_path, goal_note, median, quiet_run, report, scratch_dir
 
 import ckptrepo
+from ckptrepo.testing import parts
 
 MIB = 1 << 20
 State = dict[str, Any]
@@ -246,7 +247,7 @@ class Bench:
         staging arena (idle between commits: max_inflight=1 and the last commit waited for)."""
         from ckptrepo.state import flatten
 
-        slots = self.repo._writer.snapshots().staging._free  # the benchmark reaches into the pool on purpose
+        slots = parts(self.repo).writer.snapshots().staging._free  # the benchmark reaches into the pool on purpose
         assert len(slots) == 1 and slots[0].arena is not None, "the loop repository's slot is busy or empty"
         return list(slots[0].prepare(flatten(self.state).tensors).values())
 

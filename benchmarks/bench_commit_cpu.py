@@ -57,6 +57,7 @@ from ckptrepo.chunks.chunker import chunk_spans
 from ckptrepo.db import pending as layouts
 from ckptrepo.ingest.spare import read_cpu_times
 from ckptrepo.ingest.stats import moments_of_bytes
+from ckptrepo.testing import parts
 
 ROLES = ("caller", "torch intra-op", "committer", "workers", "write-ahead", "other")
 
@@ -199,7 +200,7 @@ def main() -> None:
         # What the commits left for later: their pending layouts (ckptrepo.db.pending), indexed
         # as the first read (or an idle window) would, on this thread.
         index0 = time.thread_time()
-        indexed = layouts.index_pending(repo._sessions)
+        indexed = layouts.index_pending(parts(repo).sessions)
         index_ms = (time.thread_time() - index0) * 1e3
         catalog_mib = sum(f.stat().st_size for f in (base / "repo" / ".ckpt").glob("db.sqlite*")) / 2**20
     speeds = peers(trainer, chunk_size)

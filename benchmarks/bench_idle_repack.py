@@ -8,7 +8,7 @@ benchmark's repositories run that repack, and it may land in any kind's block, w
 their comparison. This script measures it on its own, with the training loop of
 ``_training.py`` (~117 MiB state) in blocks of k steps, rounds in random order:
   - quiet: k steps; the gate's window is measured over the block (its reading of idle cores),
-  - repack: the repository's own idle repack (``Repo._repack_when_idle``, as the committer
+  - repack: the repository's own idle repack (``ingest.idle.IdleRepack.run``, as the committer
     thread runs it, started at once as if the gate had just opened) beside k steps; at the
     end it is stopped and the block lasts until it has wound down, so the block pays for
     all of it. Since it gives way to a busy machine (``spare.BusyWatch``), this is the cost
@@ -40,6 +40,7 @@ from bench_commit_cpu import nudge
 
 import ckptrepo
 from ckptrepo.ingest.spare import SpareCpuGate
+from ckptrepo.testing import parts
 
 
 def fill(repo: ckptrepo.Repo, trainer: Trainer, commits: int) -> None:
@@ -66,13 +67,13 @@ def repack_block(repo: ckptrepo.Repo, trainer: Trainer, k: int) -> tuple[float, 
     before = repo.repack_pending()[1]
     stop = threading.Event()
     cpu0, start = time.process_time(), time.perf_counter()
-    runner = threading.Thread(target=repo._writer._idle.run, args=(stop.is_set,), name="bench-idle-repack")
+    runner = threading.Thread(target=parts(repo).writer._idle.run, args=(stop.is_set,), name="bench-idle-repack")
     runner.start()
     for _ in range(k):
         trainer.step()
     stop.set()
     runner.join()
-    repo._writer._idle.wait()
+    parts(repo).writer._idle.wait()
     gc.collect()
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu0
     return wall, cpu, before - repo.repack_pending()[1]

@@ -49,6 +49,7 @@ from ckptrepo.db import lines
 from ckptrepo.db.engine import database_url, write_connection
 from ckptrepo.db.models import Chunk, Commit, Edge, Entry, EntryRun, Metric, Pack, Ref, Tensor, TensorChunk
 from ckptrepo.lineage import analysis
+from ckptrepo.testing import parts
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 NAMES = [f"layers.{i}.weight" for i in range(20)]
@@ -212,7 +213,7 @@ def reuse(label: str, path: Path) -> None:
     before, after = ckptrepo.upgrade_database(path)
     if before != after:
         with ckptrepo.Repo.open(path) as repo:
-            analyse(repo._engine)
+            analyse(parts(repo).engine)
         print(f"{label}: upgraded the schema from {before} to {after}, then analysed")
 
 
@@ -298,7 +299,7 @@ def prepare(label: str, path: Path, db_url: str | None, lin: Lineage) -> None:
     shutil.rmtree(path, ignore_errors=True)
     with ckptrepo.Repo.init(path, db_url=db_url) as repo:
         started = time.perf_counter()
-        load(repo._engine, lin)
+        load(parts(repo).engine, lin)
         print(f"{label}: loaded {len(lin.commits):,} commits in {time.perf_counter() - started:.0f} s")
 
 

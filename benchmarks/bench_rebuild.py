@@ -37,6 +37,7 @@ from _training import Trainer, add_model_args
 
 import ckptrepo
 from ckptrepo.ledger import manifest
+from ckptrepo.testing import parts
 
 MIB = 1 << 20
 
@@ -50,7 +51,7 @@ def manifest_sizes(base: Path, args: argparse.Namespace) -> list[tuple[int, int]
             for _ in range(3):
                 trainer.step()
             c = repo.commit(trainer.state, step=i, metrics={"loss": 1.0 / (i + 1)}, blocking=True).wait()
-            size = repo._backend.size(manifest.key_of(c.id))
+            size = parts(repo).backend.size(manifest.key_of(c.id))
             out.append((size, c.stored_bytes))
     return out
 

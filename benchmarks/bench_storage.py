@@ -59,7 +59,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -70,6 +69,7 @@ from _lineage import MIB, Entry
 
 from ckptrepo import Repo
 from ckptrepo.formats import read_states
+from ckptrepo.testing import assert_states_equal
 
 CHAIN_ROUNDS = 9  # alternating rounds of the delta-chain checkouts
 
@@ -236,13 +236,14 @@ class BorgStore(Store):
 
 
 def same_content(original: Path, restored: Path) -> str:
-    """``bytes`` if the files are identical, ``tensors`` if only the tensors are, else ``DIFFERENT``."""
+    """``bytes`` if the files are identical, ``tensors`` if only the tensors are (bit for bit), else ``DIFFERENT``."""
     if filecmp.cmp(original, restored, shallow=False):
         return "bytes"
-    a, b = load_file(str(original)), load_file(str(restored))
-    if a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a):
-        return "tensors"
-    return "DIFFERENT"
+    try:
+        assert_states_equal(load_file(str(restored)), load_file(str(original)))
+    except AssertionError:
+        return "DIFFERENT"
+    return "tensors"
 
 
 def foreign_share(load: ForeignLoad, before: os.times_result, after: os.times_result, wall: float) -> float:

@@ -104,6 +104,7 @@ from ckptrepo.config import DEFAULT_CHUNK_SIZE
 from ckptrepo.db import pending as layouts
 from ckptrepo.ids import hash_bytes
 from ckptrepo.storage.appendfile import direct_io_enabled, open_direct, pwrite_all
+from ckptrepo.testing import parts
 
 ROUNDS = {10: 40, 50: 60, 200: 16}  # ~2.5, ~15 and ~15 minutes at ~0.057 s/step with five kinds
 
@@ -487,7 +488,7 @@ def measure_k(k: int, rounds: int, trainer: Trainer, base: Path, variants: list[
                 continue
             # The commits' pending layouts (ckptrepo.db.pending), indexed as the first read would.
             cpu0 = time.process_time()
-            n_layouts = layouts.index_pending(kind.repo._sessions)
+            n_layouts = layouts.index_pending(parts(kind.repo).sessions)
             indexed[kind.name] = (time.process_time() - cpu0, n_layouts)
             left = kind.repo.repack_pending()[1]
             cpu0, t0 = time.process_time(), time.perf_counter()

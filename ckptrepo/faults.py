@@ -87,7 +87,7 @@ def _parse(spec: str) -> dict[str, tuple[str, int]]:
     return armed
 
 
-_armed.update(_parse(knobs.get_str("FAULTS", "")))
+_armed.update(_parse(knobs.get_str("FAULTS")))
 
 
 def point(name: str) -> None:

@@ -8,15 +8,13 @@ None of these functions opens the repository, so they work on one whose schema n
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
-from ckptrepo.atomic import fsync_dir
+from ckptrepo.atomic import atomic_build
 from ckptrepo.config import CONFIG_NAME, REPO_DIRNAME, SQLITE_NAME, RepoConfig
 from ckptrepo.db import migrate
 from ckptrepo.db.engine import database_url, make_engine
-from ckptrepo.errors import DatabaseMissing, NotARepository, ReadOnlyRepository, RepositoryExists
+from ckptrepo.errors import DatabaseMissing, NotARepository, OutputExists, ReadOnlyRepository, RepositoryExists
 from ckptrepo.ledger import identity
 from ckptrepo.storage import open_backend
 
@@ -58,21 +56,14 @@ def create(path: str | Path, config: RepoConfig) -> Path:
         _initialize(repo_dir, config)
         return repo_dir
     repo_dir.parent.mkdir(parents=True, exist_ok=True)
-    building = Path(tempfile.mkdtemp(prefix=f"{REPO_DIRNAME}-init-", dir=repo_dir.parent))
+    # Built under a temporary name and published durably (``atomic_build``): commits made next
+    # fsync only inside the repository, so a crash must not take the folder's name with it.
     try:
-        _initialize(building, config)
-        try:
-            os.rename(building, repo_dir)
-        except OSError as exc:
-            if repo_dir.exists():  # another process created it meanwhile
-                raise RepositoryExists(path=str(repo_dir)) from exc
-            raise
-        # The rename is durable only once the parent folder is: commits made next fsync only
-        # inside the repository, and a crash must not take the whole folder's name with it.
-        fsync_dir(repo_dir.parent)
-    except BaseException:
-        shutil.rmtree(building, ignore_errors=True)
-        raise
+        with atomic_build(repo_dir) as building:
+            building.mkdir()
+            _initialize(building, config)
+    except OutputExists as exc:  # another process created it meanwhile
+        raise RepositoryExists(path=str(repo_dir)) from exc
     return repo_dir
 
 

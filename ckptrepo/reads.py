@@ -209,7 +209,7 @@ class Reads:
 
     def load_tensor(self, rev: str, name: str) -> torch.Tensor:
         """One tensor of a commit, reading only that tensor's chunks."""
-        from ckptrepo.restore.tensors import read_tensors
+        from ckptrepo.chunks.tensors import read_tensors
 
         cid, _, items = self._layout(rev, [name])
         if name not in items:

@@ -9,6 +9,13 @@ Object store: ``s3_url`` is an ``s3://`` store URL in a fresh bucket of a real S
 server (moto's) that this session starts on loopback, with dummy credentials set in the
 environment for that test only.
 
+Slow tests: a test marked ``slow`` (minutes of kill loops, campaigns, spawned job ranks) is
+left out unless ``--slow`` or ``CKPT_TEST_SLOW=1`` is given, or ``-m`` selects by marker. The
+default run, which CI makes, keeps a representative test of each kind unmarked (every kill
+test's kind, single-rank kills of a job, the tamper campaign at its CI size, the README, ...)
+and marks their repeats (more kill moments, more world sizes, the PostgreSQL twin of a test
+whose database plays no part: ``slow(only="postgres")``); ``./scripts/test --slow`` runs all.
+
 Background repack: off (``CKPT_IDLE_REPACK=0``) unless a test turns it on, so that what a
 test reads after a commit (stats, packs, encodings) does not depend on how far an idle-time
 repack got meanwhile; ``tests/integration/test_repack.py`` and the kill tests run it.
@@ -42,6 +49,31 @@ S3_CREDENTIALS = {
     "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
     "AWS_EC2_METADATA_DISABLED": "true",
 }
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--slow", action="store_true", default=False,
+                     help="also run the tests marked slow (CKPT_TEST_SLOW=1 does the same)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave out the tests marked ``slow`` unless asked for (see the module docstring)."""
+    if config.getoption("--slow") or os.environ.get("CKPT_TEST_SLOW") == "1" or config.getoption("markexpr"):
+        return
+    slow = [item for item in items if _slow(item)]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not _slow(item)]
+
+
+def _slow(item: pytest.Item) -> bool:
+    """Marked ``slow``; ``slow(only="postgres")`` marks only the PostgreSQL variant of a test that
+    runs on both databases (its SQLite variant stays in the default run)."""
+    marker = item.get_closest_marker("slow")
+    if marker is None:
+        return False
+    only = marker.kwargs.get("only")
+    return only is None or (getattr(item, "callspec", None) is not None and item.callspec.params.get("db_url") == only)
 
 
 def postgres_base_url() -> str | None:

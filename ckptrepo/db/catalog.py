@@ -33,6 +33,7 @@ from ckptrepo.db.models import (
 )
 from ckptrepo.errors import ConcurrentChange
 from ckptrepo.locations import ChunkLocation
+from ckptrepo.rows import STAT_KEYS, TensorRow
 
 _IN_BATCH = 500
 
@@ -48,26 +49,10 @@ class PackRow(NamedTuple):
 
 CHUNK_COLUMNS = ("key", "id", "pack_id", "offset", "length", "raw_length", "encoding", "depth", "base_key",
                  "alone_length")
-# ``TensorRow.stats`` holds exactly these (``ingest.stats.combine``).
-STAT_COLUMNS = ("numel", "mean", "std", "min", "max", "l2_norm", "abs_max", "nan_count", "inf_count")
 _TENSOR_COLUMNS = ("key", "id", "lead_key", "dtype", "shape", "nbytes", "chunk_size", "n_chunks", "boxes",
-                   *STAT_COLUMNS)
+                   *STAT_KEYS)
 _RUN_COLUMNS = ("name", "line_id", "fp_depth", "tensor_key", "changed_chunks")
 _EDGE_COLUMNS = ("child_id", "parent_id", "kind", "position", "mapping", "fork_line_id", "fork_depth")
-
-
-@dataclass(frozen=True)
-class TensorRow:
-    """A ``tensors`` row with its ordered chunk ids; ``boxes``: see ``models.Tensor.boxes``."""
-
-    tensor_id: str
-    dtype: str
-    shape: list[int]
-    nbytes: int
-    chunk_size: int
-    chunk_ids: list[str]
-    stats: dict[str, Any]
-    boxes: list[list[list[int]]] | None = None
 
 
 @dataclass(frozen=True)
@@ -115,6 +100,12 @@ _RECORDS_OF_TENSORS = (
     .order_by(_TENSOR_CHUNKS.tensor_key, _TENSOR_CHUNKS.seq)
 )
 _CHUNK_KEYS = select(_CHUNKS.id, _CHUNKS.key).where(_CHUNKS.id.in_(_IDS))
+# A commit's entries with their tensors' columns (``tensors_of``): all of them, or those named.
+_ENTRY_TENSORS = (select(_ENTRIES.name, _TENSORS.key, _TENSORS.id, _TENSORS.dtype, _TENSORS.shape, _TENSORS.nbytes,
+                         _TENSORS.chunk_size, _TENSORS.boxes, *[_TENSORS[k] for k in STAT_KEYS])
+                  .join(_TENSORS_T, _TENSORS.key == _ENTRIES.tensor_key)
+                  .where(_ENTRIES.commit_id == bindparam("commit_id")).order_by(_ENTRIES.name))
+_NAMED_ENTRY_TENSORS = _ENTRY_TENSORS.where(_ENTRIES.name.in_(bindparam("names", expanding=True)))
 # Tensors by lead key alone, matched by id in Python (``tensor_keys_of``): SQLite (3.40) scans the
 # whole (lead_key, id) index for a row-value ``(lead_key, id) IN (...)``.
 _TENSORS_BY_LEAD = select(_TENSORS.lead_key, _TENSORS.id, _TENSORS.key).where(
@@ -431,7 +422,7 @@ def record_layout(
     _insert_keyed(session, "tensors", Tensor, _TENSOR_COLUMNS, [
         (t.tensor_id, chunk_keys.get(t.chunk_ids[0], 0) if t.chunk_ids else 0, t.dtype, t.shape, t.nbytes,
          t.chunk_size,
-         len(t.chunk_ids), t.boxes, *[t.stats[k] for k in STAT_COLUMNS])
+         len(t.chunk_ids), t.boxes, *[t.stats[k] for k in STAT_KEYS])
         for t in new_tensors
     ], tensor_keys, stored_tensors)
     insert_tuples(conn, TensorChunk, ("tensor_key", "seq", "chunk_key"), [
@@ -563,15 +554,32 @@ def tensor_layout(
     return [(row[0], row[1]) for row in session.execute(q.order_by(Entry.name))]
 
 
-def chunk_locations(session: Session, tensors: Iterable[Tensor]) -> dict[str, list[ChunkLocation]]:
-    """Ordered chunk rows per tensor id, of the tensor rows given (read by their keys)."""
-    by_key = {t.key: t.id for t in tensors}
-    out: dict[str, list[ChunkLocation]] = {tid: [] for tid in by_key.values()}
-    keys = sorted(by_key)
+def tensors_of(session: Session, commit_id: str,
+               names: Collection[str] | None = None) -> dict[str, tuple[TensorRow, list[ChunkLocation]]]:
+    """The entries of a commit (all, or those ``names`` it has), by name, each with its tensor's
+    row and the locations of its chunks in order (read by the tensors' keys: two queries). A
+    row's chunk ids are those its chunk list holds: none for a tensor whose list gc dropped
+    (``drop_chunk_lists``). Entries naming one tensor share one row."""
     conn = session.connection()
+    if names is None:
+        entries = conn.execute(_ENTRY_TENSORS, {"commit_id": commit_id}).all()
+    else:
+        entries = conn.execute(_NAMED_ENTRY_TENSORS, {"commit_id": commit_id, "names": list(names)}).all()
+    keys = sorted({e[1] for e in entries})
+    chunks: dict[int, list[ChunkLocation]] = {key: [] for key in keys}
     for start in range(0, len(keys), _IN_BATCH):
         for row in fetch_tuples(conn, _RECORDS_OF_TENSORS, {"keys": keys[start : start + _IN_BATCH]}):
-            out[by_key[row[0]]].append(ChunkLocation(*row[1:]))
+            chunks[row[0]].append(ChunkLocation(*row[1:]))
+    made: dict[int, tuple[TensorRow, list[ChunkLocation]]] = {}
+    out: dict[str, tuple[TensorRow, list[ChunkLocation]]] = {}
+    for name, key, tid, dtype, shape, nbytes, chunk_size, boxes, *stats in entries:
+        item = made.get(key)
+        if item is None:
+            locations = chunks[key]
+            item = made[key] = (TensorRow(tensor_id=tid, dtype=dtype, shape=shape, nbytes=nbytes,
+                                          chunk_size=chunk_size, chunk_ids=[c.chunk_id for c in locations],
+                                          boxes=boxes, stats=dict(zip(STAT_KEYS, stats, strict=True))), locations)
+        out[name] = item
     return out
 
 

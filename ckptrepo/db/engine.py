@@ -85,7 +85,7 @@ def make_engine(url: str, *, read_only: bool = False) -> Engine:
     """An Engine for ``url`` (from ``database_url``), configured for durability and concurrency.
 
     SQLite: WAL journal, ``synchronous=FULL``, foreign keys on, a busy timeout of
-    ``CKPT_DB_BUSY_TIMEOUT`` seconds (default 60), and SQLAlchemy in charge of BEGIN so
+    ``CKPT_DB_BUSY_TIMEOUT`` seconds, and SQLAlchemy in charge of BEGIN so
     transactions (DDL and SAVEPOINT included) behave as PEP 249 says. PostgreSQL: psycopg 3
     with ``pool_pre_ping`` so a connection dropped by the server is replaced, not reported,
     and sessions in UTC.
@@ -127,7 +127,7 @@ def make_engine(url: str, *, read_only: bool = False) -> Engine:
 def _sqlite_engine(url: str, *, read_only: bool) -> Engine:
     # sqlite3's ``timeout`` is SQLite's busy timeout: a writer waits this long for another
     # process's write lock before giving up with "database is locked".
-    timeout = float(knobs.get_int("DB_BUSY_TIMEOUT", 60))
+    timeout = float(knobs.get_int("DB_BUSY_TIMEOUT"))
     path = make_url(url).database
     if read_only and path not in (None, "", ":memory:"):
         target = _sqlite_read_only(Path(str(path)))

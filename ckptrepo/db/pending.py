@@ -18,8 +18,11 @@ an idle repository does too; a training loop thus pays for the rows when somethi
 or the machine has spare CPU, not in each commit. A database that may not be written (a
 read-only ``Repo``) cannot be indexed: its readers read an indexed private copy (``db.readcopy``).
 
-The payload is zstd-compressed JSON (never pickle: reading a repository never executes code);
-``decode`` refuses anything else with FormatError.
+The payload is zstd-compressed JSON (never pickle: reading a repository never executes code):
+``{"v": 2, "chunks": [chunk row, ...], "tensors": [tensor, ...], "entries": {name: tensor id}}``,
+a chunk row as ``ChunkLocation``'s fields in order, a tensor as ``[tensor_id, dtype, shape,
+nbytes, chunk_size, chunk_ids, stats, boxes]`` (``rows.TensorRow``'s fields, converted by name
+here; version 1 had no ``boxes``). ``decode`` refuses anything else with FormatError.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import zstandard
 from sqlalchemy import delete, func, select
@@ -38,6 +42,7 @@ from ckptrepo.db.engine import write_transaction
 from ckptrepo.db.models import Commit, PendingLayout
 from ckptrepo.errors import ConcurrentChange, FormatError
 from ckptrepo.locations import ChunkLocation
+from ckptrepo.rows import TensorRow
 
 _VERSION = 2  # 2: each tensor's boxes (schema 0012)
 _BATCH = 64  # layouts per indexing transaction
@@ -47,7 +52,7 @@ _compressor = zstandard.ZstdCompressor(level=1)
 _decompressor = zstandard.ZstdDecompressor()
 
 
-def encode(chunks: Iterable[ChunkLocation], tensors: Iterable[catalog.TensorRow], entries: dict[str, str]) -> bytes:
+def encode(chunks: Iterable[ChunkLocation], tensors: Iterable[TensorRow], entries: dict[str, str]) -> bytes:
     """The payload of a pending layout: every new chunk row, every tensor row of ``entries``
     and the entries themselves."""
     doc = {
@@ -60,14 +65,14 @@ def encode(chunks: Iterable[ChunkLocation], tensors: Iterable[catalog.TensorRow]
     return _compressor.compress(json.dumps(doc, separators=(",", ":")).encode())
 
 
-def decode(payload: bytes) -> tuple[list[ChunkLocation], list[catalog.TensorRow], dict[str, str]]:
+def decode(payload: bytes) -> tuple[list[ChunkLocation], list[TensorRow], dict[str, str]]:
     """``(chunks, tensors, entries)`` of a payload made by ``encode``; FormatError otherwise."""
     try:
         doc = json.loads(_decompressor.decompress(payload))
         if doc.get("v") not in (1, _VERSION):  # version 1: tensors without boxes
             raise ValueError(f"version {doc.get('v')!r}")
         chunks = [ChunkLocation(*c) for c in doc["chunks"]]
-        tensors = [catalog.TensorRow(*t) for t in doc["tensors"]]
+        tensors = [_tensor_row(*t) for t in doc["tensors"]]
         entries = {str(k): str(v) for k, v in doc["entries"].items()}
     except (zstandard.ZstdError, ValueError, TypeError, KeyError, AttributeError) as exc:
         raise FormatError(f"a pending commit layout does not decode: {exc}",
@@ -75,8 +80,15 @@ def decode(payload: bytes) -> tuple[list[ChunkLocation], list[catalog.TensorRow]
     return chunks, tensors, entries
 
 
+def _tensor_row(tensor_id: str, dtype: str, shape: list[int], nbytes: int, chunk_size: int, chunk_ids: list[str],
+                stats: dict[str, Any], boxes: list[list[list[int]]] | None = None) -> TensorRow:
+    """The row of a payload's tensor (``encode``'s list, version 1's without ``boxes``)."""
+    return TensorRow(tensor_id=tensor_id, dtype=dtype, shape=shape, nbytes=nbytes, chunk_size=chunk_size,
+                     chunk_ids=chunk_ids, boxes=boxes, stats=stats)
+
+
 def defer_layout(session: Session, commit_id: str, chunks: Iterable[ChunkLocation],
-                 tensors: Iterable[catalog.TensorRow], entries: dict[str, str]) -> None:
+                 tensors: Iterable[TensorRow], entries: dict[str, str]) -> None:
     """Record a commit's layout as pending, in the caller's transaction (after its commit row)."""
     session.add(PendingLayout(commit_id=commit_id, payload=encode(chunks, tensors, entries)))
     session.flush()

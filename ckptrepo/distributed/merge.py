@@ -1,9 +1,10 @@
 """The coordinator's half of a distributed commit: the ranks' shares made into one commit's contents.
 
-Each rank's ``Share`` holds the packs it made durable and one ``TensorRecord`` per source it
-ingested: a whole tensor, or a piece of one (a shard, or a byte range of a replicated tensor
-split across ranks). ``merge`` assembles every tensor from its pieces (checking that they tile
-it exactly once: a partial checkpoint is refused, never recorded), and sums the figures.
+Each rank's ``Share`` holds the packs it made durable and what it ingested of each source
+(``Ingested``): a whole tensor, or a piece of one (a shard, or a byte range of a replicated
+tensor split across ranks). ``merge`` assembles every tensor's row from its pieces (checking
+that they tile it exactly once: a partial checkpoint is refused, never recorded), and sums the
+figures.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from ckptrepo import dtypes
 from ckptrepo.chunks.store import SealedPack
 from ckptrepo.errors import FormatError
 from ckptrepo.ids import tensor_id
-from ckptrepo.ingest.pipeline import IngestResult, TensorRecord
+from ckptrepo.ingest.pipeline import Ingested, IngestResult
 from ckptrepo.ingest.stats import combine, merged
+from ckptrepo.rows import TensorRow
 
 
 @dataclass
@@ -32,7 +34,7 @@ class Share:
     packs: list[SealedPack] = field(default_factory=list)
     alone_lengths: dict[str, int] = field(default_factory=dict)
     new_chunk_ids: set[str] = field(default_factory=set)
-    records: list[TensorRecord] = field(default_factory=list)
+    records: list[Ingested] = field(default_factory=list)
     values: dict[str, bytes] = field(default_factory=dict)
     new_bytes: int = 0
     stored_bytes: int = 0
@@ -48,7 +50,7 @@ def merge(shares: Sequence[Share], chunk_size: int) -> IngestResult:
     """One ingest result for the whole commit: a record per tensor (named as the ranks named its
     pieces), every rank's packs. FormatError when the pieces of a tensor disagree on its dtype
     or shape, overlap, or leave part of it uncovered."""
-    pieces: dict[str, list[TensorRecord]] = defaultdict(list)
+    pieces: dict[str, list[Ingested]] = defaultdict(list)
     out = IngestResult(tensors=[], packs=[])
     for share in shares:
         for record in share.records:
@@ -62,27 +64,27 @@ def merge(shares: Sequence[Share], chunk_size: int) -> IngestResult:
     for name, records in pieces.items():
         record = records[0] if len(records) == 1 and records[0].box is None else _assemble(name, records, chunk_size)
         out.tensors.append(record)
-        out.logical_bytes += record.nbytes
-        out.nonfinite += record.stats["nan_count"] + record.stats["inf_count"]
+        out.logical_bytes += record.row.nbytes
+        out.nonfinite += record.row.stats["nan_count"] + record.row.stats["inf_count"]
     return out
 
 
-def _assemble(name: str, records: list[TensorRecord], chunk_size: int) -> TensorRecord:
-    first = records[0]
-    if any(r.dtype != first.dtype or r.shape != first.shape or r.box is None for r in records):
+def _assemble(name: str, records: list[Ingested], chunk_size: int) -> Ingested:
+    first = records[0].row
+    if any(r.row.dtype != first.dtype or r.row.shape != first.shape or r.box is None for r in records):
         raise FormatError(detail=f"the ranks' pieces of tensor {name!r} disagree on its dtype or shape")
     shape = first.shape
     itemsize = dtypes.dtype(first.dtype).itemsize
     nbytes = math.prod(shape) * itemsize
     boxes: list[list[list[int]]] | None = None
     if all(r.start is not None for r in records):
-        ordered = sorted(_distinct(records), key=lambda r: (r.start or 0, r.nbytes))
+        ordered = sorted(_distinct(records), key=lambda r: (r.start or 0, r.row.nbytes))
         at = 0
         for r in ordered:
             if r.start != at:
                 raise FormatError(detail=f"tensor {name!r}: bytes {at}..{r.start} are "
                                          f"{'in two pieces' if (r.start or 0) < at else 'in no piece'}")
-            at += r.nbytes
+            at += r.row.nbytes
         if at != nbytes:
             raise FormatError(detail=f"tensor {name!r}: its pieces hold {at} of its {nbytes} bytes")
     elif all(r.start is None for r in records):
@@ -91,19 +93,20 @@ def _assemble(name: str, records: list[TensorRecord], chunk_size: int) -> Tensor
         _check_tiling(name, shape, boxes)
     else:
         raise FormatError(detail=f"tensor {name!r}: some shards are ranges of its bytes and some are not")
-    chunk_ids = [x for r in ordered for x in r.chunk_ids]
+    chunk_ids = [x for r in ordered for x in r.row.chunk_ids]
     total = merged([r.moments for r in ordered])
-    return TensorRecord(name=name, tensor_id=tensor_id(first.dtype, shape, chunk_size, chunk_ids, boxes),
-                        dtype=first.dtype, shape=shape, nbytes=nbytes, chunk_size=chunk_size, chunk_ids=chunk_ids,
-                        stats=combine([total], math.prod(shape)), moments=total, boxes=boxes)
+    row = TensorRow(tensor_id=tensor_id(first.dtype, shape, chunk_size, chunk_ids, boxes), dtype=first.dtype,
+                    shape=shape, nbytes=nbytes, chunk_size=chunk_size, chunk_ids=chunk_ids, boxes=boxes,
+                    stats=combine([total], math.prod(shape)))
+    return Ingested(name=name, row=row, moments=total)
 
 
-def _distinct(records: list[TensorRecord]) -> list[TensorRecord]:
+def _distinct(records: list[Ingested]) -> list[Ingested]:
     """The records, each piece once (identical copies of one shard written by two ranks: same
     place, same chunks)."""
-    seen: dict[Any, TensorRecord] = {}
+    seen: dict[Any, Ingested] = {}
     for r in records:
-        seen.setdefault((r.start, r.box, tuple(r.chunk_ids)), r)
+        seen.setdefault((r.start, r.box, tuple(r.row.chunk_ids)), r)
     return list(seen.values())
 
 

@@ -71,7 +71,7 @@ def _own_groups(group: Any) -> tuple[Any, Any]:
                 raise RankFailed(rank=-1, detail="no process group is initialized",
                                  hint="Call torch.distributed.init_process_group first, on every rank.")
             ranks = dist.get_process_group_ranks(group) if group is not None else None
-            timeout = timedelta(seconds=knobs.get_int("DIST_TIMEOUT", 300))
+            timeout = timedelta(seconds=knobs.get_int("DIST_TIMEOUT"))
             try:
                 found = (dist.new_group(ranks, backend="gloo", timeout=timeout),
                          dist.new_group(ranks, backend="gloo", timeout=timeout))

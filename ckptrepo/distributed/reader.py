@@ -34,11 +34,13 @@ from torch.futures import Future
 
 from ckptrepo import state as st
 from ckptrepo.chunks.store import ChunkReader
+from ckptrepo.chunks.tensors import read_tensors
 from ckptrepo.db.engine import Sessions
 from ckptrepo.errors import UsageError
+from ckptrepo.locations import ChunkLocation
 from ckptrepo.restore.layout import layout_of
 from ckptrepo.restore.ranges import read_region
-from ckptrepo.restore.tensors import read_tensors
+from ckptrepo.rows import TensorRow
 
 
 class CommitReader(StorageReader):
@@ -51,9 +53,9 @@ class CommitReader(StorageReader):
         self._rev = rev
         self._allow_pickle = allow_pickle
         self._commit_id = ""
-        self._tensors: dict[str, tuple[str, Any, Any]] = {}  # fqn -> (entry name, tensor row, chunks)
+        self._tensors: dict[str, tuple[str, TensorRow, list[ChunkLocation]]] = {}  # fqn -> (entry name, row, chunks)
         self._values: dict[str, Any] = {}  # fqn -> a non-tensor value
-        self._pickled: dict[str, tuple[Any, Any]] = {}  # fqn -> (tensor row, chunks) of a pickled value
+        self._pickled: dict[str, tuple[TensorRow, list[ChunkLocation]]] = {}  # fqn -> a pickled value's row, chunks
 
     @property
     def commit_id(self) -> str:

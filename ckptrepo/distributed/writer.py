@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import io
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -244,8 +244,7 @@ class ShareWriter(StorageWriter):
             shares.append(self._write([Source(name, st.dtype_name(t.dtype), tuple(t.shape), st.tensor_bytes(t))
                                        for name, t in extra.items()]))
         result = merge(shares, self._engine.chunk_size)
-        for record in result.tensors:
-            record.name = entries.get(record.name, record.name)
+        result.tensors = [replace(r, name=entries.get(r.name, r.name)) for r in result.tensors]
         defer = self._engine.defers(blocking=False)
         req = _request(self._meta, skeleton, self._timing)
         plan = self._engine.plan(req, defer=defer, shared=True)

@@ -44,6 +44,7 @@ __all__ = [
     "is_dcp_folder",
     "lightning_meta",
     "output_format",
+    "read_ahead",
     "read_state",
     "read_states",
     "run_checkpoints",
@@ -67,6 +68,21 @@ def _sniff(path: Path) -> str | None:
     if len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") > 1:
         return "safetensors"
     return None
+
+
+def read_ahead(path: Path) -> None:
+    """Start reading the safetensors file ``path`` whole, on a thread of its own, once its header
+    proved valid, so that this process reads it while it does other work (a ``ckpt commit FILE``
+    process: while Python imports the library). The first ``ReadBuffer.read`` of the unchanged
+    file in this process takes those bytes (``readbuffer.read_ahead``); memory: a buffer of the
+    file's size, which a read-ahead nobody takes keeps until the process exits. Anything else
+    (another format, a folder, a file that is no safetensors file or cannot be read) is left
+    alone: its reader reports what is wrong."""
+    path = Path(path)
+    if path.suffix.lower() in SAFETENSORS_SUFFIXES and path.is_file():
+        from ckptrepo.formats import readbuffer, safetensors_file
+
+        readbuffer.read_ahead(path, safetensors_file.check_header)
 
 
 def is_dcp_folder(path: Path) -> bool:

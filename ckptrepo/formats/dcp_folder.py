@@ -26,8 +26,6 @@ import io
 import math
 import os
 import pickle
-import shutil
-import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,8 +38,8 @@ from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from ckptrepo.atomic import fsync_dir
-from ckptrepo.errors import InvalidInput, UsageError
+from ckptrepo.atomic import atomic_build
+from ckptrepo.errors import InvalidInput, OutputExists, UsageError
 from ckptrepo.formats._files import summarize
 from ckptrepo.formats.dcp_pickle import unpickle_metadata
 from ckptrepo.formats.torch_io import _numpy_globals, _weights_only_reason
@@ -115,11 +113,12 @@ def write_dcp_folder(state: Any, folder: Path, *, allow_pickle: bool = False) ->
 
     The state is validated as for every format (UnsupportedState naming the key path; modules,
     optimizers and schedulers are written as their state dicts), then written by DCP's own
-    ``FileSystemWriter`` in one process (``no_dist=True``) into a temporary sibling folder, whose
-    files DCP fsyncs, and renamed to ``folder`` last: a failed write leaves nothing that looks
-    like a checkpoint. ``folder`` must not exist or be an empty folder, and its parent must
-    exist (UsageError, before anything is written). UsageError when ``dcp.save`` refuses the
-    state (DCP joins key paths with ``.``, so ``{"a.b": x, "a": {"b": y}}`` collides).
+    ``FileSystemWriter`` in one process (``no_dist=True``) into a temporary sibling folder, then
+    fsynced and renamed to ``folder`` (``atomic.atomic_build``): a failed write leaves nothing
+    that looks like a checkpoint. ``folder`` must not exist or be an empty folder, and its
+    parent must exist (UsageError, before anything is written, and also when ``folder`` got
+    content while the state was written). UsageError when ``dcp.save`` refuses the state (DCP
+    joins key paths with ``.``, so ``{"a.b": x, "a": {"b": y}}`` collides).
     """
     from ckptrepo.formats import check_folder_target  # the package imports this module on use only
 
@@ -129,21 +128,21 @@ def write_dcp_folder(state: Any, folder: Path, *, allow_pickle: bool = False) ->
     plain = unflatten(flat.skeleton, flat.tensors, allow_pickle=True)
     if not isinstance(plain, dict):
         raise UsageError(f"cannot write {folder}: a DCP checkpoint holds a dict, not {type(state).__name__}")
-    tmp = folder.with_name(f".{folder.name}.{uuid.uuid4().hex[:12]}.tmp")
     try:
-        tmp.mkdir()
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # no_dist is meant
-            dcp_save(plain, storage_writer=_Writer(tmp, folder), no_dist=True)
-        fsync_dir(tmp)  # the names of the files DCP fsynced, durable before the folder gets its name
-        os.replace(tmp, folder)  # atomic; replaces an empty folder, refused if one got content meanwhile
+        # Replaces an empty folder; one that got content meanwhile refuses it (OutputExists).
+        with atomic_build(folder) as tmp:
+            tmp.mkdir()
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # no_dist is meant
+                dcp_save(plain, storage_writer=_Writer(tmp, folder), no_dist=True)
+    except OutputExists:
+        check_folder_target(folder)  # the refusal a folder with content gets before the write
+        raise
     except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
         failure = _save_failure(folder, e)
         if failure is None:
             raise
         raise failure from e
-    fsync_dir(folder.parent)  # the rename is durable only once the parent's entries are
 
 
 def _save_failure(folder: Path, error: BaseException) -> UsageError | None:
@@ -166,7 +165,7 @@ class _Writer(FileSystemWriter):
     id in its metadata (the folder is renamed there once complete)."""
 
     def __init__(self, tmp: Path, final: Path) -> None:
-        super().__init__(tmp, sync_files=True, overwrite=False)
+        super().__init__(tmp, sync_files=False, overwrite=False)  # atomic_build fsyncs every file
         self._final = final
 
     def storage_meta(self) -> dcp_metadata.StorageMeta | None:

@@ -66,6 +66,9 @@ class _Entry:
     end: int
 
 
+_Layout = tuple[dict[str, str], Any | None, list[_Entry]]  # a header's metadata, skeleton and tensor entries
+
+
 def read_flat(path: Path | str, *, mapped: bool = False, buffer: ReadBuffer | None = None) -> FlatFile:
     """The tensors of the safetensors file ``path`` as byte views, after validating all of it.
 
@@ -92,13 +95,8 @@ def read_flat(path: Path | str, *, mapped: bool = False, buffer: ReadBuffer | No
     path = Path(path)
     try:
         with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            length = _check_length_field(path, f.read(_LENGTH_BYTES), size)
-            header = f.read(length)
-            if len(header) != length:
-                _fail(path, f"it changed while being read ({len(header)} of {length} header bytes)")
-            start = _LENGTH_BYTES + length
-            layout = _parse_header(path, header, size - start)
+            size, header, layout = _read_header(path, f)
+            start = _LENGTH_BYTES + len(header)
             if buffer is None and mapped:
                 memory = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
                 _check_same(path, memoryview(memory), size, header)
@@ -117,6 +115,24 @@ def read_flat(path: Path | str, *, mapped: bool = False, buffer: ReadBuffer | No
     if got != len(section):
         _fail(path, f"it changed while being read ({got} of {len(section)} data bytes)")
     return _views(layout, memoryview(section))
+
+
+def check_header(path: Path) -> None:
+    """InvalidInput (OSError when it cannot be read) unless ``path`` starts with a header
+    ``read_flat`` accepts; nothing past the header is read."""
+    with open(path, "rb") as f:
+        _read_header(path, f)
+
+
+def _read_header(path: Path, f: io.BufferedReader) -> tuple[int, bytes, _Layout]:
+    """The file's size, its header's bytes and what they hold (``_parse_header``), read from the
+    start of ``f`` and checked."""
+    size = os.fstat(f.fileno()).st_size
+    length = _check_length_field(path, f.read(_LENGTH_BYTES), size)
+    header = f.read(length)
+    if len(header) != length:
+        _fail(path, f"it changed while being read ({len(header)} of {length} header bytes)")
+    return size, header, _parse_header(path, header, size - _LENGTH_BYTES - length)
 
 
 def _check_same(path: Path, whole: memoryview, size: int, header: bytes) -> None:
@@ -139,7 +155,7 @@ def _read_into(f: io.BufferedReader, view: memoryview) -> int:
     return got
 
 
-def _views(layout: tuple[dict[str, str], Any | None, list[_Entry]], data: memoryview) -> FlatFile:
+def _views(layout: _Layout, data: memoryview) -> FlatFile:
     metadata, skeleton, entries = layout
     tensors = [FlatTensor(e.name, e.dtype, e.shape, data[e.begin : e.end]) for e in entries]
     return FlatFile(metadata=metadata, skeleton=skeleton, tensors=tensors)
@@ -207,7 +223,7 @@ def _is_utf8(text: str) -> bool:
     return True
 
 
-def _parse_header(path: Path, raw: bytes, data_len: int) -> tuple[dict[str, str], Any | None, list[_Entry]]:
+def _parse_header(path: Path, raw: bytes, data_len: int) -> _Layout:
     """Metadata, skeleton and tensor entries (sorted by name) of a header, for a data section of
     ``data_len`` bytes, all checked; InvalidInput naming the first rule broken.
 

@@ -3,7 +3,7 @@
 A commit's delta base for a chunk is usually the same chunk position of the previous
 commit on the branch — exactly the chunks the previous ingest just hashed. Keeping
 their bytes saves decoding them (down their delta chains) from the store. The cache is
-bounded by a byte budget (``CKPT_DELTA_CACHE``, default 0: off): chunks are admitted
+bounded by a byte budget (knob ``DELTA_CACHE``, 0: off): chunks are admitted
 in ingest order while there is room and never evicted by newer ones within a commit, so
 a state larger than the budget still gets hits on its first ``budget`` bytes instead of
 none (plain LRU over a sequential scan would keep only chunks nobody asks for next).
@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import threading
 
-DEFAULT_BUDGET = 0
-
 
 class BaseCache:
     """Thread-safe map of chunk id -> decoded bytes, within a byte budget, in two generations.
@@ -29,7 +27,7 @@ class BaseCache:
     the bases of the commit in flight plus the chunks it produced.
     """
 
-    def __init__(self, budget: int = DEFAULT_BUDGET) -> None:
+    def __init__(self, budget: int) -> None:
         self.budget = max(0, budget)
         self._lock = threading.Lock()
         self._old: dict[str, bytes] = {}

@@ -60,11 +60,9 @@ def delta_plan(
         by_commit[commit][there].append(name)
     tensors: dict[str, BaseTensor] = {}
     for commit, wanted in by_commit.items():
-        layout = catalog.tensor_layout(session, commit, sorted(wanted))
-        chunks = catalog.chunk_locations(session, [row for _, row in layout])
-        for entry, row in layout:
-            base = BaseTensor(row.dtype, row.chunk_size, chunks[row.id], boxed=row.boxes is not None)
-            for name in wanted[entry.name]:
+        for there, (row, chunks) in catalog.tensors_of(session, commit, sorted(wanted)).items():
+            base = BaseTensor(row.dtype, row.chunk_size, chunks, boxed=row.boxes is not None)
+            for name in wanted[there]:
                 tensors[name] = base
     chain = reader.bases_for(loc for base in tensors.values() for loc in base.chunks)
     return DeltaPlan(tensors=tensors, reader=reader, chain=chain, cache=cache, max_depth=max_depth, policy=policy)

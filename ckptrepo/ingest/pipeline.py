@@ -44,6 +44,7 @@ from ckptrepo.ingest.basecache import BaseCache
 from ckptrepo.ingest.sources import Source
 from ckptrepo.ingest.stats import Moments, combine, merged, moments_of_bytes
 from ckptrepo.locations import ChunkLocation
+from ckptrepo.rows import TensorRow
 
 if TYPE_CHECKING:
     from ckptrepo.ingest.writeahead import WriteAhead
@@ -53,31 +54,26 @@ log = logging.getLogger("ckptrepo")
 KnownFn = Callable[[list[str]], set[str]]
 
 
-@dataclass
-class TensorRecord:
-    """One source of the commit (a tensor, or a piece of one: ``Source``): identity, layout,
-    chunk ids, statistics and their mergeable summary (``moments``, which a distributed commit
-    merges over a tensor's pieces)."""
+@dataclass(frozen=True, slots=True)
+class Ingested:
+    """One source of the commit after ingest: its entry name, the row it makes and the mergeable
+    summary of the row's statistics (``moments``). A piece of a tensor (``box`` and ``start`` as
+    its ``Source`` has them) makes the row of that piece alone, under the tensor's dtype and
+    shape: its chunks, bytes and statistics, which ``distributed.merge`` assembles, with the
+    other pieces', into the tensor's row."""
 
     name: str
-    tensor_id: str
-    dtype: str
-    shape: list[int]
-    nbytes: int
-    chunk_size: int
-    chunk_ids: list[str]
-    stats: dict[str, Any]
-    moments: Moments = field(default_factory=Moments)
+    row: TensorRow
+    moments: Moments
     box: tuple[tuple[int, ...], tuple[int, ...]] | None = None
     start: int | None = None
-    boxes: list[list[list[int]]] | None = None  # a whole tensor stored as boxes (``models.Tensor.boxes``)
 
 
 @dataclass
 class IngestResult:
     """What ``ingest`` made durable, and the figures of that work."""
 
-    tensors: list[TensorRecord]
+    tensors: list[Ingested]
     packs: list[SealedPack]
     logical_bytes: int = 0
     new_bytes: int = 0
@@ -354,21 +350,10 @@ class _Ingest:
             shape = list(src.shape)
             total = merged(parts[i])
             stats = combine([total], len(src.data) // dtypes.dtype(src.dtype).itemsize)
-            result.tensors.append(
-                TensorRecord(
-                    name=src.name,
-                    tensor_id=tensor_id(src.dtype, shape, self.opts.chunk_size, ids[i]),
-                    dtype=src.dtype,
-                    shape=shape,
-                    nbytes=len(src.data),
-                    chunk_size=self.opts.chunk_size,
-                    chunk_ids=ids[i],
-                    stats=stats,
-                    moments=total,
-                    box=src.box,
-                    start=src.start,
-                )
-            )
+            row = TensorRow(tensor_id=tensor_id(src.dtype, shape, self.opts.chunk_size, ids[i]), dtype=src.dtype,
+                            shape=shape, nbytes=len(src.data), chunk_size=self.opts.chunk_size, chunk_ids=ids[i],
+                            stats=stats)
+            result.tensors.append(Ingested(name=src.name, row=row, moments=total, box=src.box, start=src.start))
             result.logical_bytes += len(src.data)
             result.nonfinite += stats["nan_count"] + stats["inf_count"]
         result.packs = self.sink.seal()

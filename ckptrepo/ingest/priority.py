@@ -28,12 +28,11 @@ from ckptrepo.errors import UsageError
 
 PRIORITIES = ("normal", "idle")
 ENV = "BACKGROUND_PRIORITY"  # knob CKPT_BACKGROUND_PRIORITY
-DEFAULT = "normal"
 
 
 def resolve(value: str | None) -> str:
-    """``value``, else ``CKPT_BACKGROUND_PRIORITY``, else ``normal``; UsageError for anything else."""
-    chosen = value if value is not None else knobs.get_str(ENV, DEFAULT)
+    """``value``, else knob ``BACKGROUND_PRIORITY``; UsageError for anything but ``PRIORITIES``."""
+    chosen = value if value is not None else knobs.get_str(ENV)
     if chosen not in PRIORITIES:
         raise UsageError(f"background priority {chosen!r} is unknown", hint=f"Use one of {', '.join(PRIORITIES)}.")
     return chosen

@@ -5,7 +5,6 @@ argument and what to pass instead)."""
 
 from __future__ import annotations
 
-import getpass
 import json
 import math
 from collections.abc import Collection, Mapping
@@ -77,7 +76,7 @@ def transfer_spec(transfer_from: Any) -> tuple[str, dict[str, str] | None] | Non
 
 def author() -> str:
     try:
-        return knobs.get_str("AUTHOR", "") or getpass.getuser()
+        return knobs.get_str("AUTHOR")  # its default may find no login name (KeyError, OSError)
     except (KeyError, OSError):
         return ""
 

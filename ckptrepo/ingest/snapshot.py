@@ -60,8 +60,8 @@ class Snapshots:
         self._pool = pool
         self._ahead_pool = ahead_pool
         self._staging = StagingPool(max_inflight, staging_budget)
-        self._write_ahead = knobs.get_bool("WRITE_AHEAD", True)
-        self._copy_stats = knobs.get_bool("COPY_STATS", True)
+        self._write_ahead = knobs.get_bool("WRITE_AHEAD")
+        self._copy_stats = knobs.get_bool("COPY_STATS")
 
     @property
     def staging(self) -> StagingPool:

@@ -35,8 +35,7 @@ from pathlib import Path
 
 from ckptrepo import knobs
 
-ENV = "IDLE_REPACK_SPARE"  # CKPT_IDLE_REPACK_SPARE: percent of one core (default 50)
-DEFAULT_PCT = 50
+ENV = "IDLE_REPACK_SPARE"  # knob CKPT_IDLE_REPACK_SPARE: percent of one core
 
 
 def read_cpu_times(path: Path = Path("/proc/stat")) -> tuple[int, int, int] | None:
@@ -69,7 +68,7 @@ class SpareCpuGate:
     """
 
     def __init__(self, min_spare: float | None = None, path: Path = Path("/proc/stat")) -> None:
-        self.min_spare = min_spare if min_spare is not None else knobs.get_int(ENV, DEFAULT_PCT) / 100.0
+        self.min_spare = min_spare if min_spare is not None else knobs.get_int(ENV) / 100.0
         self.path = path
         self._last: tuple[int, int, int] | None = None
         self.last_spare: float | None = None  # idle cores in the last window measured
@@ -124,7 +123,7 @@ class BusyWatch:
                  path: Path = Path("/proc/stat"), clock: Callable[[], float] = time.monotonic,
                  thread_ns: Callable[[Iterable[int]], int] = thread_cpu_ns, ticks: int | None = None) -> None:
         self.own, self.window, self.path, self.clock, self.thread_ns = own, window, path, clock, thread_ns
-        self.min_spare = min_spare if min_spare is not None else knobs.get_int(ENV, DEFAULT_PCT) / 100.0
+        self.min_spare = min_spare if min_spare is not None else knobs.get_int(ENV) / 100.0
         self.ticks = ticks or _clock_ticks()
         self.last_spare: float | None = None  # idle cores left by the rest of the machine, last window
         self._busy = False

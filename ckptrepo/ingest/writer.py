@@ -64,7 +64,7 @@ from ckptrepo.errors import (
 from ckptrepo.handle import CommitHandle
 from ckptrepo.ids import short
 from ckptrepo.ingest import priority, request
-from ckptrepo.ingest.basecache import DEFAULT_BUDGET, BaseCache
+from ckptrepo.ingest.basecache import BaseCache
 from ckptrepo.ingest.bases import delta_plan
 from ckptrepo.ingest.committer import Committer
 from ckptrepo.ingest.idle import IdleRepack
@@ -94,12 +94,13 @@ def _now() -> datetime:
 
 
 class WriterOptions(TypedDict, total=False):
-    """How a process commits (``Repo.open``'s options; each defaults to its knob, ``knobs``).
+    """How a process commits (``Repo.open``'s options; each defaults to its knob in ``knobs.KNOBS``:
+    ``MAX_INFLIGHT``, ``STAGING_BUDGET``, ``BACKGROUND_PRIORITY``, ``IDLE_REPACK``).
 
-    ``max_inflight`` (default 1) bounds commits staged but not yet durable; ``staging_budget``
-    (bytes, default unbounded) their staged bytes: ``commit()`` waits when either is used up.
+    ``max_inflight`` bounds commits staged but not yet durable; ``staging_budget`` (bytes, 0:
+    unbounded) their staged bytes: ``commit()`` waits when either is used up.
     ``background_priority`` (``normal`` or ``idle``) is the CPU priority of asynchronous commits'
-    phase 2 (``ingest.priority``). ``idle_repack`` (default on; with ``encode="auto"``): between
+    phase 2 (``ingest.priority``). ``idle_repack`` (with ``encode="auto"``): between
     asynchronous commits, idle-priority threads encode what they stored raw (``ingest.idle``).
     """
 
@@ -166,16 +167,16 @@ class CommitWriter:
         self._committer = Committer(initializer=lower, idle_gate=SpareCpuGate())
         self._idle = IdleRepack(sessions, backend, reader, config, self._idle_pool,
                                 idle_delay=self._committer.idle_delay)
-        self._idle_repack = (idle_repack if idle_repack is not None else knobs.get_bool("IDLE_REPACK", True)) and (
+        self._idle_repack = (idle_repack if idle_repack is not None else knobs.get_bool("IDLE_REPACK")) and (
             config.compression and config.encode == "auto")
-        self._max_inflight = max_inflight if max_inflight is not None else knobs.get_int("MAX_INFLIGHT", 1)
+        self._max_inflight = max_inflight if max_inflight is not None else knobs.get_int("MAX_INFLIGHT")
         self._staging_budget = staging_budget if staging_budget is not None else (
-            knobs.get_int("STAGING_BUDGET", 0) or None)
+            knobs.get_int("STAGING_BUDGET") or None)
         if self._max_inflight < 1:
             raise UsageError(f"max_inflight must be at least 1, not {self._max_inflight}")
         self._snapshots: Snapshots | None = None  # made by the first asynchronous commit (imports torch)
-        self._defers_layouts = defers_layouts and knobs.get_bool("DEFER_LAYOUTS", True)
-        self._base_cache = BaseCache(knobs.get_int("DELTA_CACHE", DEFAULT_BUDGET))
+        self._defers_layouts = defers_layouts and knobs.get_bool("DEFER_LAYOUTS")
+        self._base_cache = BaseCache(knobs.get_int("DELTA_CACHE"))
         self._hints: dict[str, PlaneHint] = {}
         self._unchanged: frozenset[str] = frozenset()  # tensor names the last commit found unchanged
         # The layout of the commit recorded last, which the next one is likely to have as first parent.
@@ -492,7 +493,8 @@ class CommitWriter:
                         bases, self._hints, ahead=ahead, summaries=summaries)
         result.deferred = defer
         new = result.new_chunk_ids
-        self._unchanged = frozenset(r.name for r in result.tensors if r.chunk_ids and new.isdisjoint(r.chunk_ids))
+        self._unchanged = frozenset(r.name for r in result.tensors
+                                    if r.row.chunk_ids and new.isdisjoint(r.row.chunk_ids))
         return result
 
     def record(self, result: IngestResult, plan: CommitPlan, req: CommitRequest) -> t.Commit:
@@ -506,7 +508,7 @@ class CommitWriter:
         be read."""
         new = result.new_chunk_ids
         parent, lazy = plan.parent, plan.lazy
-        if lazy and not all(x in new or x in plan.likely for r in result.tensors for x in r.chunk_ids):
+        if lazy and not all(x in new or x in plan.likely for r in result.tensors for x in r.row.chunk_ids):
             # It shares chunks the store had beyond its parent's: recorded with its rows now, so
             # that their foreign keys hold them against a gc of another process.
             lazy, keyless = False, self._last_keyless
@@ -514,7 +516,7 @@ class CommitWriter:
             if parent is not None and keyless:  # read back with the keys its indexing gave it
                 with self._sessions() as s:
                     parent = catalog.commit_layout(s, parent.commit_id)
-        entries = {r.name: r.tensor_id for r in result.tensors}
+        entries = {r.name: r.row.tensor_id for r in result.tensors}
         pinned = req.parents is not None
         for attempt in range(1, _MOVE_ATTEMPTS + 1):
             keep = pinned or attempt == _MOVE_ATTEMPTS  # else a moved branch rolls it back to try again
@@ -601,13 +603,11 @@ class CommitWriter:
         packs = [catalog.PackRow(p.pack_id, p.size, len(p.locations), result.deferred) for p in result.packs]
         alone = result.alone_lengths
         chunks = [loc._replace(alone_length=alone.get(loc.chunk_id)) for p in result.packs for loc in p.locations]
-        tensors = [catalog.TensorRow(r.tensor_id, r.dtype, r.shape, r.nbytes, r.chunk_size, r.chunk_ids, r.stats,
-                                     r.boxes) for r in result.tensors]
+        tensors = [r.row for r in result.tensors]
         if lazy:
             catalog.record_head(s, packs=packs, commit=row, edges=edges, metrics=req.metrics, now=now)
             pending.defer_layout(s, row["id"], chunks, tensors, entries)
-            layout = catalog.CommitLayout(row["id"], dict(entries), {r.tensor_id: r.chunk_ids for r in result.tensors},
-                                          {}, {})
+            layout = catalog.CommitLayout(row["id"], dict(entries), {t.tensor_id: t.chunk_ids for t in tensors}, {}, {})
         else:
             layout = catalog.record_commit(s, packs=packs, chunks=chunks, tensors=tensors, commit=row, entries=entries,
                                            edges=edges, metrics=req.metrics, now=now, parent=parent)
@@ -685,7 +685,6 @@ def _edge_lists(edges: Collection[catalog.EdgeRow]) -> list[list[Any]]:
 def commit_manifest(row: dict[str, Any], edges: Collection[catalog.EdgeRow], result: IngestResult,
                     entries: dict[str, str], req: CommitRequest, expected: str | None) -> dict[str, Any]:
     """The manifest (``ledger.manifest``) of the commit whose row is ``row``."""
-    tensors = [(r.tensor_id, r.dtype, r.shape, r.nbytes, r.chunk_size, r.boxes, r.stats, r.chunk_ids)
-               for r in {r.tensor_id: r for r in result.tensors}.values()]
-    return manifest.build(row, _edge_lists(edges), req.metrics, entries, tensors, branch=req.branch,
+    tensors = {r.row.tensor_id: r.row for r in result.tensors}
+    return manifest.build(row, _edge_lists(edges), req.metrics, entries, tensors.values(), branch=req.branch,
                           expected=expected, at=time.time())

@@ -45,9 +45,6 @@ PREFIX = "leases/"
 MARGIN_S = 5.0
 """Seconds before a lease's mtime from which it protects objects: mtime granularity (1 s on S3,
 2 s on FAT) and a store whose clock steps back a little; it only ever keeps more."""
-DEFAULT_TTL_S = 6 * 3600
-"""``LEASE_TTL``'s default: far beyond any commit's phase 2 or repack batch, which release their
-lease when their transaction ends; only a writer that died on another host leaves one this old."""
 _KEY = re.compile(r"leases/(\d{20})-[0-9a-f]{16}\.json")
 _MAX_BYTES = 4096
 
@@ -149,7 +146,7 @@ class Leases:
 
 def ttl_s() -> float:
     """Seconds after which a lease is stale whoever holds it (knob ``LEASE_TTL``)."""
-    return float(knobs.get_int("LEASE_TTL", DEFAULT_TTL_S))
+    return float(knobs.get_int("LEASE_TTL"))
 
 
 def read(backend: Backend, *, now: float | None = None) -> Leases:

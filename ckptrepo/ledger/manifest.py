@@ -20,6 +20,9 @@ Object ``manifests/<id[:2]>/<id>.json``: canonical JSON (sorted keys, no spaces,
      "move": {"branch": <name>, "from": <head it expected> | null, "at": <seconds>},
      "checksum": <BLAKE3 of the canonical JSON of everything else>}
 
+A tensor's record is its ``rows.TensorRow`` (the id its key), written by ``build`` and read back
+by ``tensor_rows``, field by field.
+
 ``move`` is the commit's own branch move, the journal entry of that ref change: a rebuild
 replays these moves by compare-and-swap (``from`` must be the branch's value then).
 
@@ -47,7 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -57,6 +60,7 @@ from ckptrepo import dtypes
 from ckptrepo.errors import CkptError, FormatError, IntegrityError
 from ckptrepo.ids import ID_HEX_LEN, hash_json, is_hex, tensor_id
 from ckptrepo.ledger import fields as f
+from ckptrepo.rows import STAT_KEYS, TensorRow
 from ckptrepo.storage.base import Backend
 
 PREFIX = "manifests/"
@@ -68,7 +72,6 @@ _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 COMMIT_FIELDS = ("message", "created_at", "author", "host", "branch", "step", "epoch", "config", "code_version",
                  "skeleton", "n_tensors", "logical_bytes", "new_bytes", "stored_bytes", "stall_s", "wait_s",
                  "persist_s", "nonfinite")
-STAT_FIELDS = ("numel", "mean", "std", "min", "max", "l2_norm", "abs_max", "nan_count", "inf_count")
 EDGE_KINDS = ("parent", "merge", "transfer")
 _LEVEL = 9
 # A manifest holds metadata, never tensor bytes: one far beyond this is not one ckptrepo wrote.
@@ -104,21 +107,20 @@ def commit_id(*, entries: Mapping[str, str], skeleton: Any, edges: Sequence[Sequ
 
 
 def build(row: Mapping[str, Any], edges: Sequence[Sequence[Any]], metrics: Mapping[str, float],
-          entries: Mapping[str, str], tensors: Sequence[tuple[str, str, Sequence[int], int, int, Any,
-                                                             Mapping[str, Any], Sequence[str]]],
+          entries: Mapping[str, str], tensors: Iterable[TensorRow],
           *, branch: str, expected: str | None, at: float) -> dict[str, Any]:
     """The manifest of the commit whose ``commits`` row is ``row``, with its checksum. ``tensors``:
-    ``(tensor id, dtype, shape, nbytes, chunk_size, boxes, stats, chunk ids)`` of every tensor
-    ``entries`` names; ``expected``: the head of ``branch`` the commit's move expects."""
+    the row of every tensor ``entries`` names; ``expected``: the head of ``branch`` the commit's
+    move expects."""
     commit = {name: row[name] for name in COMMIT_FIELDS}
     created = commit["created_at"]
     commit["created_at"] = created.isoformat() if isinstance(created, datetime) else created
     body = {
         "format": FORMAT, "id": row["id"], "commit": commit,
         "edges": [list(e) for e in edges], "metrics": dict(metrics), "entries": dict(entries),
-        "tensors": {tid: [dtype, list(shape), nbytes, chunk_size, boxes, {k: stats[k] for k in STAT_FIELDS},
-                          "".join(chunks)]
-                    for tid, dtype, shape, nbytes, chunk_size, boxes, stats, chunks in tensors},
+        "tensors": {t.tensor_id: [t.dtype, list(t.shape), t.nbytes, t.chunk_size, t.boxes,
+                                  {k: t.stats[k] for k in STAT_KEYS}, "".join(t.chunk_ids)]
+                    for t in tensors},
         "move": {"branch": branch, "from": expected, "at": at},
     }
     body[f.CHECKSUM] = f.checksum(body)
@@ -242,9 +244,9 @@ def _check_record(tid: str, record: Any) -> None:
                 for d in f.need_list(part, f"{what}'s boxes"):
                     f.need_int(d, f"{what}'s boxes", minimum=0)
     stats = f.need_dict(stats, f"{what}'s statistics")
-    if set(stats) != set(STAT_FIELDS):
-        raise f.Invalid(f"{what}'s statistics are not {', '.join(STAT_FIELDS)}")
-    for name in STAT_FIELDS:
+    if set(stats) != set(STAT_KEYS):
+        raise f.Invalid(f"{what}'s statistics are not {', '.join(STAT_KEYS)}")
+    for name in STAT_KEYS:
         f.need_number(stats[name], f"{what}'s {name}", optional=True)
     if not isinstance(chunks, str) or len(chunks) % ID_HEX_LEN or (chunks and not is_hex(chunks)):
         raise f.Invalid(f"{what}'s chunk ids are not a run of {ID_HEX_LEN}-hex-character ids")
@@ -257,14 +259,24 @@ def _check_tensors(value: dict[str, Any]) -> None:
     if named != have:
         odd = sorted(named ^ have)[0]
         raise f.Invalid(f"tensor {odd[:10]} is {'named but not recorded' if odd in named else 'recorded, not named'}")
-    for tid, record in value["tensors"].items():
-        if tensor_id(record[0], record[1], record[3], chunk_ids(record), record[4]) != tid:
+    for tid, t in tensor_rows(value).items():
+        if tensor_id(t.dtype, t.shape, t.chunk_size, t.chunk_ids, t.boxes) != tid:
             raise f.Invalid(f"tensor {tid[:10]}'s record (dtype, shape, chunk size, chunks, boxes) does not hash "
                             "to its id")
 
 
+def tensor_rows(manifest: Mapping[str, Any]) -> dict[str, TensorRow]:
+    """The row of every tensor a manifest records (``decode`` checked them), by id."""
+    rows = {}
+    for tid, record in manifest["tensors"].items():
+        dtype, shape, nbytes, chunk_size, boxes, stats, _ = record
+        rows[tid] = TensorRow(tensor_id=tid, dtype=dtype, shape=shape, nbytes=nbytes, chunk_size=chunk_size,
+                              chunk_ids=chunk_ids(record), boxes=boxes, stats=stats)
+    return rows
+
+
 def chunk_ids(record: Sequence[Any]) -> list[str]:
-    """The ordered chunk ids of a manifest's tensor record."""
+    """The ordered chunk ids of a manifest's tensor record (its last field, their concatenation)."""
     joined = record[6]
     return [joined[i : i + ID_HEX_LEN] for i in range(0, len(joined), ID_HEX_LEN)]
 

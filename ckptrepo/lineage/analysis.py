@@ -306,14 +306,10 @@ def _exact_requests(
                                      sb.info.stats.l2_norm or 0.0, found, len(found) < sa.info.n_chunks))
     if whole:
         names = [name for name, _, _ in whole]
-        rows = {(side, e.name): t for side, cid in enumerate(commits)
-                for e, t in catalog.tensor_layout(s, cid, names)}
-        chunks = catalog.chunk_locations(s, rows.values())
+        items_a, items_b = (catalog.tensors_of(s, cid, names) for cid in commits)
         for name, sa, sb in whole:
-            ra, rb = rows[0, name], rows[1, name]
-            both = ((_tensor_row(sa), chunks[ra.id]), (_tensor_row(sb), chunks[rb.id]))
             requests.append(ExactRequest(name, sa.info.dtype, sa.info.stats.l2_norm or 0.0,
-                                         sb.info.stats.l2_norm or 0.0, whole=both))
+                                         sb.info.stats.l2_norm or 0.0, whole=(items_a[name], items_b[name])))
     return requests
 
 
@@ -339,11 +335,6 @@ def _with_exact(deltas: list[TensorDelta], sides: dict[str, list[_Side | None]],
         else:
             out.append(d)
     return out
-
-
-def _tensor_row(x: _Side) -> Tensor:
-    return Tensor(id=x.info.tensor_id, dtype=x.info.dtype, shape=list(x.info.shape), nbytes=x.info.nbytes,
-                  chunk_size=x.chunk_size, n_chunks=x.info.n_chunks)
 
 
 # -- history -----------------------------------------------------------------------------------

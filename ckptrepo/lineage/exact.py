@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ckptrepo.locations import ChunkLocation
+from ckptrepo.rows import TensorRow
 from ckptrepo.types import ExactDelta
 
 if TYPE_CHECKING:  # torch is imported by the functions that read chunks: a diff --stat never does
     import torch
 
     from ckptrepo.chunks.store import ChunkReader
-    from ckptrepo.db.models import Tensor
 
 ChunkPair = tuple[ChunkLocation, ChunkLocation]
 Sums = tuple[float, float, float, float, float]
@@ -45,7 +45,7 @@ class ExactRequest:
     l2_b: float
     pairs: Sequence[ChunkPair] = ()
     shared: bool = False
-    whole: tuple[tuple[Tensor, list[ChunkLocation]], tuple[Tensor, list[ChunkLocation]]] | None = None
+    whole: tuple[tuple[TensorRow, list[ChunkLocation]], tuple[TensorRow, list[ChunkLocation]]] | None = None
 
 
 def _widen(x: torch.Tensor) -> torch.Tensor:
@@ -108,7 +108,7 @@ def exact_delta(parts: Sequence[Sums], *, l2_a: float, l2_b: float, shared: bool
 def compare(reader: ChunkReader, pool: Executor, requests: Sequence[ExactRequest]) -> dict[str, ExactDelta]:
     """An ``ExactDelta`` per request name. Chunk pairs of every request are submitted to ``pool``
     first, then collected; IntegrityError (from the reader) when a chunk fails its hash check."""
-    from ckptrepo.restore.tensors import read_tensors
+    from ckptrepo.chunks.tensors import read_tensors
 
     jobs: dict[str, list[Future[Sums]]] = {
         r.name: [pool.submit(_pair_job, reader, r.dtype, p) for p in r.pairs] for r in requests if r.whole is None
@@ -121,8 +121,8 @@ def compare(reader: ChunkReader, pool: Executor, requests: Sequence[ExactRequest
                                       reads=2 * len(r.pairs), nbytes=nbytes)
             continue
         (ta, ca), (tb, cb) = r.whole
-        xa = read_tensors(reader, pool, [(r.name, ta, ca)], commit_id=ta.id)[r.name]
-        xb = read_tensors(reader, pool, [(r.name, tb, cb)], commit_id=tb.id)[r.name]
+        xa = read_tensors(reader, pool, [(r.name, ta, ca)], commit_id=ta.tensor_id)[r.name]
+        xb = read_tensors(reader, pool, [(r.name, tb, cb)], commit_id=tb.tensor_id)[r.name]
         out[r.name] = exact_delta([sums(xa, xb)], l2_a=r.l2_a, l2_b=r.l2_b, shared=False,
                                   reads=len(ca) + len(cb), nbytes=ta.nbytes + tb.nbytes)
     return out

@@ -109,12 +109,8 @@ def manifest_of(s: Session, cid: str) -> dict[str, Any]:
     row = {name: getattr(commit, name) for name in ("id", *manifest.COMMIT_FIELDS)}
     edges = [[e.parent_id, e.kind, e.position, e.mapping] for e in catalog.parents_of(s, cid)]
     metrics = catalog.metrics_of(s, [cid]).get(cid, {})
-    layout = catalog.tensor_layout(s, cid)
-    lists = catalog.chunk_lists_of(s, [cid])
-    entries = {entry.name: tensor.id for entry, tensor in layout}
-    tensors = {tensor.id: (tensor.id, tensor.dtype, list(tensor.shape), tensor.nbytes, tensor.chunk_size,
-                           tensor.boxes, {k: getattr(tensor, k) for k in manifest.STAT_FIELDS},
-                           lists.get(tensor.id, []))
-               for _, tensor in layout}
-    return manifest.build(row, edges, metrics, entries, list(tensors.values()), branch=commit.branch or "main",
+    items = catalog.tensors_of(s, cid)
+    entries = {name: tensor.tensor_id for name, (tensor, _) in items.items()}
+    tensors = {tensor.tensor_id: tensor for tensor, _ in items.values()}
+    return manifest.build(row, edges, metrics, entries, tensors.values(), branch=commit.branch or "main",
                           expected=commit.first_parent_id, at=commit.created_at.timestamp())

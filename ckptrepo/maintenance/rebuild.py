@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -53,7 +52,7 @@ from sqlalchemy import Engine, delete, exists, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from ckptrepo import faults
-from ckptrepo.atomic import fsync_dir
+from ckptrepo.atomic import atomic_build
 from ckptrepo.config import RepoConfig
 from ckptrepo.db import catalog, migrate, pending
 from ckptrepo.db.engine import database_url, insert_tuples, make_engine
@@ -63,10 +62,12 @@ from ckptrepo.ids import short
 from ckptrepo.ledger import identity, manifest
 from ckptrepo.maintenance import backfill, scan
 from ckptrepo.maintenance.replay import replay_refs
+from ckptrepo.rows import TensorRow
 from ckptrepo.storage.base import Backend
 from ckptrepo.types import RebuildReport
 
 _MISSING = "its manifest is missing from the store"
+_SQLITE_COMPANIONS = ("-wal", "-shm")  # a SQLite database's log and the log's index
 
 
 @dataclass
@@ -155,18 +156,18 @@ def _commit_row(body: Mapping[str, Any]) -> dict[str, Any]:
     return row
 
 
-def _missing_data(body: Mapping[str, Any], sizes: Mapping[str, int]) -> str | None:
-    """Why commit ``body`` cannot be read from the chunks stored (``sizes``: raw length by chunk
-    id), or None when every tensor's chunks are stored and add up to its size."""
-    for name, tid in sorted(body["entries"].items()):
-        record = body["tensors"][tid]
-        ids = manifest.chunk_ids(record)
-        gone = sum(1 for c in ids if c not in sizes)
+def _missing_data(entries: Mapping[str, str], rows: Mapping[str, TensorRow], sizes: Mapping[str, int]) -> str | None:
+    """Why the commit of ``entries`` (the ``rows`` of its tensors by id) cannot be read from the
+    chunks stored (``sizes``: raw length by chunk id), or None when every tensor's chunks are
+    stored and add up to its size."""
+    for name, tid in sorted(entries.items()):
+        row = rows[tid]
+        gone = sum(1 for c in row.chunk_ids if c not in sizes)
         if gone:
-            return f"{gone} of the {len(ids)} chunks of tensor {name!r} are missing from the store"
-        total = sum(sizes[c] for c in ids)
-        if total != record[2]:
-            return f"the chunks of tensor {name!r} add up to {total} bytes, its manifest records {record[2]}"
+            return f"{gone} of the {len(row.chunk_ids)} chunks of tensor {name!r} are missing from the store"
+        total = sum(sizes[c] for c in row.chunk_ids)
+        if total != row.nbytes:
+            return f"the chunks of tensor {name!r} add up to {total} bytes, its manifest records {row.nbytes}"
     return None
 
 
@@ -180,20 +181,16 @@ def _record_commits(s: Session, order: list[dict[str, Any]], sizes: Mapping[str,
             children[e[0]] = children.get(e[0], 0) + 1
     unreadable: dict[str, str] = {}
     for body in order:
-        tensors, dataless = [], []
-        for tid, rec in body["tensors"].items():
-            ids = manifest.chunk_ids(rec)
-            tensors.append(catalog.TensorRow(tid, rec[0], rec[1], rec[2], rec[3], ids, rec[5], rec[4]))
-            if not all(c in sizes for c in ids):
-                dataless.append(tid)
+        tensors = manifest.tensor_rows(body)
+        dataless = [tid for tid, t in tensors.items() if not all(c in sizes for c in t.chunk_ids)]
         edges = [catalog.EdgeRow(p, kind, pos, mapping) for p, kind, pos, mapping in body["edges"]]
         first = catalog.first_parent_of(edges)
         row = _commit_row(body)
         layouts[body["id"]] = catalog.record_commit(
-            s, packs=[], chunks=[], tensors=tensors, commit=row, entries=body["entries"], edges=edges,
+            s, packs=[], chunks=[], tensors=tensors.values(), commit=row, entries=body["entries"], edges=edges,
             metrics=body["metrics"], now=row["created_at"], parent=layouts.get(first) if first else None,
             dataless=dataless)
-        why = _missing_data(body, sizes)
+        why = _missing_data(body["entries"], tensors, sizes)
         if why is not None:
             unreadable[body["id"]] = why
         for e in body["edges"]:  # a parent's layout is kept until its last child is recorded
@@ -284,11 +281,6 @@ def _recover(url: str, found: scan.Scan) -> list[str]:
     return recovered
 
 
-def _remove_sqlite(path: Path) -> None:
-    for p in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
-        p.unlink(missing_ok=True)
-
-
 def rebuild(repo_dir: Path, config: RepoConfig, backend: Backend, *, replace: bool = False) -> RebuildReport:
     """Recreate the database of the repository in ``repo_dir`` from its store (``backend``);
     see the module docstring. RepositoryExists when its database holds a repository already,
@@ -305,46 +297,44 @@ def rebuild(repo_dir: Path, config: RepoConfig, backend: Backend, *, replace: bo
         raise StoreInUse(url=backend.url, found=owner, expected=config.repo_id)
     url = old_url = database_url(config.db_url, repo_dir)
     sqlite = url.startswith("sqlite")
-    target = building = Path()
+    target = Path()
+    aside = None
+    publish: contextlib.AbstractContextManager[Path | None] = contextlib.nullcontext()
     if sqlite:
         target, building = _file_of(url)
         had_repository = target.exists() and _holds_repository(url)  # connecting would create the file
         if had_repository and not replace:
             raise RepositoryExists(path=str(target), hint="Pass --replace (replace=True) to rebuild over it; "
                                    "the old file is kept beside the new one.")
-        _remove_sqlite(building)  # left by a rebuild that did not finish
-        url = database_url(f"sqlite:///{building}", repo_dir)
+        if target.exists():
+            aside = target.with_name(f"{target.name}.before-rebuild-{time.strftime('%Y%m%dT%H%M%S')}")
+        # The new file is built beside the old one (what a rebuild that did not finish left there
+        # is removed first), whole once its one transaction commits (synchronous=FULL); then
+        # the old one and its log move aside and a rename makes the new one the database.
+        publish = atomic_build(target, temporary=building, aside=aside, companions=_SQLITE_COMPANIONS)
     else:
         had_repository = _holds_repository(url)
     where = str(target) if sqlite else _safe(url)
-    found = scan.scan(backend, compression=config.compression)
-    found.skipped[:0] = damage
-    recovered: list[str] = []
-    if had_repository and replace:
-        recovered = _recover(old_url, found)
-    plan = _plan(found)
-    meta = {"repo_id": config.repo_id, "format_version": str(config.format_version)}
-    if owner is not None:
-        meta[identity.CLAIMED] = "1"
-    engine = make_engine(url)
-    try:
-        with migrate.building(engine, meta, replace=replace and not sqlite) as conn, Session(bind=conn) as s:
-            counts = _write(s, found, plan)
-            faults.point("rebuild.before_commit")
-    finally:
-        engine.dispose()
-    moved_aside = None
-    if sqlite:
-        if target.exists():
-            aside = target.with_name(f"{target.name}.before-rebuild-{time.strftime('%Y%m%dT%H%M%S')}")
-            for suffix in ("", "-wal", "-shm"):
-                with contextlib.suppress(FileNotFoundError):
-                    os.rename(f"{target}{suffix}", f"{aside}{suffix}")
-            moved_aside = str(aside)
-        # The new file is whole (its one transaction committed, synchronous=FULL): the rename
-        # makes it the database, and the folder's fsync makes the rename durable.
-        os.replace(building, target)
-        fsync_dir(target.parent)
+    with publish as built:
+        if built is not None:
+            url = database_url(f"sqlite:///{built}", repo_dir)
+        found = scan.scan(backend, compression=config.compression)
+        found.skipped[:0] = damage
+        recovered: list[str] = []
+        if had_repository and replace:
+            recovered = _recover(old_url, found)
+        plan = _plan(found)
+        meta = {"repo_id": config.repo_id, "format_version": str(config.format_version)}
+        if owner is not None:
+            meta[identity.CLAIMED] = "1"
+        engine = make_engine(url)
+        try:
+            with migrate.building(engine, meta, replace=replace and not sqlite) as conn, Session(bind=conn) as s:
+                counts = _write(s, found, plan)
+                faults.point("rebuild.before_commit")
+        finally:
+            engine.dispose()
+    moved_aside = None if aside is None else str(aside)
     return RebuildReport(
         database=where, packs=len(found.packs), chunks=counts.chunks,
         commits=counts.commits, pruned=counts.pruned, branches=counts.branches, tags=counts.tags,

@@ -245,12 +245,10 @@ def _owners(s: Session, config: RepoConfig, items: list[_Item]) -> None:
     for parent, names in wanted.items():
         if parent in pruned:
             continue
-        layout = catalog.tensor_layout(s, parent, sorted(names))
-        chunks = catalog.chunk_locations(s, [row for _, row in layout])
-        for entry, row in layout:
-            for item, seq, dtype in names[entry.name]:
-                if row.dtype == dtype and row.chunk_size == config.chunk_size and seq < len(chunks[row.id]):
-                    item.base = chunks[row.id][seq]
+        for name, (row, chunks) in catalog.tensors_of(s, parent, sorted(names)).items():
+            for item, seq, dtype in names[name]:
+                if row.dtype == dtype and row.chunk_size == config.chunk_size and seq < len(chunks):
+                    item.base = chunks[seq]
 
 
 def _with_dependents(s: Session, ids: Sequence[str]) -> set[str]:

@@ -41,6 +41,7 @@ from ckptrepo.errors import CkptError
 from ckptrepo.ids import short
 from ckptrepo.ledger import identity, journal, manifest
 from ckptrepo.maintenance import backfill
+from ckptrepo.rows import STAT_KEYS
 from ckptrepo.storage.base import Backend
 from ckptrepo.types import Problem
 
@@ -175,16 +176,17 @@ def _differs(stored: Mapping[str, Any], rebuilt: Mapping[str, Any]) -> str | Non
     for name in ("edges", "metrics", "entries"):
         if _canonical(stored[name]) != _canonical(rebuilt[name]):
             return name
-    for tid, record in stored["tensors"].items():
-        other = rebuilt["tensors"].get(tid)
+    others = manifest.tensor_rows(rebuilt)
+    for tid, row in manifest.tensor_rows(stored).items():
+        other = others.get(tid)
         if other is None:
             return f"tensor {short(tid)}"
-        for i, what in enumerate(("dtype", "shape", "nbytes", "chunk size", "boxes")):
-            if _canonical(record[i]) != _canonical(other[i]):
-                return f"the {what} of tensor {short(tid)}"
-        if not _close_stats(record[5], other[5]):
+        for what in ("dtype", "shape", "nbytes", "chunk_size", "boxes"):
+            if _canonical(getattr(row, what)) != _canonical(getattr(other, what)):
+                return f"the {what.replace('_', ' ')} of tensor {short(tid)}"
+        if not _close_stats(row.stats, other.stats):
             return f"the statistics of tensor {short(tid)}"
-        if other[6] and record[6] != other[6]:
+        if other.chunk_ids and row.chunk_ids != other.chunk_ids:
             return f"the chunks of tensor {short(tid)}"
     return None
 
@@ -193,7 +195,7 @@ def _close_stats(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     """Whether two tensors' statistics agree to float rounding: a tensor stored once keeps the
     statistics its first commit took, and a later commit of the same bytes may have summed them in
     another order (its manifest holds its own)."""
-    for name in manifest.STAT_FIELDS:
+    for name in STAT_KEYS:
         x, y = a.get(name), b.get(name)
         if x is None or y is None:
             if x is not y:

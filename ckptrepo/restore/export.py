@@ -19,12 +19,12 @@ import torch
 
 from ckptrepo import state as st
 from ckptrepo.chunks.store import ChunkReader
-from ckptrepo.db.models import Tensor
+from ckptrepo.chunks.tensors import iter_tensors
 from ckptrepo.errors import UsageError
 from ckptrepo.formats import SAFETENSORS_SUFFIXES, TORCH_SUFFIXES, check_file_target, write_state
 from ckptrepo.formats.safetensors_io import flat_header, write_flat
 from ckptrepo.locations import ChunkLocation
-from ckptrepo.restore.tensors import iter_tensors
+from ckptrepo.rows import TensorRow
 
 METADATA = {"format": "pt"}  # what write_state puts into a flat safetensors file
 
@@ -53,7 +53,7 @@ def flat_entries(skeleton: Any) -> dict[str, str] | None:
 def export(
     path: Path,
     skeleton: Any,
-    items: dict[str, tuple[Tensor, list[ChunkLocation]]],
+    items: dict[str, tuple[TensorRow, list[ChunkLocation]]],
     reader: ChunkReader,
     pool: Executor,
     *,

@@ -6,15 +6,16 @@ from typing import Any
 
 from ckptrepo.db import catalog
 from ckptrepo.db.engine import Sessions
-from ckptrepo.db.models import Commit, Tensor
+from ckptrepo.db.models import Commit
 from ckptrepo.errors import CommitDamaged
 from ckptrepo.ids import short
 from ckptrepo.lineage import nearest, revparse
 from ckptrepo.locations import ChunkLocation
+from ckptrepo.rows import TensorRow
 
 
 def layout_of(reading: Sessions, rev: str,
-              names: list[str] | None = None) -> tuple[str, Any, dict[str, tuple[Tensor, list[ChunkLocation]]]]:
+              names: list[str] | None = None) -> tuple[str, Any, dict[str, tuple[TensorRow, list[ChunkLocation]]]]:
     """``(commit id, skeleton, {entry name: (tensor row, ordered chunk locations)})`` of the commit
     ``rev`` names, for all its entries or those ``names`` it has. ``reading``: sessions whose
     snapshot holds no pending layout (``db.pending.reading``). UnknownRevision for a bad ``rev``;
@@ -29,6 +30,5 @@ def layout_of(reading: Sessions, rev: str,
             nearest.refuse(s, cid)
         if row.damage is not None:
             raise CommitDamaged(commit=short(cid), why=row.damage)
-        layout = catalog.tensor_layout(s, cid, names)
-        chunks = catalog.chunk_locations(s, [tr for _, tr in layout])
-    return cid, row.skeleton, {e.name: (tr, chunks[tr.id]) for e, tr in layout}
+        items = catalog.tensors_of(s, cid, names)
+    return cid, row.skeleton, items

@@ -4,7 +4,7 @@ A region is a box of the tensor, ``offsets`` and ``lengths`` per dimension, as D
 asks for one. For a tensor stored in its row-major order the region lies within the rows
 ``[offsets[0], offsets[0] + lengths[0])``, one range of bytes: the chunks overlapping it are
 decoded (verified, on the worker pool) into one buffer, and the region is a view of it. A
-tensor stored as boxes (``models.Tensor.boxes``) is read box by box, only the boxes the
+tensor stored as boxes (``rows.TensorRow.boxes``) is read box by box, only the boxes the
 region meets, each one range of the stream. A shard of an FSDP model on N ranks thus reads
 about 1/N of each tensor's chunks, whatever world size wrote it.
 
@@ -24,13 +24,13 @@ import torch
 
 from ckptrepo import state as st
 from ckptrepo.chunks.store import ChunkReader
-from ckptrepo.db.models import Tensor
+from ckptrepo.chunks.tensors import read_runs
 from ckptrepo.errors import IntegrityError, UsageError
 from ckptrepo.locations import ChunkLocation
-from ckptrepo.restore.tensors import read_runs
+from ckptrepo.rows import TensorRow
 
 
-def read_region(reader: ChunkReader, pool: Executor, row: Tensor, chunks: list[ChunkLocation],
+def read_region(reader: ChunkReader, pool: Executor, row: TensorRow, chunks: list[ChunkLocation],
                 offsets: Sequence[int], lengths: Sequence[int], *, name: str, commit_id: str,
                 out: torch.Tensor | None = None) -> torch.Tensor:
     """The region ``[offsets, offsets + lengths)`` of the tensor ``row`` (its ordered chunk
@@ -80,7 +80,7 @@ def _direct(out: torch.Tensor, dtype: torch.dtype, shape: list[int], offsets: Se
             and all(o == 0 for o in offsets[1:]) and list(lengths[1:]) == shape[1:])
 
 
-def _spans(row: Tensor, chunks: list[ChunkLocation], name: str, commit_id: str) -> list[int]:
+def _spans(row: TensorRow, chunks: list[ChunkLocation], name: str, commit_id: str) -> list[int]:
     """Each chunk's start in the tensor's stored stream (IntegrityError when they do not add up)."""
     starts, pos = [], 0
     for loc in chunks:
@@ -91,7 +91,7 @@ def _spans(row: Tensor, chunks: list[ChunkLocation], name: str, commit_id: str) 
     return starts
 
 
-def _into(reader: ChunkReader, pool: Executor, row: Tensor, chunks: list[ChunkLocation], shape: list[int],
+def _into(reader: ChunkReader, pool: Executor, row: TensorRow, chunks: list[ChunkLocation], shape: list[int],
           offsets: Sequence[int], lengths: Sequence[int], out: torch.Tensor, name: str, commit_id: str) -> None:
     """Decode the rows ``[offsets[0], offsets[0] + lengths[0])`` into ``out`` (``_direct``): the
     chunks inside them straight into its memory, the edge chunks through buffers."""
@@ -116,7 +116,7 @@ def _into(reader: ChunkReader, pool: Executor, row: Tensor, chunks: list[ChunkLo
         target[lo - begin : hi - begin] = buf[lo - at : hi - at]
 
 
-def _from_stream(reader: ChunkReader, pool: Executor, row: Tensor, chunks: list[ChunkLocation], shape: list[int],
+def _from_stream(reader: ChunkReader, pool: Executor, row: TensorRow, chunks: list[ChunkLocation], shape: list[int],
                  dtype: torch.dtype, offsets: Sequence[int], lengths: Sequence[int], name: str, commit_id: str,
                  base: int = 0) -> torch.Tensor:
     """The region of a row-major block of ``shape`` whose bytes start at byte ``base`` of the

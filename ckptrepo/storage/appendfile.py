@@ -18,8 +18,8 @@ the next file takes them from. ``finish`` pads the last block to the
 alignment, truncates the file to its true length and fsyncs it. Where direct I/O is
 unavailable (not Linux, tmpfs, some network filesystems: a probe write at open fails) or
 the environment sets ``CKPT_DIRECT_IO=0``, the same calls write through the page cache.
-The file's content is identical either way. ``CKPT_WRITE_BUFFER`` (bytes) and
-``CKPT_WRITES_IN_FLIGHT`` override the defaults.
+The file's content is identical either way. The knobs ``WRITE_BUFFER`` (bytes per request)
+and ``WRITES_IN_FLIGHT`` size the direct-I/O path.
 """
 
 from __future__ import annotations
@@ -40,22 +40,21 @@ from ckptrepo import knobs
 from ckptrepo.errors import UsageError
 
 ALIGN = 4096
-DEFAULT_BUFFER = 2 << 20
-DEFAULT_INFLIGHT = 2
 
 
 def write_buffer_bytes() -> int:
-    """Bytes per direct-I/O write request (``CKPT_WRITE_BUFFER``, default 2 MiB)."""
-    return knobs.get_int("WRITE_BUFFER", DEFAULT_BUFFER)
+    """Bytes per direct-I/O write request (knob ``WRITE_BUFFER``)."""
+    return knobs.get_int("WRITE_BUFFER")
 
 
 def writes_in_flight() -> int:
-    """Direct-I/O writes one file keeps in flight (``CKPT_WRITES_IN_FLIGHT``, default 2)."""
-    return knobs.get_int("WRITES_IN_FLIGHT", DEFAULT_INFLIGHT)
+    """Direct-I/O writes one file keeps in flight (knob ``WRITES_IN_FLIGHT``)."""
+    return knobs.get_int("WRITES_IN_FLIGHT")
 
 
 class _BufferPool:
-    """Page-aligned write buffers kept between files, at most ``limit`` bytes of them idle.
+    """Page-aligned write buffers kept between files, at most ``limit`` bytes of them idle
+    (None: what two files hold at the knobs' sizes, a pack being finished and the next one).
 
     Each new pack would otherwise map fresh buffers and fault their pages in again (on the
     reference VM first touch costs about as much as the copy into them). Only buffers no
@@ -64,7 +63,7 @@ class _BufferPool:
     is being written. Thread-safe.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int | None = None) -> None:
         self.limit = limit
         self._idle: list[mmap.mmap] = []
         self._lock = threading.Lock()
@@ -79,8 +78,9 @@ class _BufferPool:
 
     def give(self, buf: mmap.mmap) -> None:
         """Keep ``buf`` for a later file, or unmap it when the pool is full."""
+        limit = 2 * (writes_in_flight() + 1) * write_buffer_bytes() if self.limit is None else self.limit
         with self._lock:
-            if not buf.closed and sum(map(len, self._idle)) + len(buf) <= self.limit:
+            if not buf.closed and sum(map(len, self._idle)) + len(buf) <= limit:
                 self._idle.append(buf)
                 return
         with contextlib.suppress(BufferError):  # a failed write's traceback still views it
@@ -91,12 +91,12 @@ class _BufferPool:
             return sum(map(len, self._idle))
 
 
-_POOL = _BufferPool(2 * (DEFAULT_INFLIGHT + 1) * DEFAULT_BUFFER)  # a pack being finished + the next one
+_POOL = _BufferPool()
 
 
 def direct_io_enabled() -> bool:
     """Whether new files try ``O_DIRECT`` (Linux, unless ``CKPT_DIRECT_IO=0``)."""
-    return hasattr(os, "O_DIRECT") and knobs.get_bool("DIRECT_IO", True)
+    return hasattr(os, "O_DIRECT") and knobs.get_bool("DIRECT_IO")
 
 
 def open_direct(path: str) -> int | None:
@@ -119,9 +119,9 @@ def open_direct(path: str) -> int | None:
 class AppendFile:
     """A new temporary file in ``directory``, appended to by one thread, then finished or aborted.
 
-    ``buffer_bytes`` and ``inflight`` (None: ``CKPT_WRITE_BUFFER`` / ``CKPT_WRITES_IN_FLIGHT``,
-    else 2 MiB and 2) size the direct-I/O path: the file holds at most ``inflight + 1``
-    buffers of ``buffer_bytes`` (rounded down to whole pages) while it is being written.
+    ``buffer_bytes`` and ``inflight`` (None: the knobs ``WRITE_BUFFER`` / ``WRITES_IN_FLIGHT``)
+    size the direct-I/O path: the file holds at most ``inflight + 1`` buffers of
+    ``buffer_bytes`` (rounded down to whole pages) while it is being written.
     """
 
     def __init__(self, directory: Path, prefix: str, suffix: str, buffer_bytes: int | None = None,

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ckptrepo.atomic import fsync_dir, fsync_file
 from ckptrepo.errors import StorageError
 from ckptrepo.storage.base import check_key, check_prefix, check_range, missing, short_read
 
@@ -34,15 +35,6 @@ STAGING_NAME = ".staging"
 _FD_CACHE_SIZE = 64
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _HAVE_PREADV = hasattr(os, "preadv")
-
-
-def _fsync_path(path: Path) -> None:
-    """fsync a file's data, or a directory's entries, by path."""
-    fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _ensure_dir(path: Path) -> None:
@@ -61,7 +53,7 @@ def _ensure_dir(path: Path) -> None:
     for new_dir in reversed(missing_dirs):
         with contextlib.suppress(FileExistsError):
             new_dir.mkdir()
-        _fsync_path(new_dir.parent)
+        fsync_dir(new_dir.parent)
 
 
 _PUT_ATTEMPTS = 5  # a put whose staged file a concurrent gc removed is written again
@@ -171,7 +163,7 @@ class LocalBackend:
         try:
             # Write ordering step 1: the bytes must be on disk before the rename can make
             # the name visible, or a crash could leave a complete-looking name over a hole.
-            _fsync_path(source)
+            fsync_file(source)
             _ensure_dir(dest.parent)
             try:
                 os.replace(source, dest)
@@ -182,7 +174,7 @@ class LocalBackend:
                 os.replace(source, dest)
             # The rename itself is durable only once its directory is; after this a database
             # row may name the key.
-            _fsync_path(dest.parent)
+            fsync_dir(dest.parent)
         except OSError as exc:
             raise StorageError(detail=f"cannot store {key!r} in {self.url} ({exc})") from exc
         self._fds.forget(key)

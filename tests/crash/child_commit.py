@@ -42,6 +42,7 @@ import torch
 import ckptrepo
 from ckptrepo import faults
 from ckptrepo.db import pending
+from ckptrepo.testing import parts
 
 CHUNK = 64 * 1024
 PACK_TARGET = 256 * 1024
@@ -99,7 +100,7 @@ def repack(repo_path: Path) -> None:
 def index(repo_path: Path) -> None:
     """Index the pending layouts of ``repo_path`` (``db.pending``), two per transaction."""
     with ckptrepo.Repo.open(repo_path) as repo:
-        pending.index_pending(repo._sessions, batch=2)
+        pending.index_pending(parts(repo).sessions, batch=2)
 
 
 def _serve() -> None:

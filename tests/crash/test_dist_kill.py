@@ -18,7 +18,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import torch
 import torch.multiprocessing as mp
 
@@ -50,7 +49,6 @@ def _check(repo_path: Path) -> int:
         return len(visible)
 
 
-@pytest.mark.slow
 def test_killing_one_rank_mid_save_never_shows_a_partial_commit(tmp_path: Path) -> None:
     ckptrepo.Repo.init(tmp_path, chunk_size=4096).close()
     rng = random.Random(7)

@@ -21,6 +21,7 @@ import torch
 import ckptrepo
 from ckptrepo import errors, faults
 from ckptrepo.storage import Backend
+from ckptrepo.testing import assert_states_equal, parts
 
 CHUNK = 64 * 1024
 
@@ -28,13 +29,6 @@ CHUNK = 64 * 1024
 def _state(n: int) -> dict[str, Any]:
     g = torch.Generator().manual_seed(n)
     return {"w": torch.randn(16 * CHUNK // 4, generator=g), "b": torch.randn(100, generator=g), "n": n}
-
-
-def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return a.keys() == b.keys() and all(
-        torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) if isinstance(a[k], torch.Tensor) else a[k] == b[k]
-        for k in a
-    )
 
 
 @pytest.fixture
@@ -64,7 +58,7 @@ def test_a_failure_at_any_step_changes_nothing(repo: ckptrepo.Repo, point: str) 
         # The transaction had committed: the commit is complete and visible, as after a crash there.
         stats, log, _, _ = _snapshot(repo)
         assert log[1:] == before[1] and stats.commits == before[0].commits + 1
-        assert _same(repo.checkout(log[0]), _state(1))
+        assert_states_equal(repo.checkout(log[0]), _state(1))
     else:
         assert _snapshot(repo) == before
     report = repo.verify(full=True)
@@ -73,7 +67,8 @@ def test_a_failure_at_any_step_changes_nothing(repo: ckptrepo.Repo, point: str) 
     if point in ("pack.after_put", "db.before_commit"):
         assert report.unreferenced_packs  # packs put before the failure stay for gc
     commit = _commit_next(repo, 2)
-    assert repo.log()[0].id == commit.id and _same(repo.checkout("main"), _state(2))
+    assert repo.log()[0].id == commit.id
+    assert_states_equal(repo.checkout("main"), _state(2))
     assert repo.verify().ok
 
 
@@ -98,9 +93,9 @@ class _FullDisk:
 @pytest.mark.parametrize("fail_from", [1, 3])
 def test_full_disk_surfaces_as_an_error_and_changes_nothing(repo: ckptrepo.Repo, fail_from: int) -> None:
     before = _snapshot(repo)
-    real = repo._backend
+    real = parts(repo).backend
     full = _FullDisk(real, fail_from)
-    writer = repo._writer
+    writer = parts(repo).writer
     writer._backend = writer.snapshots()._backend = full  # where the commit engine writes packs
     try:
         with pytest.raises((OSError, errors.CkptError)) as caught:
@@ -115,4 +110,5 @@ def test_full_disk_surfaces_as_an_error_and_changes_nothing(repo: ckptrepo.Repo,
     assert report.ok and not report.temporary_files, report.to_json()
     assert len(report.unreferenced_packs) == fail_from - 1
     commit = _commit_next(repo, 2)
-    assert repo.log()[0].id == commit.id and _same(repo.checkout(commit.id), _state(2))
+    assert repo.log()[0].id == commit.id
+    assert_states_equal(repo.checkout(commit.id), _state(2))

@@ -14,7 +14,6 @@ import multiprocessing as mp
 import os
 from pathlib import Path
 
-import pytest
 import torch
 
 import ckptrepo
@@ -51,7 +50,6 @@ def gc_main(path: str, stop: str, out: str) -> None:
     Path(out).write_text(f"{runs} {kept}")
 
 
-@pytest.mark.slow
 def test_gc_with_grace_0_beside_writers_loses_no_acknowledged_commit(tmp_path: Path, db_url: str) -> None:
     path = tmp_path / "repo"
     with ckptrepo.Repo.init(path, db_url=db_url, chunk_size=CHUNK, pack_target=4 * CHUNK) as repo:

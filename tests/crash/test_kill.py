@@ -41,6 +41,7 @@ import torch
 import ckptrepo
 from ckptrepo import faults
 from ckptrepo.db import pending
+from ckptrepo.testing import parts
 
 CHILD = Path(__file__).with_name("child_commit.py")
 RUN_TIMEOUT = 30.0
@@ -223,7 +224,6 @@ def _killed(end: dict[str, Any], label: str) -> None:
     assert end.get("signal") == signal.SIGKILL, f"{label}: run ended with {end}, not by SIGKILL"
 
 
-@pytest.mark.slow
 def test_kill_at_every_fault_point(server: ForkServer, tmp_path: Path) -> None:
     started = time.monotonic()
     checkers: list[Checker] = []
@@ -255,7 +255,6 @@ def test_kill_at_every_fault_point(server: ForkServer, tmp_path: Path) -> None:
     assert sum(temporary.values()) > 0 and sum(unreferenced.values()) > 0
 
 
-@pytest.mark.slow
 def test_kill_at_random_moments(server: ForkServer, tmp_path: Path) -> None:
     started = time.monotonic()
     rng = random.Random(RANDOM_SEED)
@@ -288,7 +287,6 @@ REPACK_SCHEDULE: dict[str, tuple[int, ...]] = {
 }
 
 
-@pytest.mark.slow
 def test_kill_repack_at_every_fault_point(server: ForkServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """SIGKILL a repacking process at each of its fault points: every commit still restores
     bit-exactly, verify finds no error, and a later repack and gc finish the job."""
@@ -320,7 +318,6 @@ def _fresh_state(seed: int) -> dict[str, torch.Tensor]:
             "step": torch.tensor(seed)}
 
 
-@pytest.mark.slow
 def test_kill_while_indexing_pending_layouts(server: ForkServer, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """SIGKILL a process indexing pending layouts (``db.pending``, two per transaction) in its
@@ -335,17 +332,17 @@ def test_kill_while_indexing_pending_layouts(server: ForkServer, tmp_path: Path,
             for i in range(6):
                 state = _fresh_state(100 * round_ + i)
                 committed[repo.commit(state, step=100 * round_ + i).wait().id] = _fingerprint(state)
-            with repo._sessions() as s:
+            with parts(repo).sessions() as s:
                 before = pending.count(s)
         assert before >= 5  # all but a reopened repository's first commit
         spec = f"db.index_pending=kill@{nth}"
         _killed(server.wait(server.start(path, log, spec=spec, mode="index")), spec)
         with ckptrepo.Repo.open(path) as repo:
-            with repo._sessions() as s:
+            with parts(repo).sessions() as s:
                 assert pending.count(s) == before - 2 * ((nth - 1) // 2), spec
             for cid, fingerprint in committed.items():
                 assert _fingerprint(repo.checkout(cid)) == fingerprint, f"{spec}: {cid} restores wrong"
-            with repo._sessions() as s:
+            with parts(repo).sessions() as s:
                 assert pending.count(s) == 0
             report = repo.verify(full=True)
             assert report.ok, (spec, report.to_json())

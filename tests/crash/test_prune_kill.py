@@ -25,6 +25,7 @@ import torch
 import ckptrepo
 from ckptrepo import faults
 from ckptrepo.ledger import journal
+from ckptrepo.testing import parts
 
 CHILD = Path(__file__).with_name("child_prune.py")
 RANDOM_KILLS = 6
@@ -81,7 +82,7 @@ def _check(path: Path, label: str) -> tuple[int, int]:
 
 def _prune_entries(path: Path) -> int:
     with ckptrepo.Repo.open(path) as repo:
-        return sum(e["op"] == "prune" for _, e in journal.entries(repo._backend))
+        return sum(e["op"] == "prune" for _, e in journal.entries(parts(repo).backend))
 
 
 def test_kill_prune_and_gc_at_their_fault_points(tmp_path: Path) -> None:

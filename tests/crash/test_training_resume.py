@@ -36,7 +36,7 @@ def run(repo: Path, out: Path, kill_after: int | None = None) -> int:
     return proc.returncode
 
 
-@pytest.mark.parametrize("kill_after", [13, 22])
+@pytest.mark.parametrize("kill_after", [13, pytest.param(22, marks=pytest.mark.slow)])
 def test_a_killed_and_resumed_run_equals_an_uninterrupted_one(tmp_path: Path, kill_after: int) -> None:
     run(tmp_path / "straight", tmp_path / "straight.pt")
     assert run(tmp_path / "killed", tmp_path / "killed.pt", kill_after=kill_after) == -signal.SIGKILL
@@ -86,7 +86,7 @@ def run_ranks(repo: Path, out: Path, kill_after: int | None = None, world: int =
     return [p.returncode for p in procs]
 
 
-@pytest.mark.parametrize("kill_after", [13, 17])
+@pytest.mark.parametrize("kill_after", [13, pytest.param(17, marks=pytest.mark.slow)])
 def test_two_ranks_killed_and_resumed_equal_an_uninterrupted_run(tmp_path: Path, kill_after: int) -> None:
     """13: resumed mid-epoch from step 10; 17: from step 15, the end of an epoch (3 batches per rank)."""
     run_ranks(tmp_path / "straight", tmp_path / "straight.pt")

@@ -52,20 +52,9 @@ def full_state(model: torch.nn.Module, optim: torch.optim.Optimizer) -> tuple[di
     return get_state_dict(model, optim, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def assert_same(got: tuple[dict[str, Any], dict[str, Any]], want: tuple[dict[str, Any], dict[str, Any]]) -> None:
-    (gm, go), (wm, wo) = got, want
-    assert gm.keys() == wm.keys(), (gm.keys(), wm.keys())
-    for k, v in wm.items():
-        assert torch.equal(gm[k], v), k
-    assert go["state"].keys() == wo["state"].keys(), (go["state"].keys(), wo["state"].keys())
-    for k, v in wo["state"].items():
-        for name, x in v.items():
-            assert torch.equal(go["state"][k][name], x), (k, name)
-    assert go["param_groups"] == wo["param_groups"]
-
-
 def readme_block(kind: str, path: Path) -> None:
     import ckptrepo
+    from ckptrepo.testing import assert_states_equal
 
     rank = dist.get_rank()
     model, optim = make_model(kind, 1)
@@ -90,7 +79,7 @@ def readme_block(kind: str, path: Path) -> None:
         repo.checkout("main", into={"model": fresh, "optim": fresh_optim})  # resharded into DTensor state
         restored = full_state(fresh, fresh_optim)  # gathered on rank 0 (cpu_offload)
         if rank == 0:
-            assert_same(restored, trained)
+            assert_states_equal(restored, trained)
         # Training goes on from there exactly as it would have from the trained model.
         torch.manual_seed(99)
         batch = torch.randn(8, 64)
@@ -100,7 +89,7 @@ def readme_block(kind: str, path: Path) -> None:
             o.zero_grad()
         after, expected = full_state(fresh, fresh_optim), full_state(model, optim)
         if rank == 0:
-            assert_same(after, expected)
+            assert_states_equal(after, expected)
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         local, local_optim = get_state_dict(fresh, fresh_optim)  # this rank's own (shards, for FSDP2)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import ckptrepo
+from ckptrepo.testing import parts
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -17,7 +18,7 @@ def test_cuda_state_commits_through_pinned_staging_and_restores(tmp_path: Path) 
     state = {"w": torch.randn(1024, 1024, device="cuda"), "b": torch.arange(10, device="cuda")}
     with ckptrepo.Repo.init(tmp_path) as repo:
         handle = repo.commit(state)
-        arena = repo._writer.snapshots().staging._free or []
+        arena = parts(repo).writer.snapshots().staging._free or []
         state["w"].zero_()  # the copy has ended (synchronised) when commit() returns
         commit = handle.wait()
         restored = repo.checkout(commit.id)

@@ -20,10 +20,11 @@ import torch
 
 import ckptrepo
 from ckptrepo.errors import UsageError
+from ckptrepo.testing import assert_states_equal
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from ddp_workers import STEPS, assert_same, make_model  # noqa: E402 (beside this file)
+from ddp_workers import STEPS, make_model  # noqa: E402 (beside this file)
 
 CHUNK = 4096  # small chunks: DDP's replicated tensors are split over the ranks, FSDP2's shard edges fall inside
 
@@ -50,7 +51,6 @@ def repo_path(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["ddp", "fsdp2"])
 def test_readme_block_on_two_ranks_commits_once_per_step_and_restores(repo_path: Path, kind: str) -> None:
     """DDP and FSDP2 runs of the README's multi-rank block under torchrun produce exactly one
@@ -79,7 +79,7 @@ def test_readme_block_on_two_ranks_commits_once_per_step_and_restores(repo_path:
             assert torch.equal(optim.state_dict()["state"][i][name], x), (i, name)
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    assert_same(get_state_dict(model, optim), (saved_model, saved_optim))
+    assert_states_equal(get_state_dict(model, optim), (saved_model, saved_optim))
 
 
 def test_a_commit_with_string_optimizer_keys_checks_out_into_an_optimizer(tmp_path: Path) -> None:
@@ -97,7 +97,7 @@ def test_a_commit_with_string_optimizer_keys_checks_out_into_an_optimizer(tmp_pa
         repo.checkout(cid, into={"model": fresh, "optim": fresh_optim})
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    assert_same(get_state_dict(fresh, fresh_optim), get_state_dict(model, optim))
+    assert_states_equal(get_state_dict(fresh, fresh_optim), get_state_dict(model, optim))
 
 
 def test_local_and_group_together_are_refused_and_without_a_group_nothing_is_collective(tmp_path: Path) -> None:

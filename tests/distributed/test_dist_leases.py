@@ -15,7 +15,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 import torch
 import torch.multiprocessing as mp
 
@@ -33,7 +32,6 @@ def _stopped(pid: int) -> bool:
         return False
 
 
-@pytest.mark.slow
 def test_gc_with_grace_0_keeps_every_ranks_packs_until_the_commit_is_recorded(tmp_path: Path) -> None:
     path = tmp_path / "repo"
     ckptrepo.Repo.init(path, chunk_size=64 * 1024).close()

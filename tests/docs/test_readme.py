@@ -450,7 +450,6 @@ def one_commit_per_step(repo_dir: Path, saves: int) -> Iterator[str]:
         yield f"main has steps {steps[::-1]}; the block saves {saves} times"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("block", "prelude"), RUNS)
 def test_readme_block(block: Block, prelude: str | None, folder: Path, scripts: Path) -> None:
     """The block runs to its end without an error in the README's folder (after its prelude);

@@ -20,6 +20,7 @@ from typer.testing import CliRunner, Result
 
 from ckptrepo import Repo, errors
 from ckptrepo.cli.app import app
+from ckptrepo.testing import parts
 
 CHUNK = 4096
 
@@ -73,21 +74,21 @@ class _Reads:
     def __init__(self, repo: Repo, monkeypatch: pytest.MonkeyPatch) -> None:
         self.calls: list[str] = []
         lock = threading.Lock()
-        original = repo._reader.read_into
+        original = parts(repo).reader.read_into
 
         def counting(loc: Any, out: memoryview, bases: Any = None) -> None:
             with lock:
                 self.calls.append(loc.chunk_id)
             original(loc, out, bases)
 
-        monkeypatch.setattr(repo._reader, "read_into", counting)
+        monkeypatch.setattr(parts(repo).reader, "read_into", counting)
 
 
 def _statements(repo: Repo) -> list[str]:
     from sqlalchemy import event
 
     seen: list[str] = []
-    event.listen(repo._engine, "before_cursor_execute", lambda *args: seen.append(args[2]))
+    event.listen(parts(repo).engine, "before_cursor_execute", lambda *args: seen.append(args[2]))
     return seen
 
 

@@ -21,6 +21,7 @@ import ckptrepo.ingest.staging
 from ckptrepo import errors, faults
 from ckptrepo.ingest import pipeline
 from ckptrepo.ingest.writeahead import WriteAhead
+from ckptrepo.testing import parts
 
 
 @pytest.fixture
@@ -366,7 +367,7 @@ def test_reserve_maps_the_staging_memory_before_the_first_commit(
     with ckptrepo.Repo.init(tmp_path, chunk_size=64 * 1024) as repo:
         nbytes = repo.reserve(state)
         assert nbytes >= (300 * 200 + 200) * 4
-        slot = repo._writer.snapshots().staging._free[0]
+        slot = parts(repo).writer.snapshots().staging._free[0]
         arena = slot.arena
         assert arena is not None and not slot.fresh
         assert repo.stats().commits == 0  # nothing stored
@@ -423,7 +424,7 @@ def test_a_copy_failing_after_early_writes_leaves_the_repository_and_store_as_th
         with faults.inject("stage.copy", nth=5), pytest.raises(faults.InjectedFault):
             repo.commit(state, step=1)
         assert written  # the files of the tensors copied before the failure were written
-        assert not list(repo._backend.staging_dir().glob("pack-*.tmp"))
+        assert not list(parts(repo).backend.staging_dir().glob("pack-*.tmp"))
         assert repo.resolve("main") == first.id
         assert repo.stats() == before
         report = repo.verify()
@@ -452,7 +453,7 @@ def test_a_write_ahead_failing_to_start_leaves_the_repository_as_it_was(
             patch.setattr(WriteAhead, "start", start)
             with pytest.raises(faults.InjectedFault):
                 repo.commit(state, step=1)
-        assert not list(repo._backend.staging_dir().glob("pack-*.tmp"))
+        assert not list(parts(repo).backend.staging_dir().glob("pack-*.tmp"))
         assert repo.resolve("main") == first.id
         assert repo.stats() == before
         assert repo.verify().ok
@@ -496,9 +497,9 @@ def _write_ahead_packs(repo: ckptrepo.Repo) -> int:
     from ckptrepo.chunks.store import pack_key
     from ckptrepo.db.models import Pack
 
-    with repo._sessions() as s:
+    with parts(repo).sessions() as s:
         ids = [str(p) for p in s.scalars(select(Pack.id))]
-    return sum(min(e.offset for e in read_index(repo._backend, pack_key(p))) >= 4096 for p in ids)
+    return sum(min(e.offset for e in read_index(parts(repo).backend, pack_key(p))) >= 4096 for p in ids)
 
 
 @pytest.mark.parametrize("write_ahead", ["1", "0"])

@@ -17,6 +17,7 @@ from typer.testing import CliRunner, Result
 from ckptrepo import Repo, errors
 from ckptrepo.cli import options
 from ckptrepo.cli.app import app
+from ckptrepo.testing import assert_states_equal
 
 Run = Callable[..., Result]
 
@@ -31,17 +32,6 @@ def _tensors(seed: int) -> dict[str, torch.Tensor]:
         "position_ids": torch.arange(128, dtype=torch.int64).reshape(1, 128),
         "mask": torch.rand(16, generator=g) > 0.5,
     }
-
-
-def _bit_identical(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    a, b = a.contiguous().reshape(-1), b.contiguous().reshape(-1)
-    return bool(torch.equal(a.view(torch.uint8), b.view(torch.uint8))) if a.numel() else True
-
-
-def _same_state(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
-    return a.keys() == b.keys() and all(_bit_identical(a[k], b[k]) for k in a)
 
 
 @pytest.fixture
@@ -165,8 +155,7 @@ def test_commit_of_several_files_imports_them_in_order(run: Run, work: Path, che
     with Repo.open(work) as repo:
         expected = [load_file(str(checkpoints[1])), load_file(str(checkpoints[0])), torch.load(third)]
         for doc, want in zip(docs, expected, strict=True):
-            got = repo.checkout(doc["id"])
-            assert got.keys() == want.keys() and all(_bit_identical(got[k], v) for k, v in want.items())
+            assert_states_equal(repo.checkout(doc["id"]), want)
     human = run("commit", *map(str, checkpoints))
     assert human.exit_code == 0 and human.stdout.count("committed ") == 2
 
@@ -266,14 +255,14 @@ def test_checkout_safetensors_and_pt_are_bit_identical(
     out.parent.mkdir()
     doc = _json(run("checkout", "main~1", "-o", str(out), "--json"))
     assert doc["id"] == first["id"] and doc["path"] == str(out) and doc["bytes"] == out.stat().st_size
-    assert _same_state(load_file(str(out)), _tensors(0))
+    assert_states_equal(load_file(str(out)), _tensors(0))
 
     pt = tmp_path / "out" / "x.pt"
     result = run("checkout", "main", "-o", str(pt))
     assert result.exit_code == 0, result.stderr
     assert "wrote " in result.stdout
     loaded = torch.load(pt, weights_only=True)
-    assert _same_state(loaded, load_file(str(checkpoints[1])))
+    assert_states_equal(loaded, load_file(str(checkpoints[1])))
 
 
 def test_commit_pt_file_roundtrip(run: Run, work: Path, tmp_path: Path) -> None:
@@ -282,7 +271,7 @@ def test_commit_pt_file_roundtrip(run: Run, work: Path, tmp_path: Path) -> None:
     doc = _json(run("commit", str(src), "--json"))
     out = tmp_path / "back.safetensors"
     assert run("checkout", doc["short_id"], "-o", str(out)).exit_code == 0
-    assert _same_state(load_file(str(out)), _tensors(3))
+    assert_states_equal(load_file(str(out)), _tensors(3))
 
 
 def test_commit_hugging_face_folder(run: Run, work: Path, tmp_path: Path) -> None:
@@ -299,7 +288,7 @@ def test_commit_hugging_face_folder(run: Run, work: Path, tmp_path: Path) -> Non
     assert doc["n_tensors"] == len(tensors)
     out = tmp_path / "merged.safetensors"
     assert run("checkout", "main", "-o", str(out)).exit_code == 0
-    assert _same_state(load_file(str(out)), tensors)
+    assert_states_equal(load_file(str(out)), tensors)
 
 
 def test_checkout_of_a_training_state(run: Run, work: Path, tmp_path: Path) -> None:
@@ -319,11 +308,11 @@ def test_checkout_of_a_training_state(run: Run, work: Path, tmp_path: Path) -> N
     pt = tmp_path / "train.pt"
     assert run("checkout", "main", "-o", str(pt)).exit_code == 0
     loaded = torch.load(pt, weights_only=True)
-    assert _same_state(dict(loaded["model"]), dict(model.state_dict()))
+    assert_states_equal(dict(loaded["model"]), dict(model.state_dict()))
     st = tmp_path / "train.safetensors"
     assert run("checkout", "main", "-o", str(st)).exit_code == 0
     flat = load_file(str(st))
-    assert _bit_identical(flat["model/0.weight"], model.state_dict()["0.weight"])
+    assert_states_equal(flat["model/0.weight"], model.state_dict()["0.weight"])
 
 
 def test_repository_is_discovered_from_a_subfolder(
@@ -508,7 +497,7 @@ def test_subprocess_end_to_end(tmp_path: Path, checkpoints: list[Path]) -> None:
     commit = json.loads(done.stdout)
     out = tmp_path / "restored.safetensors"
     assert _ckpt("checkout", commit["short_id"], "-o", str(out), cwd=tmp_path).returncode == 0
-    assert _same_state(load_file(str(out)), _tensors(0))
+    assert_states_equal(load_file(str(out)), _tensors(0))
 
     failed = _ckpt("show", "nope", cwd=tmp_path)
     assert failed.returncode == errors.UnknownRevision.exit_code

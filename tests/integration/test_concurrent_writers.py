@@ -250,7 +250,7 @@ def grace_0_main(path: str, stop: str, out: str) -> None:
     Path(out).write_text(str(runs))
 
 
-@pytest.mark.slow
+@pytest.mark.slow(only="postgres")  # crash/test_gc_concurrent.py runs gc at grace 0 on both
 def test_writers_beside_prune_and_gc_at_grace_0_lose_nothing_and_the_store_rebuilds(tmp_path: Path,
                                                                                      db_url: str) -> None:
     """The probe's run: four committing processes (delta-coded chunks, idle repack on) beside one

@@ -28,31 +28,11 @@ from ckptrepo import Repo, errors
 from ckptrepo.cli.app import app
 from ckptrepo.distributed.keys import int_keys
 from ckptrepo.formats.dcp_folder import read_dcp_folder
-from ckptrepo.state import tensor_bytes
+from ckptrepo.testing import assert_states_equal
 
 Run = Callable[..., Result]
 WORLD = 2
 SPAWN_TIMEOUT_S = 120
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and bytes(tensor_bytes(a)) == bytes(tensor_bytes(b))
-
-
-def assert_same(got: Any, want: Any, where: str = "") -> None:
-    """Equal structure, types and values; tensors bit for bit."""
-    if isinstance(want, torch.Tensor):
-        assert isinstance(got, torch.Tensor) and same_bits(got, want), where
-    elif isinstance(want, dict):
-        assert isinstance(got, dict) and got.keys() == want.keys(), (where, list(got), list(want))
-        for k in want:
-            assert_same(got[k], want[k], f"{where}/{k}")
-    elif isinstance(want, list | tuple):
-        assert type(got) is type(want) and len(got) == len(want), where
-        for i, (g, w) in enumerate(zip(got, want, strict=True)):
-            assert_same(g, w, f"{where}/{i}")
-    else:
-        assert type(got) is type(want) and got == want, (where, got, want)
 
 
 def quietly(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -133,18 +113,19 @@ def test_commit_a_dcp_folder_and_restore_it_bit_for_bit(run: Run, work: Path, tm
         restored = repo.checkout(doc["id"])
         # DCP keys an optimizer's per-parameter state by strings ("0"); a checkout gives the ints
         # load_state_dict expects (dist.keys.int_keys), whatever made the commit.
-        assert_same(restored, int_keys(read_dcp_folder(folder)))
+        assert_states_equal(restored, int_keys(read_dcp_folder(folder)))
         for name, t in saved["model"].items():
-            assert same_bits(restored["model"][name], t), name
+            assert_states_equal(restored["model"][name], t, path=name)
         for pid, per_param in saved["optim"]["state"].items():
             for key, t in per_param.items():
-                assert same_bits(restored["optim"]["state"][pid][key], t), (pid, key)
+                assert_states_equal(restored["optim"]["state"][pid][key], t, path=f"state {pid}: {key}")
         assert restored["optim"]["param_groups"][0]["lr"] == 1e-3
         assert restored["optim"]["param_groups"][0]["betas"] == (0.9, 0.999)
-        assert same_bits(restored["extra"]["emb"], saved["extra"]["emb"]) and restored["extra"]["loss"] == 0.25
+        assert_states_equal(restored["extra"]["emb"], saved["extra"]["emb"])
+        assert restored["extra"]["loss"] == 0.25
         # The facade takes the same path: Repo.commit_file reads a DCP folder as one commit of whole tensors.
         again = repo.commit_file(folder, branch="api", message="again")
-        assert_same(repo.checkout(again.id), restored)
+        assert_states_equal(repo.checkout(again.id), restored)
 
 
 def test_a_damaged_dcp_folder_is_refused_and_nothing_is_committed(run: Run, work: Path, tmp_path: Path) -> None:
@@ -199,7 +180,6 @@ def _save_sharded(rank: int, port: int, folder: str) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.slow  # two spawned processes import torch: ~10 s on two cores
 def test_commit_a_sharded_dcp_folder_as_whole_tensors(run: Run, work: Path, tmp_path: Path) -> None:
     folder = tmp_path / "sharded"
     run_ranks(_save_sharded, str(folder))
@@ -209,7 +189,7 @@ def test_commit_a_sharded_dcp_folder_as_whole_tensors(run: Run, work: Path, tmp_
         infos = {t.name: t for t in repo.tensors(doc["id"])}
     assert restored["step"] == 9
     for name, t in sharded_full().items():
-        assert same_bits(restored["model"][name], t), name
+        assert_states_equal(restored["model"][name], t, path=name)
         assert list(infos[f"model/{name}"].shape) == list(t.shape)
 
 
@@ -228,9 +208,10 @@ def test_checkout_as_a_dcp_folder_loads_with_dcp_bit_for_bit(
               "extra": {"emb": torch.zeros(7, 4, dtype=torch.bfloat16), "ids": torch.zeros(9, dtype=torch.int64),
                         "step": 0}}
     quietly(dcp.load, target, storage_reader=FileSystemReader(out), no_dist=True)
-    assert_same(target["model"], committed["model"])
-    assert same_bits(target["extra"]["emb"], committed["extra"]["emb"]) and target["extra"]["step"] == 1
-    assert_same(int_keys(read_dcp_folder(out)), committed)  # and it reads back as the same state
+    assert_states_equal(target["model"], committed["model"])
+    assert_states_equal(target["extra"]["emb"], committed["extra"]["emb"])
+    assert target["extra"]["step"] == 1
+    assert_states_equal(int_keys(read_dcp_folder(out)), committed)  # and it reads back as the same state
 
 
 def _load_sharded(rank: int, port: int, folder: str, out: str, specs: dict[str, tuple[list[int], torch.dtype]]) -> None:
@@ -252,7 +233,7 @@ def _load_sharded(rank: int, port: int, folder: str, out: str, specs: dict[str, 
         dist.destroy_process_group()
 
 
-@pytest.mark.slow  # two spawned processes import torch: ~10 s on two cores
+@pytest.mark.slow  # the folder test above spawns two ranks too
 def test_checkout_as_a_dcp_folder_loads_into_dtensor_shards_of_two_ranks(
     run: Run, work: Path, committed: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -266,9 +247,9 @@ def test_checkout_as_a_dcp_folder_loads_into_dtensor_shards_of_two_ranks(
         got = torch.load(results / f"rank{rank}.pt", weights_only=True)
         assert got["step"] == 1
         for name, t in committed["model"].items():
-            assert same_bits(got["whole"][name], t), (rank, name)
+            assert_states_equal(got["whole"][name], t, path=f"rank {rank}: {name}")
             rows = -(-t.shape[0] // WORLD)  # DTensor's Shard(0): ceil-sized pieces, the last one short
-            assert same_bits(got["local"][name], t[rank * rows : (rank + 1) * rows]), (rank, name)
+            assert_states_equal(got["local"][name], t[rank * rows : (rank + 1) * rows], path=f"rank {rank}: {name}")
 
 
 def test_format_overrides_the_suffix(run: Run, committed: dict[str, Any], tmp_path: Path) -> None:
@@ -279,7 +260,7 @@ def test_format_overrides_the_suffix(run: Run, committed: dict[str, Any], tmp_pa
         assert "model/0.weight" in set(f.keys())
     as_torch = tmp_path / "model"
     assert run("checkout", "main", "-o", str(as_torch), "--format", "torch").exit_code == 0
-    assert_same(torch.load(as_torch, weights_only=True), committed)
+    assert_states_equal(torch.load(as_torch, weights_only=True), committed)
     flat = tmp_path / "flat.safetensors"  # by suffix, as before
     assert run("checkout", "main", "-o", str(flat)).exit_code == 0
     assert safetensors.torch.load_file(str(flat)).keys() == safetensors.torch.load_file(str(as_safetensors)).keys()

@@ -17,6 +17,7 @@ from ckptrepo.chunks.codecs import Encoding
 from ckptrepo.chunks.store import pack_key
 from ckptrepo.cli.app import app
 from ckptrepo.db.models import Chunk, Entry, TensorChunk
+from ckptrepo.testing import assert_states_equal, parts
 
 
 def _drift(state: dict[str, torch.Tensor], seed: int, scale: float = 1e-4) -> dict[str, torch.Tensor]:
@@ -34,12 +35,8 @@ def _state(seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def _chunks(repo: ckptrepo.Repo) -> list[Chunk]:
-    with repo._sessions() as s:
+    with parts(repo).sessions() as s:
         return list(s.scalars(select(Chunk)))
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a.view(torch.uint8), b.view(torch.uint8)))
 
 
 @pytest.fixture
@@ -77,7 +74,7 @@ def _check_bounded_deltas(repo: ckptrepo.Repo, policy: str) -> None:
             assert c.depth == base.depth + 1
     for cid, state in zip(ids, states, strict=True):
         restored = repo.checkout(cid)
-        assert all(_same(restored[k], state[k]) for k in state)
+        assert_states_equal(restored, state)
     assert repo.load_tensor(ids[-1], "w32").equal(states[-1]["w32"])
     stats = repo.stats()
     assert stats.delta_chunks == len(deltas) and stats.delta_saved_bytes > 0
@@ -96,7 +93,7 @@ def test_delta_off_and_compression_off(tmp_path: Path) -> None:
                 repo.commit(s, blocking=True)
             assert {c.encoding for c in _chunks(repo)} <= encodings
             assert repo.stats().delta_saved_bytes == 0 and repo.stats().delta_chunks == 0
-            assert _same(repo.checkout("main")["w32"], states[1]["w32"])
+            assert_states_equal(repo.checkout("main")["w32"], states[1]["w32"])
 
 
 def test_transfer_mapping_names_the_base(repo: ckptrepo.Repo) -> None:
@@ -104,13 +101,13 @@ def test_transfer_mapping_names_the_base(repo: ckptrepo.Repo) -> None:
     source = repo.commit({"encoder.w": src["w32"]}, branch="pre", blocking=True).wait()
     new = {"backbone.w": _drift({"w": src["w32"]}, 5)["w"], "head.w": torch.randn(1000)}
     repo.commit(new, branch="ft", transfer_from=(source.id, {"backbone.w": "encoder.w"}), blocking=True)
-    with repo._sessions() as s:
+    with parts(repo).sessions() as s:
         src_chunks = set(s.scalars(
             select(TensorChunk.chunk_key).join(Entry, Entry.tensor_key == TensorChunk.tensor_key)
             .where(Entry.commit_id == source.id)))
     deltas = [c for c in _chunks(repo) if c.encoding == Encoding.DELTA]
     assert deltas and all(c.base_key in src_chunks for c in deltas)
-    assert _same(repo.checkout("ft")["backbone.w"], new["backbone.w"])
+    assert_states_equal(repo.checkout("ft")["backbone.w"], new["backbone.w"])
 
 
 def test_a_corrupt_base_fails_reads_naming_commit_and_tensor(repo: ckptrepo.Repo) -> None:
@@ -161,12 +158,12 @@ def test_with_a_base_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, poli
     for i in range(1, 5):
         states.append(_drift(states[-1], i))
     with ckptrepo.Repo.init(tmp_path / "w", chunk_size=64 * 1024, delta_base=policy, max_delta_depth=3) as repo:
-        assert repo._writer._base_cache.budget == 8 << 20
         ids = [repo.commit(s, blocking=True).wait().id for s in states]
-        assert repo._writer._base_cache.nbytes > 0 and repo.stats().delta_chunks > 0
+        cache = parts(repo).writer._base_cache
+        assert cache.budget == 8 << 20 and cache.nbytes > 0 and repo.stats().delta_chunks > 0
         for cid, state in zip(ids, states, strict=True):
             restored = repo.checkout(cid)
-            assert all(_same(restored[k], state[k]) for k in state)
+            assert_states_equal(restored, state)
 
 
 @pytest.mark.parametrize("where", ["stored plane", "zstd frame"])
@@ -188,8 +185,7 @@ def test_a_damaged_base_does_not_break_later_commits(tmp_path: Path, where: str)
         path.write_bytes(bytes(data))
         second = _drift(first, 1)
         commit = repo.commit(second, blocking=True).wait()
-        restored = repo.checkout(commit.id)
-        assert all(_same(restored[k], second[k]) for k in second)
+        assert_states_equal(repo.checkout(commit.id), second)
         with pytest.raises(errors.IntegrityError):
             repo.checkout("main~1")  # the damaged commit itself is reported, not repaired
 
@@ -213,9 +209,9 @@ def test_encoding_hints_carry_over_to_later_commits(repo: ckptrepo.Repo, monkeyp
         state = _drift(state, seed)
         calls.clear()
         commit = repo.commit(state, blocking=True).wait()
-    assert calls == [] and "w" in repo._writer._hints  # the third commit encoded its delta only
-    assert _same(repo.checkout(commit.id)["w"], state["w"])
-    repo._writer._hints.clear()
+    assert calls == [] and "w" in parts(repo).writer._hints  # the third commit encoded its delta only
+    assert_states_equal(repo.checkout(commit.id)["w"], state["w"])
+    parts(repo).writer._hints.clear()
     calls.clear()
     repo.commit(_drift(state, 9), blocking=True).wait()
     assert calls == [1]  # without hints the chunk is measured standalone first
@@ -239,5 +235,4 @@ def test_a_failing_delta_plan_fails_the_commit_and_leaves_the_repository_as_it_w
     monkeypatch.undo()
     second = repo.commit(_drift(_state(), 1), message="b", blocking=True).wait()
     assert [p.id for p in second.parents] == [first.id]
-    got = repo.checkout(second.id)
-    assert all(_same(got[k], v) for k, v in _drift(_state(), 1).items())
+    assert_states_equal(repo.checkout(second.id), _drift(_state(), 1))

@@ -15,6 +15,7 @@ from ckptrepo import errors
 from ckptrepo.formats import read_state, write_state
 from ckptrepo.restore.export import flat_entries
 from ckptrepo.state import flatten
+from ckptrepo.testing import parts
 
 
 @pytest.fixture
@@ -76,7 +77,7 @@ def test_flat_entries_tells_flat_tensor_dicts_from_other_states() -> None:
 def test_unknown_suffix_is_refused_before_reading(repo: ckptrepo.Repo, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     commit = repo.commit(_flat(), blocking=True).wait()
-    monkeypatch.setattr(repo._reader, "read_into", lambda *a, **k: pytest.fail("read before the suffix check"))
+    monkeypatch.setattr(parts(repo).reader, "read_into", lambda *a, **k: pytest.fail("read before the suffix check"))
     with pytest.raises(errors.UsageError, match="unknown suffix"):
         repo.export(commit.id, tmp_path / "out.npz")
     assert not (tmp_path / "out.npz").exists()

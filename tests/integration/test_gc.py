@@ -25,6 +25,7 @@ from ckptrepo.cli.app import app
 from ckptrepo.db.models import Chunk, TensorChunk
 from ckptrepo.errors import UnknownRef, UnreachableCommits, UsageError
 from ckptrepo.ingest import writer
+from ckptrepo.testing import parts
 
 CHUNK = 64 * 1024
 
@@ -127,7 +128,7 @@ def test_gc_keeps_the_delta_base_of_a_chunk_a_live_commit_shares(tmp_path: Path,
         repo.commit(p_state, branch="exp", step=1, blocking=True).wait()
         repo.commit(x_state, branch="exp", step=2, blocking=True).wait()
         y = repo.commit(x_state, step=3, blocking=True).wait()
-        with repo._sessions() as s:
+        with parts(repo).sessions() as s:
             base_chunk = aliased(Chunk)
             deltas = s.scalars(select(base_chunk.id).join(Chunk, Chunk.base_key == base_chunk.key)
                                .join(TensorChunk, TensorChunk.chunk_key == Chunk.key)).all()
@@ -135,7 +136,7 @@ def test_gc_keeps_the_delta_base_of_a_chunk_a_live_commit_shares(tmp_path: Path,
         repo.delete_branch("exp", force=True)
         report = repo.gc(grace=0)
         assert report.commits_removed == 2 and report.tensors_removed == 1  # P's "w" row goes ...
-        with repo._sessions() as s:
+        with parts(repo).sessions() as s:
             kept = set(s.scalars(select(Chunk.id).where(Chunk.id.in_(deltas))))
         assert kept == set(deltas)  # ... but not its chunks: they are the bases of Y's
         _restores(repo, {y.id: x_state, base.id: {"seed": torch.zeros(4)}})

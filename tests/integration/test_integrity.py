@@ -37,6 +37,7 @@ from ckptrepo.ids import tensor_id
 from ckptrepo.ledger import fields, manifest
 from ckptrepo.locations import ChunkLocation
 from ckptrepo.storage import LocalBackend
+from ckptrepo.testing import assert_states_equal, parts
 
 CHUNK = 16 * 1024
 
@@ -44,10 +45,6 @@ CHUNK = 16 * 1024
 def _state(seed: int) -> dict[str, Any]:
     g = torch.Generator().manual_seed(seed)
     return {"w": torch.randn(3 * CHUNK // 4, generator=g), "b": torch.arange(seed, seed + 8)}
-
-
-def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
 
 
 def _lose_database(repo_dir: Path, db_url: str | None) -> None:
@@ -131,7 +128,7 @@ def test_a_rewritten_manifest_is_refused_and_never_returns_other_data(tmp_path: 
     with ckptrepo.Repo.open(repo_dir) as repo:  # the database still knows b: verify --full reads the manifest
         report = repo.verify(full=True)
         assert not report.ok and [p.subject for p in report.damaged_manifests] == [key]
-        assert _same(repo.checkout(b), states[b])
+        assert_states_equal(repo.checkout(b), states[b])
         assert repo.write_missing_manifests() == 1  # rewritten from the database
         assert repo.verify(full=True).ok
     store = LocalBackend(repo_dir / "store")
@@ -144,7 +141,7 @@ def test_a_rewritten_manifest_is_refused_and_never_returns_other_data(tmp_path: 
         with pytest.raises(CommitDamaged):
             repo.checkout(b)
         for cid in (a, c):  # the others, c on top of the damaged node, restore exactly
-            assert _same(repo.checkout(cid), states[cid])
+            assert_states_equal(repo.checkout(cid), states[cid])
         assert not repo.verify(full=True).ok
 
 
@@ -164,7 +161,7 @@ def test_a_lost_root_manifest_keeps_every_descendant_and_gc_refuses(tmp_path: Pa
         assert [c.id for c in repo.log("main")] == [*reversed(rest), root]
         assert repo.get_commit(root).damage == "its manifest is missing from the store"
         for cid in rest:
-            assert _same(repo.checkout(cid), states[cid])
+            assert_states_equal(repo.checkout(cid), states[cid])
         with pytest.raises(CommitDamaged):
             repo.checkout(root)
         packs = sorted((repo_dir / "store" / "packs").rglob("*.pack"))
@@ -178,7 +175,7 @@ def test_a_lost_root_manifest_keeps_every_descendant_and_gc_refuses(tmp_path: Pa
         assert repo.prune(damaged=True).pruned == (root,)
         repo.gc(grace=0)
         for cid in rest:
-            assert _same(repo.checkout(cid), states[cid])
+            assert_states_equal(repo.checkout(cid), states[cid])
         assert repo.verify(full=True).ok
 
 
@@ -204,7 +201,7 @@ def test_verify_full_reads_every_manifest(tmp_path: Path, db_url: str) -> None:
 def test_lost_pack_data_is_damage_not_pruning(tmp_path: Path, db_url: str, loss: str) -> None:
     repo_dir, kept, states = _chain(tmp_path, db_url, 3)
     last = list(states)[-1]
-    with ckptrepo.Repo.open(repo_dir) as repo, repo._reading() as s:  # a pack of the last commit's own chunks
+    with ckptrepo.Repo.open(repo_dir) as repo, parts(repo).reading() as s:  # a pack of the last commit's own chunks
         mine = {c for ids in catalog.chunk_lists_of(s, [last]).values() for c in ids}
         pack = next(pid for pid, ids in _pack_chunks(s).items() if ids <= mine)
     path = repo_dir / "store" / "packs" / pack[:2] / f"{pack}.pack"
@@ -261,7 +258,8 @@ def test_a_store_holds_one_repository(tmp_path: Path) -> None:
             with pytest.raises(StoreInUse):
                 attempt()
     with ckptrepo.Repo.open(tmp_path / "ra") as ra:
-        assert _same(ra.checkout(kept), _state(0)) and ra.verify(full=True).ok
+        assert_states_equal(ra.checkout(kept), _state(0))
+        assert ra.verify(full=True).ok
     with pytest.raises(StoreInUse):
         ckptrepo.Repo.rebuild_database(tmp_path / "rc", replace=True)
 
@@ -270,7 +268,7 @@ def test_a_store_made_before_identities_is_claimed_and_its_loss_then_reported(tm
     with ckptrepo.Repo.init(tmp_path) as repo:
         store = repo.repo_dir / "store"
         (store / "repository.json").unlink()
-        with write_transaction(repo._sessions) as w:
+        with write_transaction(parts(repo).sessions) as w:
             w.execute(delete(RepoMeta).where(RepoMeta.key == "store_identity"))
         assert [p.kind for p in repo.verify().warnings] == ["unclaimed_store"]
         repo.commit(_state(0)).wait()  # claims it
@@ -333,7 +331,7 @@ def test_damaged_commits_are_marked_in_log_and_show(tmp_path: Path) -> None:
     accepted = runner.invoke(app, ["--repo", str(repo_dir), "prune", "--damaged", "--json"])
     assert accepted.exit_code == 0 and json.loads(accepted.stdout)["pruned"] == [root]
     assert runner.invoke(app, ["--repo", str(repo_dir), "gc"]).exit_code == 0
-    with ckptrepo.Repo.open(repo_dir) as repo, repo._sessions() as s:
+    with ckptrepo.Repo.open(repo_dir) as repo, parts(repo).sessions() as s:
         assert s.scalar(select(Commit.damage).where(Commit.id == root)) is not None
     pytest.importorskip("starlette")
     from starlette.testclient import TestClient

@@ -225,8 +225,7 @@ def test_a_checkpoint_without_the_commit_mark_resumes_bit_identical(tmp_path: Pa
     assert differing(dict(got.state_dict()), want) == []
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("stop", [20, 32])
+@pytest.mark.parametrize("stop", [20, pytest.param(32, marks=pytest.mark.slow)])
 def test_a_stateful_loader_with_workers_resumes_bit_identical(tmp_path: Path, stop: int) -> None:
     """As above, with ``num_workers=2`` (the loader's workers restart from its saved state)."""
     want = dict(fit_stateful(tmp_path / "straight", [], workers=2, epochs=2).state_dict())

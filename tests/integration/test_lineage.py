@@ -31,6 +31,7 @@ from ckptrepo.db import lines
 from ckptrepo.db.engine import fetch_tuples, write_connection
 from ckptrepo.db.models import Chunk, Commit, Edge, Entry, Metric, Tensor, TensorChunk
 from ckptrepo.lineage import graph
+from ckptrepo.testing import parts
 from ckptrepo.types import Parent
 
 
@@ -99,7 +100,7 @@ def hand(tmp_path: Path, db_url: str) -> Iterator[Hand]:
 
 
 def test_generations_are_as_planned(hand: Hand) -> None:
-    with hand.repo._sessions() as s:
+    with parts(hand.repo).sessions() as s:
         gens = dict(s.execute(select(Commit.id, Commit.generation)).all())
     assert {label: gens[cid] for label, cid in hand.ids.items()} == GEN
 
@@ -124,7 +125,7 @@ def test_ancestors(hand: Hand) -> None:
 def test_ancestors_along_one_line(hand: Hand) -> None:
     """Ancestors that form one line of parents come from the walk without UNION; a walk that
     branches, or that ``generation`` cuts short, leaves the answer to the edge walk."""
-    with hand.repo._sessions() as s:
+    with parts(hand.repo).sessions() as s:
         def line(label: str, kinds: tuple[str, ...] = graph.EDGE_KINDS, depth: int | None = None) -> Any:
             found = graph._line_of_parents(s, hand[label], kinds, depth)
             return None if found is None else hand.labels(found)
@@ -134,9 +135,9 @@ def test_ancestors_along_one_line(hand: Hand) -> None:
         assert line("t2") == ["t1", "r2", "r1", "r0"]  # through the transfer edge
         assert line("r5") is None and line("C") is None  # m and C have two parents
         assert line("r5", ("parent",)) == ["m", "r3", "r2", "r1", "r0"]
-    with write_connection(hand.repo._engine) as conn:  # a generation too low: the walk is cut short
+    with write_connection(parts(hand.repo).engine) as conn:  # a generation too low: the walk is cut short
         conn.execute(update(Commit).where(Commit.id == hand["r3"]).values(generation=2))
-    with hand.repo._sessions() as s:
+    with parts(hand.repo).sessions() as s:
         assert graph._line_of_parents(s, hand["r3"], graph.EDGE_KINDS, None) is None
     assert hand.labels(hand.repo.ancestors(hand["r3"])) == ["r2", "r1", "r0"]
 
@@ -144,7 +145,7 @@ def test_ancestors_along_one_line(hand: Hand) -> None:
 def test_first_parent_recorded_with_each_commit(hand: Hand) -> None:
     """``commits.first_parent_id`` is the parent of the ``parent`` edge at position 0: none for
     roots and for commits whose only parent is a transfer source."""
-    with hand.repo._sessions() as s:
+    with parts(hand.repo).sessions() as s:
         stored = dict(s.execute(select(Commit.id, Commit.first_parent_id)).all())
         first = select(Edge.child_id, Edge.parent_id).where(Edge.kind == "parent", Edge.position == 0)
         edges = dict(s.execute(first).all())
@@ -283,7 +284,7 @@ def test_where_time_and_rev(hand: Hand) -> None:
 
 
 def _counts(hand: Hand) -> dict[str, int]:
-    with hand.repo._sessions() as s:
+    with parts(hand.repo).sessions() as s:
         return {m.__tablename__: s.scalar(select(func.count()).select_from(m)) or 0 for m in (Commit, Edge, Metric)}
 
 
@@ -298,7 +299,7 @@ def test_where_errors_change_nothing(hand: Hand, text: str) -> None:
         hand.repo.log(where=text)
     assert info.value.exit_code == 2
     assert _counts(hand) == before
-    assert {"commits", "edges", "metrics"} <= set(inspect(hand.repo._engine).get_table_names())
+    assert {"commits", "edges", "metrics"} <= set(inspect(parts(hand.repo).engine).get_table_names())
 
 
 def test_unknown_name_lists_fields_and_metrics(hand: Hand) -> None:
@@ -373,7 +374,7 @@ def _random_dag(repo: ckptrepo.Repo, n: int, seed: int) -> tuple[list[str], dict
         rows.append({"id": cid, "created_at": T0 + timedelta(seconds=i), "generation": gen[cid], "skeleton": {},
                      "step": i, "branch": f"line{i % 3}"})
         edges += [{"child_id": cid, "parent_id": p, "kind": k, "position": j} for j, (p, k) in enumerate(ps)]
-    with write_connection(repo._engine) as conn:
+    with write_connection(parts(repo).engine) as conn:
         placed = _with_lines(rows, parents)
         conn.execute(insert(Commit), placed)
         if edges:
@@ -434,14 +435,14 @@ def test_descendants_where_paths_multiply(tmp_path: Path, db_url: str) -> None:
         for p, _ in ps:
             children[p].add(child)
     with ckptrepo.Repo.init(tmp_path / "diamonds", db_url=db_url) as repo:
-        with write_connection(repo._engine) as conn:
+        with write_connection(parts(repo).engine) as conn:
             placed = _with_lines([{"id": c, "created_at": T0 + timedelta(seconds=i), "generation": gen[c],
                                    "skeleton": {}} for i, c in enumerate(ids)], parents)
             conn.execute(insert(Commit), placed)
             conn.execute(insert(Edge), _with_forks([{"child_id": c, "parent_id": p, "kind": k, "position": j}
                                                     for c, ps in parents.items() for j, (p, k) in enumerate(ps)],
                                                    placed))
-        with repo._sessions() as s:
+        with parts(repo).sessions() as s:
             repeated = s.connection().execute(graph._edge_walk(ids[0], graph.EDGE_KINDS, None, down=False,
                                                                repeat=True)).all()
             assert len(repeated) > s.scalar(select(func.count()).select_from(Edge))
@@ -455,7 +456,7 @@ def _history_by_entries(repo: ckptrepo.Repo, along: str, name: str, limit: int |
     chain = [repo.resolve(along)]
     while (up := repo.get_commit(chain[-1]).parents) and up[0].kind == "parent":
         chain.append(up[0].id)
-    with repo._sessions() as s:
+    with parts(repo).sessions() as s:
         tids = [s.scalar(select(Tensor.id).join(Entry, Entry.tensor_key == Tensor.key)
                          .where(Entry.commit_id == c, Entry.name == name)) for c in chain]
         chunks = {t: list(s.scalars(select(Chunk.id).join(TensorChunk, TensorChunk.chunk_key == Chunk.key)
@@ -518,7 +519,7 @@ def test_history_rows(tmp_path: Path, db_url: str) -> None:
             assert found == expected, (along, name, limit)
         with pytest.raises(errors.UnknownTensor):
             repo.history("absent", along="gap")
-        with repo._sessions() as s:
+        with parts(repo).sessions() as s:
             placed = dict(s.execute(select(Commit.id, Commit.line_id)).all())
         assert placed[repo.resolve("fork")] == repo.resolve("fork") != placed[repo.resolve("main~6")]
         assert placed[repo.resolve("gap~1")] == repo.resolve("gap~1")
@@ -535,7 +536,7 @@ def test_random_dags_match_brute_force(tmp_path: Path, db_url: str, kinds: tuple
             for p, kind in ps:
                 if kind in allowed:
                     children[p].add(child)
-        with repo._sessions() as s:
+        with parts(repo).sessions() as s:
             gen = dict(s.execute(select(Commit.id, Commit.generation)).all())
             for _ in range(40):
                 a, b = rng.choice(ids[len(ids) // 2 :]), rng.choice(ids)

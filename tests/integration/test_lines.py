@@ -16,6 +16,7 @@ from ckptrepo.db import lines, migrate
 from ckptrepo.db.engine import fetch_tuples, make_engine, session_factory, write_transaction
 from ckptrepo.db.models import Commit, Edge, Entry, EntryRun, Ref, Tensor
 from ckptrepo.lineage import graph
+from ckptrepo.testing import parts
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -47,7 +48,7 @@ def _first_parents(repo: ckptrepo.Repo, head: str) -> list[str]:
 
 
 def _placements(repo: ckptrepo.Repo) -> dict[str, tuple[str, int, bool]]:
-    with repo._sessions() as s:
+    with parts(repo).sessions() as s:
         rows = s.execute(select(Commit.id, Commit.line_id, Commit.fp_depth, Commit.linear))
         return {cid: (line, depth, linear) for cid, line, depth, linear in rows}
 
@@ -75,7 +76,7 @@ def test_commits_are_placed_and_the_migration_places_them_alike(tmp_path: Path, 
         assert placed[merged] == (placed[main][0], 4, False) and placed[after] == (placed[main][0], 5, False)
         assert placed[moved] == (moved, 0, False)
         chains = {b: _first_parents(repo, repo.resolve(b)) for b in ("main", "fork", "fork2", "moved")}
-        with repo._sessions() as s:
+        with parts(repo).sessions() as s:
             for b, expected in chains.items():
                 rows = sorted(fetch_tuples(s.connection(), lines.chain_commits(repo.resolve(b), None, Commit.id)))
                 assert [cid for _, cid in rows] == expected, b
@@ -100,7 +101,7 @@ def test_children_of_one_parent_committed_at_once_take_turns(tmp_path: Path, db_
         results: dict[str, tuple[str, int]] = {}
 
         def child(cid: str, hold: bool) -> None:
-            with write_transaction(repo._sessions) as s:
+            with write_transaction(parts(repo).sessions) as s:
                 results[cid] = lines.place(s, cid, root, False)
                 s.add(Commit(id=cid, created_at=T0, generation=2, first_parent_id=root, skeleton={},
                              **results[cid]._asdict()))
@@ -132,7 +133,7 @@ def test_chain_commits_cut_short(tmp_path: Path, limit: int | None) -> None:
         for i in range(3):
             repo.commit({"w": torch.full((4,), 10.0 + i)}, branch="fork", step=10 + i, blocking=True).wait()
         expected = _first_parents(repo, repo.resolve("fork"))
-        with repo._sessions() as s:
+        with parts(repo).sessions() as s:
             rows = sorted(fetch_tuples(s.connection(), lines.chain_commits(repo.resolve("fork"), limit, Commit.id)))
         assert rows == list(enumerate(expected[:limit]))
 
@@ -147,7 +148,7 @@ def test_linear_commits_answer_ancestors_and_log_from_the_chain(tmp_path: Path, 
             repo.commit({"w": torch.full((4,), 10.0 + i)}, branch="fork", step=10 + i, blocking=True).wait()
         merged = repo.commit({"w": torch.zeros(4)}, branch="main", parents=[repo.resolve("main"),
                              repo.resolve("fork")], step=20, blocking=True).wait().id
-        with repo._sessions() as s:
+        with parts(repo).sessions() as s:
             for rev in ("fork", "main~1", merged):
                 start = repo.resolve(rev)
                 assert graph._is_linear(s, start) == (start != merged)
@@ -178,7 +179,7 @@ _Runs = set[tuple[str, str, int, str | None, int]]
 def _line_rows(repo: ckptrepo.Repo) -> tuple[_Forks, _Runs]:
     """Every edge's fork mark ``(child, parent, fork_line_id, fork_depth)`` and every ``entry_runs`` row,
     its tensor by id (keys are renumbered when a migration rebuilds the tables)."""
-    with repo._sessions() as s:
+    with parts(repo).sessions() as s:
         conn = s.connection()
         forks = set(fetch_tuples(conn, select(Edge.child_id, Edge.parent_id, Edge.fork_line_id, Edge.fork_depth)))
         runs = set(fetch_tuples(conn, select(EntryRun.name, EntryRun.line_id, EntryRun.fp_depth, Tensor.id,
@@ -209,7 +210,7 @@ def test_rows_kept_by_line_are_written_with_commits_and_by_the_migration_alike(t
         repo.commit({"w": torch.zeros(4)}, branch="main", parents=[main, fork], blocking=True).wait()
         repo.commit({"w": torch.ones(4)}, branch="moved", transfer_from=fork, blocking=True).wait()
         forks, runs = _line_rows(repo)
-        with repo._sessions() as s:
+        with parts(repo).sessions() as s:
             places = {cid: (line, depth) for cid, line, depth in s.execute(select(Commit.id, Commit.line_id,
                                                                                   Commit.fp_depth))}
             kinds = {(c, p): (k, pos) for c, p, k, pos in s.execute(select(Edge.child_id, Edge.parent_id, Edge.kind,
@@ -234,7 +235,7 @@ def test_rows_kept_by_line_are_written_with_commits_and_by_the_migration_alike(t
         assert any(tid is None for *_, tid, _ in runs)  # "a" went away on main
         # Chunk positions that differ from the first parent's tensor: "w" at 2 (its first chunk
         # only), "b" at 2 (one chunk), the fork's first commit (every chunk of "w").
-        with repo._sessions() as s:
+        with parts(repo).sessions() as s:
             head_w = s.scalar(select(Tensor.id).join(Entry, Entry.tensor_key == Tensor.key)
                               .where(Entry.commit_id == main, Entry.name == "w"))
         assert {(n, c) for n, _, _, tid, c in runs if c} == {("w", 1), ("b", 1), ("w", 4)}
@@ -251,7 +252,7 @@ def test_rows_kept_by_line_are_written_with_commits_and_by_the_migration_alike(t
     with ckptrepo.Repo.open(path) as repo:
         assert _line_rows(repo) == (forks, runs)
         # Runs go with their commit: delete the fork's head (as gc would) and its runs are gone.
-        with write_transaction(repo._sessions) as s:
+        with write_transaction(parts(repo).sessions) as s:
             s.execute(delete(Edge).where(Edge.child_id.in_([repo.resolve("moved"), fork, repo.resolve("main")])))
             s.execute(delete(Entry).where(Entry.commit_id == fork))
             s.execute(delete(Ref).where(Ref.commit_id == fork))

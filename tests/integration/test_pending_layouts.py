@@ -3,6 +3,7 @@ pending; every reader sees them indexed, exactly as a commit that recorded them 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,13 +14,15 @@ import torch
 
 import ckptrepo
 from ckptrepo import faults
-from ckptrepo.db import catalog, pending
+from ckptrepo.db import pending
 from ckptrepo.errors import FormatError
 from ckptrepo.locations import ChunkLocation
+from ckptrepo.rows import TensorRow
+from ckptrepo.testing import parts
 
 
 def _pending(repo: ckptrepo.Repo) -> int:
-    with repo._sessions() as s:
+    with parts(repo).sessions() as s:
         return pending.count(s)
 
 
@@ -167,13 +170,17 @@ def test_payload_round_trip_and_damage() -> None:
     chunks = [ChunkLocation("a" * 64, "p" * 64, 0, 10, 12, 1, 1, "b" * 64, 11),
               ChunkLocation("c" * 64, "p" * 64, 10, 4, 4, 0)]
     stats = {"numel": 3, "mean": 0.1, "std": float("nan"), "min": -math.inf, "max": math.inf, "nan_count": 1}
-    tensors = [catalog.TensorRow("t" * 64, "float32", [3], 12, 65536, ["a" * 64, "c" * 64], stats)]
+    tensors = [TensorRow(tensor_id="t" * 64, dtype="float32", shape=[3], nbytes=12, chunk_size=65536,
+                         chunk_ids=["a" * 64, "c" * 64], boxes=[[[0], [3]]], stats=stats)]
     back = pending.decode(pending.encode(chunks, tensors, {"x.w": "t" * 64}))
     assert back[0] == chunks and back[2] == {"x.w": "t" * 64}
     (t,) = back[1]
-    assert (t.tensor_id, t.dtype, t.shape, t.nbytes, t.chunk_size, t.chunk_ids) == (
-        "t" * 64, "float32", [3], 12, 65536, ["a" * 64, "c" * 64])
+    assert (t.tensor_id, t.dtype, t.shape, t.nbytes, t.chunk_size, t.chunk_ids, t.boxes) == (
+        "t" * 64, "float32", [3], 12, 65536, ["a" * 64, "c" * 64], [[[0], [3]]])
     assert math.isnan(t.stats["std"]) and t.stats["min"] == -math.inf and t.stats["mean"] == 0.1
+    version_1 = {"v": 1, "chunks": [], "tensors": [["t" * 64, "float32", [3], 12, 65536, [], {}]], "entries": {}}
+    (old,) = pending.decode(pending._compressor.compress(json.dumps(version_1).encode()))[1]
+    assert old.boxes is None and old.chunk_size == 65536
     for junk in (b"junk", pending._compressor.compress(b'{"v": 99}'), pending._compressor.compress(b"[1]")):
         with pytest.raises(FormatError):
             pending.decode(junk)

@@ -23,6 +23,7 @@ import ckptrepo
 from ckptrepo.cli.app import app
 from ckptrepo.db.models import Chunk, Entry, TensorChunk
 from ckptrepo.errors import CommitPruned, UsageError
+from ckptrepo.testing import assert_states_equal, parts
 from ckptrepo.types import RetentionRules
 
 CHUNK = 4096
@@ -31,10 +32,6 @@ CHUNK = 4096
 def _state(seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return {"w": torch.randn(3 * CHUNK // 4, generator=g), "b": torch.arange(16, dtype=torch.float32)}
-
-
-def _same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> bool:
-    return set(got) == set(want) and all(got[k].dtype == v.dtype and torch.equal(got[k], v) for k, v in want.items())
 
 
 def _pack_bytes(repo: ckptrepo.Repo) -> int:
@@ -139,7 +136,7 @@ def test_prune_keeps_the_lineage_and_gc_frees_the_data(repo: ckptrepo.Repo) -> N
     (w,) = [t for t in d.tensors if t.name == "w"]
     assert w.status == "changed" and w.chunks_changed == w.n_chunks == 3 and "pruned" in (w.note or "")
     for name in set(ids) - expected:
-        assert _same(repo.checkout(ids[name]), lin.states[name]), name
+        assert_states_equal(repo.checkout(ids[name]), lin.states[name], path=name)
     report_v = repo.verify(full=True)
     assert report_v.ok and not report_v.warnings, report_v.to_json()
     assert report_v.last_good == {"exp": ids["e3"], "ft": ids["f1"], "main": ids["m8"]}
@@ -160,8 +157,8 @@ def test_a_state_a_pruned_commit_had_commits_again_after_gc(repo: ckptrepo.Repo)
     again = repo.commit(_state(1), blocking=True).wait()  # the same tensors as a
     # ... and on top of the pruned commit itself (its layout offers no tensor for reuse).
     child = repo.commit(_state(1) | {"x": torch.ones(3)}, branch="side", parents=[a.id], blocking=True).wait()
-    assert _same(repo.checkout(again.id), _state(1))
-    assert _same(repo.checkout(child.id), _state(1) | {"x": torch.ones(3)})
+    assert_states_equal(repo.checkout(again.id), _state(1))
+    assert_states_equal(repo.checkout(child.id), _state(1) | {"x": torch.ones(3)})
     assert [t.tensor_id for t in repo.tensors(a.id)] == [t.tensor_id for t in repo.tensors(again.id)]
     assert repo.diff(a.id, again.id).counts["unchanged"] == 2
     report = repo.verify(full=True)
@@ -177,7 +174,7 @@ def test_kept_deltas_against_pruned_chunks_still_restore(tmp_path: Path, db_url:
         ids = [repo.commit(s, step=k, blocking=True).wait().id for k, s in enumerate(states)]
         report = repo.prune(keep_last=2)
         assert set(report.pruned) == set(ids[:4])
-        with repo._sessions() as s:  # the oldest kept commit's chunks are deltas against pruned ones'
+        with parts(repo).sessions() as s:  # the oldest kept commit's chunks are deltas against pruned ones'
             kept_chunks = s.execute(select(Chunk.base_key).join(TensorChunk, TensorChunk.chunk_key == Chunk.key)
                                     .join(Entry, Entry.tensor_key == TensorChunk.tensor_key)
                                     .where(Entry.commit_id == ids[4], Chunk.base_key.is_not(None))).all()
@@ -227,7 +224,7 @@ def test_the_saved_setting_applies_after_commits(tmp_path: Path, db_url: str) ->
         ids = []
         for i in range(10):
             ids.append(repo.commit(_state(i), step=i, blocking=True).wait().id)
-            repo._retention.wait()  # the run this commit queued, deterministically
+            parts(repo).retention.wait()  # the run this commit queued, deterministically
             log = repo.log()
             assert not log[0].pruned and log[0].id == ids[-1]  # never the newest
             assert sum(c.pruned for c in log) == max(0, i + 1 - 3)
@@ -239,7 +236,7 @@ def test_the_saved_setting_applies_after_commits(tmp_path: Path, db_url: str) ->
         assert [c.id for c in log] == ids[::-1]
         assert [c.pruned for c in log] == [False] * 3 + [True] * 12
         for i, cid in enumerate(ids[-3:]):
-            assert _same(repo.checkout(cid), _state(102 + i))
+            assert_states_equal(repo.checkout(cid), _state(102 + i))
         assert repo.verify(full=True).ok
         repo.set_retention(None)
         assert repo.retention() is None
@@ -257,7 +254,7 @@ def test_a_failing_automatic_run_does_not_fail_commits(tmp_path: Path, monkeypat
             ckptrepo.Repo.init(tmp_path / "f", chunk_size=CHUNK) as repo:
         repo.set_retention(RetentionRules(keep_last=1))
         commits = [repo.commit(_state(i)).wait() for i in range(3)]
-        repo._retention.wait()
+        parts(repo).retention.wait()
         assert [c.id for c in repo.log()] == [c.id for c in reversed(commits)]
         assert not any(c.pruned for c in repo.log())
     assert "automatic retention failed" in caplog.text and "disk on fire" in caplog.text

@@ -37,6 +37,7 @@ import ckptrepo
 from ckptrepo import Repo, errors
 from ckptrepo.cli.app import app
 from ckptrepo.db import pending
+from ckptrepo.testing import parts
 from ckptrepo.ui import create_app
 
 CHUNK = 64 * 1024
@@ -203,7 +204,7 @@ def test_a_repository_on_a_read_only_filesystem_opens_read_only_and_reads_everyt
         got, want = ro_repo.verify(full=full), twin_repo.verify(full=full)
         assert got.ok
         assert _without_time(got.to_json()) == _without_time(want.to_json())
-    assert "_writer" not in ro_repo.__dict__  # no commit engine, so no idle repack thread either
+    assert parts(ro_repo).writer is None  # no commit engine, so no idle repack thread either
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -254,7 +255,7 @@ def test_every_write_is_refused_with_one_error(mounted: Mounted, tmp_path: Path)
     save_file({"w": torch.zeros(4)}, str(source))
     with Repo.open(mounted.ro, idle_repack=False, max_inflight=2) as repo:  # writer options: unused, accepted
         _refuses_every_write(repo, "its folder is on a read-only filesystem", source)
-        assert "_writer" not in repo.__dict__
+        assert parts(repo).writer is None
     for call in (lambda: Repo.rebuild_database(mounted.ro, replace=True),
                  lambda: ckptrepo.upgrade_database(mounted.ro)):
         with pytest.raises(errors.ReadOnlyRepository, match=r"the database: the repository .* is read-only"):
@@ -358,7 +359,6 @@ os._exit(0)  # no close: SQLite's log is neither copied into the database nor re
 """
 
 
-@pytest.mark.slow
 def test_a_log_a_writer_left_is_read_or_the_repository_refused(tmp_path: Path) -> None:
     """The last commit of a writer killed before SQLite copied its log into the database is
     only in the log (``db.sqlite-wal``); read-only, it is read through the log's index
@@ -448,7 +448,7 @@ def test_a_read_only_reader_follows_a_writer_of_the_same_repository(
             assert [t.name for t in reader.tensors(cid)] == ["w"]
             assert torch.equal(reader.checkout(cid)["w"], state["w"])
             assert len(list(copies.iterdir())) == 1
-        with writer._sessions() as s:
+        with parts(writer).sessions() as s:
             assert pending.count(s) == 3  # the reader indexed none of them
     assert list(copies.iterdir()) == []
 
@@ -460,7 +460,7 @@ def test_read_only_databases_refuse_writes_themselves(tmp_path: Path, db_url: st
         repo.commit({"w": torch.ones(3)}, blocking=True)
     with Repo.open(tmp_path / "work", read_only=True) as repo:
         assert len(repo.log()) == 1 and repo.verify().ok
-        with pytest.raises(DBAPIError, match=r"(?i)read.?only"), repo._sessions() as s:
+        with pytest.raises(DBAPIError, match=r"(?i)read.?only"), parts(repo).sessions() as s:
             s.execute(text("DELETE FROM metrics"))
         with pytest.raises(errors.ReadOnlyRepository):
             repo.tag("v1")

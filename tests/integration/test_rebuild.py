@@ -25,6 +25,7 @@ from ckptrepo.db import migrate
 from ckptrepo.db.engine import database_url, make_engine
 from ckptrepo.errors import CommitDamaged, RepositoryExists
 from ckptrepo.ledger import fields, journal, manifest
+from ckptrepo.testing import parts
 
 CHUNK = 16 * 1024
 
@@ -190,11 +191,11 @@ def test_an_interrupted_commit_leaves_a_manifest_that_gc_reclaims(tmp_path: Path
         with faults.inject("db.before_commit", "raise"), pytest.raises(faults.InjectedFault):
             repo.commit(_state(1)).wait()
         # A failed transaction takes its manifest back.
-        assert list(manifest.stored_ids(repo._backend)) == [first]
+        assert list(manifest.stored_ids(parts(repo).backend)) == [first]
     # A process killed between its manifest and its transaction leaves the manifest: a rebuild
     # would show that commit (its data is durable); gc reclaims it once past its grace period.
     with ckptrepo.Repo.open(tmp_path / "work") as repo:
-        body = manifest.read(repo._backend, first)
+        body = manifest.read(parts(repo).backend, first)
         orphan = dict(body, id="")
         orphan["commit"] = dict(body["commit"], message="never recorded")
         c = orphan["commit"]
@@ -202,11 +203,11 @@ def test_an_interrupted_commit_leaves_a_manifest_that_gc_reclaims(tmp_path: Path
                                           message=c["message"], step=c["step"], epoch=c["epoch"],
                                           metrics=orphan["metrics"], config=c["config"],
                                           created_at=c["created_at"], author=c["author"], host=c["host"])
-        manifest.write(repo._backend, orphan)
+        manifest.write(parts(repo).backend, orphan)
         assert repo.gc().commits_removed == 0  # young: kept
-        assert manifest.key_of(orphan["id"]) in set(repo._backend.list("manifests/"))
+        assert manifest.key_of(orphan["id"]) in set(parts(repo).backend.list("manifests/"))
         repo.gc(grace=0)
-        assert list(manifest.stored_ids(repo._backend)) == [first]
+        assert list(manifest.stored_ids(parts(repo).backend)) == [first]
 
 
 def test_a_manifest_that_does_not_match_its_commit_is_skipped_reported_and_kept_as_a_damaged_node(
@@ -215,10 +216,10 @@ def test_a_manifest_that_does_not_match_its_commit_is_skipped_reported_and_kept_
         a = repo.commit(_state(0), step=1).wait().id
         b = repo.commit(_state(1), step=2).wait().id
         key = manifest.key_of(b)
-        body = manifest.read(repo._backend, b)
+        body = manifest.read(parts(repo).backend, b)
         body["commit"]["step"] = 3  # tampered, checksum made to match: no longer hashes to b
         body["checksum"] = fields.checksum(body)
-        repo._backend.put_bytes(key, manifest.encode(body))
+        parts(repo).backend.put_bytes(key, manifest.encode(body))
         repo_dir = repo.repo_dir
     _lose_database(repo_dir, None)
     report = ckptrepo.Repo.rebuild_database(repo_dir)
@@ -261,7 +262,7 @@ def test_ref_changes_are_journalled_before_their_transaction(tmp_path: Path) -> 
         with pytest.raises(ckptrepo.errors.RefExists):
             repo.tag("t", at=a)  # refused in its transaction: its entry is taken back
         repo.delete_branch("x")
-        got = [(e["op"], e["kind"], e["name"], e["to"]) for _, e in journal.entries(repo._backend)]
+        got = [(e["op"], e["kind"], e["name"], e["to"]) for _, e in journal.entries(parts(repo).backend)]
     assert got == [("ref", "branch", "x", a), ("ref", "tag", "t", a), ("ref", "branch", "x", None)]
 
 
@@ -306,9 +307,9 @@ def test_commits_without_manifests_are_listed_and_backfilled(tmp_path: Path, db_
         states = _lineage(repo)
         repo.prune(keep_last=1, branches=["main"])
         pruned = {c.id for c in repo.log() if c.pruned}
-        for key in list(repo._backend.list("")):  # as if made before commits wrote manifests
+        for key in list(parts(repo).backend.list("")):  # as if made before commits wrote manifests
             if key.startswith(("manifests/", "journal/")):
-                repo._backend.delete(key)
+                parts(repo).backend.delete(key)
         report = repo.verify()
         assert not report.ok and {p.subject for p in report.missing_manifests} == set(states)
         assert report.missing_journal_entries and not report.damaged_commits  # every commit still restores
@@ -340,14 +341,14 @@ def test_a_store_that_refuses_manifests_and_journal_entries_changes_nothing(tmp_
         ids = [repo.commit(_state(i), step=i).wait().id for i in range(3)]
         first = ids[0]
         before = _view(repo)
-        put = repo._backend.put_bytes
+        put = parts(repo).backend.put_bytes
 
         def full(key: str, data: Any) -> None:
             if key.startswith((manifest.PREFIX, journal.PREFIX)):
                 raise OSError(errno.ENOSPC, "No space left on device", key)
             put(key, data)
 
-        monkeypatch.setattr(repo._backend, "put_bytes", full)
+        monkeypatch.setattr(parts(repo).backend, "put_bytes", full)
         with pytest.raises(ckptrepo.errors.StoreFull):
             repo.commit(_state(9), step=9).wait()
         with pytest.raises(ckptrepo.errors.StoreFull):

@@ -19,6 +19,7 @@ from ckptrepo import Repo
 from ckptrepo.errors import UsageError
 from ckptrepo.restore import ranges
 from ckptrepo.restore.layout import layout_of
+from ckptrepo.testing import parts
 
 CHUNK = 64 * 1024
 
@@ -35,15 +36,15 @@ def stored(tmp_path: Path) -> Any:
     }
     with Repo.init(tmp_path / "r", chunk_size=CHUNK) as repo:
         repo.commit(state, blocking=True)
-        cid, _, items = layout_of(repo._reading, "main")
+        cid, _, items = layout_of(parts(repo).reading, "main")
         yield repo, cid, items, state
 
 
 def _read(stored: Any, name: str, offsets: list[int], lengths: list[int], out: torch.Tensor | None = None) -> Any:
     repo, cid, items, _ = stored
     row, chunks = items[name]
-    return ranges.read_region(repo._reader, repo._pool, row, chunks, offsets, lengths, name=name, commit_id=cid,
-                              out=out)
+    p = parts(repo)
+    return ranges.read_region(p.reader, p.pool, row, chunks, offsets, lengths, name=name, commit_id=cid, out=out)
 
 
 def _random_region(shape: torch.Size, rng: random.Random, whole_rows: bool) -> tuple[list[int], list[int]]:

@@ -24,6 +24,7 @@ from ckptrepo.db import catalog
 from ckptrepo.db.models import Chunk, Pack
 from ckptrepo.ingest import spare
 from ckptrepo.maintenance import repack as packer
+from ckptrepo.testing import assert_states_equal, parts
 
 CHUNK = 64 * 1024
 
@@ -36,13 +37,6 @@ def _state(n: int) -> dict[str, Any]:
     return {"w": w, "head": head, "h16": w[: 8 * CHUNK // 2].to(torch.bfloat16), "n": n}
 
 
-def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return a.keys() == b.keys() and all(
-        torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) if isinstance(a[k], torch.Tensor) else a[k] == b[k]
-        for k in a
-    )
-
-
 @pytest.fixture
 def repo(tmp_path: Path, db_url: str) -> Iterator[ckptrepo.Repo]:
     with ckptrepo.Repo.init(tmp_path / "work", db_url=db_url, chunk_size=CHUNK, pack_target=8 * CHUNK,
@@ -51,12 +45,12 @@ def repo(tmp_path: Path, db_url: str) -> Iterator[ckptrepo.Repo]:
 
 
 def _deferred(repo: ckptrepo.Repo) -> list[str]:
-    with repo._sessions() as s:
+    with parts(repo).sessions() as s:
         return list(s.scalars(select(Pack.id).where(Pack.deferred.is_(True), Pack.retired_at.is_(None))))
 
 
 def _encodings(repo: ckptrepo.Repo) -> dict[int, int]:
-    with repo._reading() as s:  # indexes the commits' pending layouts first
+    with parts(repo).reading() as s:  # indexes the commits' pending layouts first
         out: dict[int, int] = {}
         for enc in s.scalars(select(Chunk.encoding)):
             out[enc] = out.get(enc, 0) + 1
@@ -77,7 +71,7 @@ def test_async_commits_store_raw_and_repack_encodes_them(repo: ckptrepo.Repo) ->
     assert not _deferred(repo) and Encoding.DELTA in _encodings(repo)
     assert repo.stats().stored_bytes < stored_before
     for i, cid in enumerate(ids):
-        assert _same(repo.checkout(cid), _state(i))
+        assert_states_equal(repo.checkout(cid), _state(i))
     verified = repo.verify(full=True)
     assert verified.ok and not verified.unreferenced_packs, verified.to_json()
     again = repo.repack()
@@ -89,14 +83,14 @@ def test_repack_respects_delta_depth_and_root_policy(tmp_path: Path, db_url: str
                             idle_repack=False) as repo:
         _commit_all(repo, 5)
         repo.repack()
-        with repo._sessions() as s:
+        with parts(repo).sessions() as s:
             rows = {c.key: c for c in s.scalars(select(Chunk))}
         for c in rows.values():
             assert c.depth <= 2
             if c.base_key is not None:  # root policy: every base is a standalone keyframe
                 assert rows[c.base_key].base_key is None and rows[c.base_key].depth == 0
         for i in range(5):
-            assert _same(repo.checkout(f"main@step={i}"), _state(i))
+            assert_states_equal(repo.checkout(f"main@step={i}"), _state(i))
 
 
 def test_blocking_commits_encode_inline_and_modes(tmp_path: Path, db_url: str) -> None:
@@ -133,9 +127,9 @@ def test_idle_repack_runs_between_commits(tmp_path: Path, db_url: str, monkeypat
         # A commit makes a running one give way; what it recorded is complete, the rest waits.
         for i in range(3, 6):
             repo.commit(_state(i), step=i)
-        repo._writer._committer.drain()
+        parts(repo).writer._committer.drain()
         for i in range(6):
-            assert _same(repo.checkout(f"main@step={i}"), _state(i))
+            assert_states_equal(repo.checkout(f"main@step={i}"), _state(i))
         report = repo.verify(full=True)
         assert report.ok and not report.temporary_files, report.to_json()
         repo.repack()
@@ -160,7 +154,7 @@ def test_a_failed_repack_changes_nothing(repo: ckptrepo.Repo, point: str) -> Non
     report = repo.verify(full=True)
     assert report.ok and not report.temporary_files, report.to_json()
     for i, cid in enumerate(ids):
-        assert _same(repo.checkout(cid), _state(i))
+        assert_states_equal(repo.checkout(cid), _state(i))
     assert repo.repack().chunks_encoded > 0  # the next run does the work
     assert repo.verify(full=True).ok
 
@@ -171,7 +165,7 @@ def test_a_failure_after_a_batch_keeps_that_batch(repo: ckptrepo.Repo) -> None:
         repo.repack()
     assert repo.verify(full=True).ok
     for i, cid in enumerate(ids):
-        assert _same(repo.checkout(cid), _state(i))
+        assert_states_equal(repo.checkout(cid), _state(i))
     repo.repack()
     assert not _deferred(repo) and repo.verify(full=True).ok
 
@@ -179,17 +173,17 @@ def test_a_failure_after_a_batch_keeps_that_batch(repo: ckptrepo.Repo) -> None:
 def test_gc_keeps_retired_packs_for_the_grace_period(repo: ckptrepo.Repo) -> None:
     ids = _commit_all(repo, 2)
     old = set(_deferred(repo))
-    with repo._reading() as s:  # a reader that looked a location up before the repack
+    with parts(repo).reading() as s:  # a reader that looked a location up before the repack
         stale = {c.id: (c.pack_id, c.offset, c.length) for c in s.scalars(select(Chunk).where(Chunk.pack_id.in_(old)))}
     repo.repack()
     kept = repo.gc(grace=3600)
     assert kept.packs_removed == 0 and kept.young_objects_kept >= len(old)
     for pid, offset, length in stale.values():  # old locations still read
-        assert len(repo._backend.get_range(f"packs/{pid[:2]}/{pid}.pack", offset, length)) == length
+        assert len(parts(repo).backend.get_range(f"packs/{pid[:2]}/{pid}.pack", offset, length)) == length
     gone = repo.gc(grace=0)
     assert gone.packs_removed == len(old)
     for i, cid in enumerate(ids):
-        assert _same(repo.checkout(cid), _state(i))
+        assert_states_equal(repo.checkout(cid), _state(i))
     report = repo.verify(full=True)
     assert report.ok and not report.unreferenced_packs
 
@@ -207,7 +201,8 @@ def test_compaction_moves_live_chunks_of_sparse_packs(repo: ckptrepo.Repo) -> No
     packed = repo.repack(compact_below=0.9)  # a pack's header and index are the other ~0.1%
     assert packed.sparse_packs == report.partial_packs and packed.chunks_copied > 0
     assert repo.gc(grace=0).partial_packs == 0
-    assert _same(repo.checkout("main"), _state(0)) and _same(repo.checkout("side"), _state(1))
+    assert_states_equal(repo.checkout("main"), _state(0))
+    assert_states_equal(repo.checkout("side"), _state(1))
     assert repo.verify(full=True).ok
     with pytest.raises(errors.UsageError):
         repo.repack(compact_below=2.0)
@@ -238,27 +233,29 @@ def test_cli_init_encode_and_repack(tmp_path: Path) -> None:
     bad = runner.invoke(app, ["--repo", str(tmp_path / "c"), "repack", "--compact-below", "3"])
     assert bad.exit_code == 2
     with ckptrepo.Repo.open(tmp_path / "c") as repo:
-        assert _same(repo.checkout("main"), _state(1))
+        assert_states_equal(repo.checkout("main"), _state(1))
 
 
 def test_a_bounded_run_takes_the_oldest_deferred_packs(repo: ckptrepo.Repo) -> None:
     ids = _commit_all(repo, 3)
-    with repo._sessions() as s:
+    with parts(repo).sessions() as s:
         ages = dict(s.execute(select(Pack.id, Pack.created_at).where(Pack.deferred.is_(True))).all())
-    report = packer.repack(repo._sessions, repo._backend, repo._reader, repo._pool, repo.config, max_packs=1)
+    p = parts(repo)
+    report = packer.repack(p.sessions, p.backend, p.reader, p.pool, repo.config, max_packs=1)
     left = _deferred(repo)
     assert report.deferred_packs == 1 and not report.stopped and len(left) == len(ages) - 1
     taken = (set(ages) - set(left)).pop()
     assert all(ages[taken] <= ages[p] for p in left)
     for i, cid in enumerate(ids):
-        assert _same(repo.checkout(cid), _state(i))
+        assert_states_equal(repo.checkout(cid), _state(i))
     assert repo.verify(full=True).ok
 
 
 def test_a_run_stopped_before_it_starts_changes_nothing(repo: ckptrepo.Repo) -> None:
     _commit_all(repo, 2)
     before = (repo.stats(), sorted(_deferred(repo)), _encodings(repo))
-    report = packer.repack(repo._sessions, repo._backend, repo._reader, repo._pool, repo.config, stop=lambda: True)
+    p = parts(repo)
+    report = packer.repack(p.sessions, p.backend, p.reader, p.pool, repo.config, stop=lambda: True)
     assert report.stopped and report.packs_written == 0
     assert (repo.stats(), sorted(_deferred(repo)), _encodings(repo)) == before
 
@@ -339,13 +336,13 @@ def test_close_waits_for_a_background_repack_before_shutting_its_pools(
                               background_priority="idle")
     repo.commit(_state(0), step=0).wait()
     assert started.wait(60)
-    stop_committer = repo._writer._committer.close
+    stop_committer = parts(repo).writer._committer.close
 
     def close_committer() -> None:  # the repack goes on only once close() is past this point
         stop_committer()
         threading.Timer(0.2, release.set).start()
 
-    monkeypatch.setattr(repo._writer._committer, "close", close_committer)
+    monkeypatch.setattr(parts(repo).writer._committer, "close", close_committer)
     repo.close()
     assert outcome == ["encoded"]
 
@@ -362,6 +359,6 @@ def test_a_delta_base_gone_meanwhile_fails_its_batch(repo: ckptrepo.Repo, monkey
     monkeypatch.setattr(catalog, "chunk_keys_of", found)
     assert repo.verify(full=True).ok
     for i, cid in enumerate(ids):
-        assert _same(repo.checkout(cid), _state(i))
+        assert_states_equal(repo.checkout(cid), _state(i))
     repo.repack()
     assert not _deferred(repo) and repo.verify(full=True).ok

@@ -12,7 +12,7 @@ from torch import nn
 import ckptrepo
 from ckptrepo import errors
 from ckptrepo.chunks.pack import parse_index
-from ckptrepo.state import tensor_bytes
+from ckptrepo.testing import assert_states_equal, parts
 
 
 @pytest.fixture
@@ -23,12 +23,6 @@ def repo(tmp_path: Path, db_url: str) -> Any:
 
 def _store_bytes(repo: ckptrepo.Repo) -> int:
     return sum(p.stat().st_size for p in (repo.repo_dir / "store").rglob("*.pack"))
-
-
-def _bytes_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    return bytes(tensor_bytes(a)) == bytes(tensor_bytes(b))
 
 
 def _training_state() -> dict[str, Any]:
@@ -51,16 +45,13 @@ def test_commit_checkout_round_trip_into_live_objects(repo: ckptrepo.Repo) -> No
     assert 0 < commit.new_bytes <= commit.logical_bytes  # identical chunks (AdamW step counters) stored once
     restored = repo.checkout(commit.id)
     want = live["model"].state_dict()
-    assert set(restored["model"]) == set(want)
-    for k, v in want.items():
-        assert _bytes_equal(restored["model"][k], v)
+    assert_states_equal(restored["model"], want)
     fresh = _training_state()
     with torch.no_grad():
         for p in fresh["model"].parameters():
             p.add_(1.0)
     repo.checkout("main", into=fresh)
-    for k, v in want.items():
-        assert _bytes_equal(fresh["model"].state_dict()[k], v)
+    assert_states_equal(fresh["model"].state_dict(), want)
     assert fresh["optim"].state_dict()["state"][0]["step"] == live["optim"].state_dict()["state"][0]["step"]
     assert fresh["sched"].state_dict() == live["sched"].state_dict()
 
@@ -68,13 +59,13 @@ def test_commit_checkout_round_trip_into_live_objects(repo: ckptrepo.Repo) -> No
 def _count_chunk_reads(repo: ckptrepo.Repo, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The ids of the chunks the repository reads from now on, in order."""
     calls: list[str] = []
-    original = repo._reader.read_into
+    original = parts(repo).reader.read_into
 
     def counting(loc: Any, out: memoryview, bases: Any = None) -> None:
         calls.append(loc.chunk_id)
         original(loc, out, bases)
 
-    monkeypatch.setattr(repo._reader, "read_into", counting)
+    monkeypatch.setattr(parts(repo).reader, "read_into", counting)
     return calls
 
 
@@ -132,8 +123,8 @@ def test_one_changed_region_stores_that_region_only(tmp_path: Path) -> None:
         big[(50 << 20) // 4 + 1000 : (51 << 20) // 4 + 1000] -= 1.0  # straddles two chunks
         straddling = repo.commit({"emb": big}).wait()
         assert straddling.new_bytes == 2 << 20
-        assert _bytes_equal(repo.load_tensor("main", "emb"), big)
-        assert _bytes_equal(repo.load_tensor("main~2", "emb")[: 1 << 20], repo.load_tensor("main", "emb")[: 1 << 20])
+        assert_states_equal(repo.load_tensor("main", "emb"), big)
+        assert_states_equal(repo.load_tensor("main~2", "emb")[: 1 << 20], repo.load_tensor("main", "emb")[: 1 << 20])
 
 
 def test_revisions(repo: ckptrepo.Repo) -> None:
@@ -238,8 +229,7 @@ def test_every_dtype_multi_chunk_round_trip(tmp_path: Path) -> None:
         commit = repo.commit(state).wait()
         back = repo.checkout(commit.id)
         assert back["tied"] is back["float32"]
-        for name, t in state.items():
-            assert _bytes_equal(back[name], t), name
+        assert_states_equal(back, state)
         assert any(info.n_chunks > 1 for info in repo.tensors(commit.id))
 
 

@@ -16,6 +16,7 @@ from ckptrepo import Repo, errors
 from ckptrepo.cli.app import app
 from ckptrepo.storage import S3Backend
 from ckptrepo.storage.s3 import parse_s3_url
+from ckptrepo.testing import assert_states_equal, parts
 
 
 def _state(seed: int) -> dict[str, torch.Tensor]:
@@ -29,14 +30,6 @@ def _state(seed: int) -> dict[str, torch.Tensor]:
     }
 
 
-def _bit_identical(a: dict[str, Any], b: dict[str, torch.Tensor]) -> bool:
-    return a.keys() == b.keys() and all(
-        a[k].dtype == b[k].dtype and a[k].shape == b[k].shape
-        and a[k].reshape(-1).view(torch.uint8).equal(b[k].reshape(-1).view(torch.uint8))
-        for k in b
-    )
-
-
 def _objects(url: str) -> list[str]:
     """Every object key in the URL's bucket, straight from the server."""
     bucket, _, endpoint, _ = parse_s3_url(url)
@@ -46,7 +39,7 @@ def _objects(url: str) -> list[str]:
 
 def test_repo_on_s3_commit_checkout_verify_gc(tmp_path: Path, s3_url: str) -> None:
     with Repo.init(tmp_path / "work", store_url=s3_url, chunk_size=16 << 10) as repo:
-        assert isinstance(repo._backend, S3Backend)
+        assert isinstance(parts(repo).backend, S3Backend)
         first = repo.commit(_state(1), step=1, blocking=True).wait()
         assert _objects(s3_url) and all(key.startswith(("repo/store/packs/", "repo/store/manifests/"))
                                         or key == "repo/store/repository.json" for key in _objects(s3_url))
@@ -56,8 +49,8 @@ def test_repo_on_s3_commit_checkout_verify_gc(tmp_path: Path, s3_url: str) -> No
 
     with Repo.open(tmp_path / "work") as repo:
         assert repo.config.store_url == s3_url
-        assert _bit_identical(repo.checkout(first.id), _state(1))
-        assert _bit_identical(repo.checkout("main"), second_state)
+        assert_states_equal(repo.checkout(first.id), _state(1))
+        assert_states_equal(repo.checkout("main"), second_state)
         assert repo.load_tensor("main~1", "layer.0.weight").equal(_state(1)["layer.0.weight"])
         assert repo.verify(full=True).ok
 
@@ -76,7 +69,7 @@ def test_repo_on_s3_commit_checkout_verify_gc(tmp_path: Path, s3_url: str) -> No
         now = _objects(s3_url)
         assert len(now) == len(kept) - report.packs_removed - report.commits_removed + 1
         assert len([k for k in now if k.startswith("repo/store/journal/")]) == 2  # branch explore, its deletion
-        assert _bit_identical(repo.checkout("main"), second_state)
+        assert_states_equal(repo.checkout("main"), second_state)
         assert repo.verify(full=True).ok
 
 
@@ -95,7 +88,7 @@ def test_cli_init_commit_checkout_on_s3(tmp_path: Path, s3_url: str) -> None:
     run("commit", str(source), "-m", "first", "--step", "5")
     out = tmp_path / "out.safetensors"
     run("checkout", "main", "-o", str(out))
-    assert _bit_identical(load_file(str(out)), _state(5))
+    assert_states_equal(load_file(str(out)), _state(5))
     assert _objects(s3_url)
 
 

@@ -31,6 +31,7 @@ from ckptrepo.db.engine import make_engine
 from ckptrepo.db.models import Chunk, Entry, Ref, TensorChunk
 from ckptrepo.ids import hash_bytes
 from ckptrepo.storage import LocalBackend
+from ckptrepo.testing import parts
 
 CHUNK = 64 * 1024
 
@@ -57,7 +58,7 @@ def repo_path(tmp_path: Path, db_url: str) -> Iterator[Path]:
     with ckptrepo.Repo.init(path, db_url=db_url, chunk_size=CHUNK, pack_target=2 * CHUNK) as repo:
         for n in range(3):
             repo.commit(_state(n), step=n, metrics={"counter": n}).wait()
-        pending.index_pending(repo._sessions)
+        pending.index_pending(parts(repo).sessions)
     yield path
 
 
@@ -131,7 +132,7 @@ def test_truncated_pack_is_an_error(repo_path: Path, cut: str) -> None:
 def test_flipped_payload_byte_is_found_only_by_full_verify(repo_path: Path) -> None:
     pid, path = next(iter(_pack_files(repo_path).items()))
     with ckptrepo.Repo.open(repo_path) as repo:
-        entry = read_index(repo._backend, pack_key(pid))[0]
+        entry = read_index(parts(repo).backend, pack_key(pid))[0]
     with open(path, "r+b") as fh:
         fh.seek(entry.offset + entry.length // 2)
         byte = fh.read(1)
@@ -156,7 +157,7 @@ def test_full_verify_names_each_branchs_last_known_good_commit(repo_path: Path) 
         log = repo.log("main")
         repo.branch("older", log[1].id)
         by_chunk = {e.chunk_id: (pid, e) for pid in _pack_files(repo_path)
-                    for e in read_index(repo._backend, pack_key(pid))}
+                    for e in read_index(parts(repo).backend, pack_key(pid))}
     assert _verify(repo_path, full=True).last_good == {"main": log[0].id, "older": log[1].id}
     # The first chunk of the newest commit's own "head" tensor (random per commit): corrupt it.
     pid, entry = by_chunk[hash_bytes(tensor_bytes(_state(2)["head"])[:CHUNK])]
@@ -242,11 +243,11 @@ def test_verify_indexes_pending_layouts_and_nothing_else(tmp_path: Path) -> None
     with ckptrepo.Repo.init(path, chunk_size=CHUNK, pack_target=2 * CHUNK, idle_repack=False) as repo:
         for n in range(3):
             repo.commit(_state(n), step=n).wait()
-        with repo._sessions() as s:
+        with parts(repo).sessions() as s:
             assert pending.count(s) == 3
         report = repo.verify(full=True)
         assert report.ok and report.checked.commits == 3 and report.checked.tensors > 0
-        with repo._sessions() as s:
+        with parts(repo).sessions() as s:
             assert pending.count(s) == 0
         before = _tree(path)
         assert repo.verify(full=True).ok

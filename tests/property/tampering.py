@@ -17,7 +17,6 @@ chunk's id (a zstd frame flag), checked by decoding. Every other damage is *effe
 
 from __future__ import annotations
 
-import json
 import random
 import shutil
 from collections.abc import Iterator
@@ -256,16 +255,6 @@ def copy_for_case(template: Template, dest: Path) -> Path:
 def replace_db_url(repo_dir: Path, db_url: str | None) -> None:
     """Point the repository at ``repo_dir`` at another database."""
     replace(RepoConfig.load(repo_dir), db_url=db_url).save(repo_dir)
-
-
-def same_state(a: Any, b: Any) -> bool:
-    """Bit-exact equality of two states (tensors: dtype, shape and bytes)."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
-                and a.shape == b.shape and a.reshape(-1).view(torch.uint8).equal(b.reshape(-1).view(torch.uint8)))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(same_state(a[k], b[k]) for k in a)
-    return json.dumps(a) == json.dumps(b)
 
 
 def commits_of(repo: ckptrepo.Repo) -> Iterator[str]:

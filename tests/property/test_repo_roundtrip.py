@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from test_state_roundtrip import assert_same, states
+from test_state_roundtrip import assert_restored, states
 
 import ckptrepo
 
@@ -28,4 +28,4 @@ def repo() -> Iterator[ckptrepo.Repo]:
 @given(state=states())
 def test_commit_checkout_round_trip(repo: ckptrepo.Repo, state: Any) -> None:
     commit = repo.commit({"s": state}, branch="prop").wait()
-    assert_same({"s": state}, repo.checkout(commit.id), {})
+    assert_restored({"s": state}, repo.checkout(commit.id))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ckptrepo.state import SUPPORTED_DTYPES, dtype_name, flatten, tensor_bytes, tensor_from_bytes, unflatten
+from ckptrepo.testing import assert_states_equal
 
 PROFILE = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 NUMPY_NAMES = {"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"}
@@ -87,31 +89,26 @@ def store(t: torch.Tensor, kind: str) -> bytes | bytearray | memoryview | torch.
     return data
 
 
-def assert_same(orig: Any, back: Any, seen: dict[int, Any]) -> None:
-    """``back`` equals ``orig`` bit for bit, with the same container and key types and the same ties."""
-    if isinstance(orig, torch.Tensor | np.ndarray):
-        assert type(back) is type(orig)
-        assert back.dtype == orig.dtype and back.shape == orig.shape
-        as_tensor = (lambda a: torch.from_numpy(a)) if isinstance(orig, np.ndarray) else (lambda a: a)
-        assert bytes(tensor_bytes(as_tensor(back))) == bytes(tensor_bytes(as_tensor(orig)))
-        if id(orig) in seen:
-            assert seen[id(orig)] is back, "a tie was not restored as the same object"
+def arrays(state: Any) -> Iterator[Any]:
+    """The tensors and arrays of ``state``, depth first in its order."""
+    if isinstance(state, torch.Tensor | np.ndarray):
+        yield state
+    elif isinstance(state, dict | list | tuple):
+        for item in state.values() if isinstance(state, dict) else state:
+            yield from arrays(item)
+
+
+def assert_restored(orig: Any, back: Any) -> None:
+    """``back`` equals ``orig`` bit for bit with the same types and key order, and has the same
+    ties: the arrays that are one object in ``orig`` are one in ``back``, and only those."""
+    assert_states_equal(back, orig, ordered=True)
+    ties: dict[int, Any] = {}
+    for a, b in zip(arrays(orig), arrays(back), strict=True):
+        if id(a) in ties:
+            assert ties[id(a)] is b, "a tie was not restored as the same object"
         else:
-            assert all(b is not back for b in seen.values()), "distinct arrays were merged"
-            seen[id(orig)] = back
-    elif isinstance(orig, dict):
-        assert isinstance(back, dict)
-        assert [(type(k), k) for k in orig] == [(type(k), k) for k in back]
-        for k in orig:
-            assert_same(orig[k], back[k], seen)
-    elif isinstance(orig, list | tuple):
-        assert type(back) is type(orig) and len(back) == len(orig)
-        for a, b in zip(orig, back, strict=True):
-            assert_same(a, b, seen)
-    elif isinstance(orig, float) and math.isnan(orig):
-        assert type(back) is float and math.isnan(back)
-    else:
-        assert type(back) is type(orig) and back == orig
+            assert all(t is not b for t in ties.values()), "distinct arrays were merged"
+            ties[id(a)] = b
 
 
 @PROFILE
@@ -122,7 +119,7 @@ def test_round_trip_is_exact(state: Any, kind: str) -> None:
     restored = {
         name: tensor_from_bytes(store(t, kind), dtype_name(t.dtype), list(t.shape)) for name, t in flat.tensors.items()
     }
-    assert_same(state, unflatten(skeleton, restored), {})
+    assert_restored(state, unflatten(skeleton, restored))
 
 
 @PROFILE

@@ -14,6 +14,7 @@ from ckptrepo.db.engine import session_factory, write_transaction
 from ckptrepo.db.models import Chunk, Entry, Tensor, TensorChunk
 from ckptrepo.errors import ConcurrentChange
 from ckptrepo.locations import ChunkLocation
+from ckptrepo.rows import TensorRow
 
 NOW = datetime(2026, 11, 27, tzinfo=timezone.utc)
 COMMIT = {"message": "", "author": "", "host": "", "branch": None, "step": None, "epoch": None, "config": None,
@@ -38,7 +39,8 @@ def _record(engine: Engine, commit: int, tensors: dict[str, list[int]], new_chun
     ``bases[x]`` if there) into pack ``_hex(9000 + commit)``."""
     bases = bases or {}
     pack = _hex(9000 + commit)
-    rows = [catalog.TensorRow(_tid(c), "uint8", [len(c)], len(c), 1, [_hex(x) for x in c], STATS)
+    rows = [TensorRow(tensor_id=_tid(c), dtype="uint8", shape=[len(c)], nbytes=len(c), chunk_size=1,
+                      chunk_ids=[_hex(x) for x in c], stats=STATS)
             for c in tensors.values()]
     with write_transaction(session_factory(engine)) as s:
         return catalog.record_commit(
@@ -150,3 +152,24 @@ def test_tensor_keys_of_matches_pairs_through_the_lead_key_index(engine: Engine)
             plan = s.connection().exec_driver_sql(f"EXPLAIN QUERY PLAN {sql}").fetchall()
             steps = " ".join(str(row[-1]) for row in plan)
             assert "SEARCH" in steps and "SCAN" not in steps, steps
+
+
+def test_tensors_of_gives_back_the_rows_recorded_with_their_chunk_locations(engine: Engine) -> None:
+    """``tensors_of``: each entry's row as it was recorded and its chunks' locations in order; two
+    entries of one tensor share one row; only the names asked for; a tensor whose chunk list gc
+    dropped comes without chunk ids."""
+    _record(engine, 1, {"a": [2, 1], "b": [3], "c": [3]}, [1, 2, 3])
+    with session_factory(engine)() as s:
+        items = catalog.tensors_of(s, _hex(1))
+        assert list(items) == ["a", "b", "c"]
+        row, chunks = items["a"]
+        assert row == TensorRow(tensor_id=_tid([2, 1]), dtype="uint8", shape=[2], nbytes=2, chunk_size=1,
+                                chunk_ids=[_hex(2), _hex(1)], stats=STATS)
+        assert [(c.chunk_id, c.pack_id, c.offset) for c in chunks] == [(_hex(x), _hex(9001), x) for x in (2, 1)]
+        assert items["b"] is items["c"]
+        assert list(catalog.tensors_of(s, _hex(1), ["c", "none"])) == ["c"]
+    with write_transaction(session_factory(engine)) as s:
+        catalog.drop_chunk_lists(s, [s.scalar(select(Tensor.key).where(Tensor.id == _tid([3])))])
+    with session_factory(engine)() as s:
+        row, chunks = catalog.tensors_of(s, _hex(1))["b"]
+    assert (row.tensor_id, row.nbytes, row.chunk_ids, chunks) == (_tid([3]), 1, [], [])

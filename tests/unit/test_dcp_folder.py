@@ -30,34 +30,13 @@ from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata
 from ckptrepo.errors import InvalidInput, UnsupportedState, UsageError
 from ckptrepo.formats import check_folder_target, is_dcp_folder, output_format, read_state, write_state
 from ckptrepo.formats.dcp_folder import read_dcp_folder, write_dcp_folder
-from ckptrepo.state import tensor_bytes
+from ckptrepo.testing import assert_states_equal
 
 WORLD = 2
 SPAWN_TIMEOUT_S = 120
 
 
 # --- helpers ------------------------------------------------------------------------------------
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and bytes(tensor_bytes(a)) == bytes(tensor_bytes(b))
-
-
-def assert_same(got: Any, want: Any, where: str = "", *, ordered: bool = True) -> None:
-    """Equal structure, types and values (and key order, if ``ordered``); tensors bit for bit."""
-    if isinstance(want, torch.Tensor):
-        assert type(got) is torch.Tensor and same_bits(got, want), where
-    elif isinstance(want, dict):
-        assert isinstance(got, dict) and got.keys() == want.keys(), (where, list(got), list(want))
-        assert list(got) == list(want) or not ordered, (where, list(got), list(want))
-        for k in want:
-            assert_same(got[k], want[k], f"{where}/{k}", ordered=ordered)
-    elif isinstance(want, list | tuple):
-        assert type(got) is type(want) and len(got) == len(want), where
-        for i, (g, w) in enumerate(zip(got, want, strict=True)):
-            assert_same(g, w, f"{where}/{i}", ordered=ordered)
-    else:
-        assert type(got) is type(want) and got == want, (where, got, want)
 
 
 def save(state: dict[str, Any], folder: Path, **writer: Any) -> Path:
@@ -162,14 +141,14 @@ def test_a_plain_folder_reads_as_dcp_itself_loads_it_bit_for_bit(plain: tuple[Pa
                                                                   tmp_path: Path) -> None:
     folder, saved = plain
     got = read_dcp_folder(folder)
-    assert_same(got, dcp_own_load(folder, tmp_path))
+    assert_states_equal(got, dcp_own_load(folder, tmp_path), ordered=True)
     assert read_state(folder).keys() == got.keys() and is_dcp_folder(folder)
     # Every tensor saved, at the key path DCP gives it (dict keys as strings), bit for bit.
     want = tensors_of(saved)
     have = tensors_of(got)
     assert have.keys() == want.keys()
     for name, t in want.items():
-        assert same_bits(have[name], t), name
+        assert_states_equal(have[name], t, path=name)
         assert have[name].is_contiguous() and have[name].device.type == "cpu"
     group = got["optim"]["param_groups"][0]
     assert group["lr"] == 3e-4 and group["betas"] == (0.9, 0.95) and group["params"] == [0, 1, 2, 3]
@@ -184,7 +163,7 @@ def test_without_planner_data_the_state_is_flat(plain: tuple[Path, dict[str, Any
     rewrite_metadata(folder, lambda md: setattr(md, "planner_data", None))
     got = read_dcp_folder(folder)
     assert "model.0.weight" in got and "optim.param_groups.0.lr" in got and "extra.nested.1.deep" in got
-    assert same_bits(got["model.0.weight"], plain[1]["model"]["0.weight"])
+    assert_states_equal(got["model.0.weight"], plain[1]["model"]["0.weight"])
 
 
 @pytest.mark.parametrize(
@@ -202,7 +181,7 @@ def test_other_writer_layouts_read_the_same(writer: dict[str, Any], tmp_path: Pa
         writer = {"_extensions": [ZStandard()]}
     state = training_state()
     folder = save(state, tmp_path / "ckpt", **writer)
-    assert_same(read_dcp_folder(folder), dcp_own_load(folder, tmp_path))
+    assert_states_equal(read_dcp_folder(folder), dcp_own_load(folder, tmp_path), ordered=True)
 
 
 def test_values_that_need_unpickling_are_refused_unless_allowed(tmp_path: Path) -> None:
@@ -211,7 +190,8 @@ def test_values_that_need_unpickling_are_refused_unless_allowed(tmp_path: Path) 
         read_dcp_folder(folder)
     assert str(folder) in str(info.value) and "allow_pickle=True" in info.value.hint
     got = read_dcp_folder(folder, allow_pickle=True)
-    assert got["ratio"] == fractions.Fraction(1, 3) and same_bits(got["w"], torch.ones(2))
+    assert got["ratio"] == fractions.Fraction(1, 3)
+    assert_states_equal(got["w"], torch.ones(2))
 
 
 def _evil_metadata(folder: Path) -> None:
@@ -471,22 +451,20 @@ def sharded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield folder
 
 
-@pytest.mark.slow  # two spawned processes import torch: ~10 s on two cores
 def test_a_sharded_folder_reads_as_whole_tensors_bit_for_bit(sharded: Path, tmp_path: Path) -> None:
     assert sorted(p.name for p in sharded.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     got = read_dcp_folder(sharded)
     full = sharded_full()
     for name in ("rows", "cols", "one"):
-        assert same_bits(got["model"][name], full[name]), name
-    assert same_bits(got["optim"]["state"]["model.bias"]["exp_avg"], full["bias"])
-    assert same_bits(got["replicated"], full["replicated"])
+        assert_states_equal(got["model"][name], full[name], path=name)
+    assert_states_equal(got["optim"]["state"]["model.bias"]["exp_avg"], full["bias"])
+    assert_states_equal(got["replicated"], full["replicated"])
     assert got["step"] == 11 and got["optim"]["param_groups"] == [{"lr": 0.1, "params": ["model.rows"]}]
     # Keys in the order the ranks' state had them (DCP's own loader orders them as its plan did).
     assert list(got) == ["model", "optim", "replicated", "step"] and list(got["optim"]) == ["param_groups", "state"]
-    assert_same(got, dcp_own_load(sharded, tmp_path), ordered=False)
+    assert_states_equal(got, dcp_own_load(sharded, tmp_path))
 
 
-@pytest.mark.slow
 def test_a_sharded_folder_missing_a_rank_is_refused(sharded: Path, copy_of: Callable[[Path], Path]) -> None:
     folder = copy_of(sharded)
 
@@ -516,7 +494,7 @@ def test_a_written_folder_loads_with_dcp_and_reads_back_bit_for_bit(tmp_path: Pa
     assert is_dcp_folder(folder) and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     with open(folder / ".metadata", "rb") as f:
         assert str(pickle.load(f).storage_meta.checkpoint_id) == str(folder)  # not the temporary name
-    assert_same(read_dcp_folder(folder), dcp_own_load(folder, tmp_path))
+    assert_states_equal(read_dcp_folder(folder), dcp_own_load(folder, tmp_path), ordered=True)
     # dcp.load into a fresh state dict of the same layout: every tensor bit for bit.
     target = {"model": {k: torch.zeros_like(v) for k, v in state["model"].items()},
               "extra": {"bf16": torch.zeros(7, 3, dtype=torch.bfloat16), "ints": torch.zeros(10, dtype=torch.int64)}}
@@ -524,16 +502,17 @@ def test_a_written_folder_loads_with_dcp_and_reads_back_bit_for_bit(tmp_path: Pa
         warnings.simplefilter("ignore")
         dcp.load(target, checkpoint_id=folder, no_dist=True)
     for k, v in state["model"].items():
-        assert same_bits(target["model"][k], v), k
-    assert same_bits(target["extra"]["bf16"], state["extra"]["bf16"])
-    assert same_bits(target["extra"]["ints"], state["extra"]["ints"])
+        assert_states_equal(target["model"][k], v, path=k)
+    assert_states_equal(target["extra"]["bf16"], state["extra"]["bf16"])
+    assert_states_equal(target["extra"]["ints"], state["extra"]["ints"])
 
 
 def test_modules_and_optimizers_are_written_as_their_state_dicts(tmp_path: Path) -> None:
     model = torch.nn.Linear(3, 2)
     write_state({"model": model, "step": 1}, tmp_path / "ckpt", format="dcp")
     got = read_state(tmp_path / "ckpt")
-    assert got["step"] == 1 and same_bits(got["model"]["weight"], model.weight.detach())
+    assert got["step"] == 1
+    assert_states_equal(got["model"]["weight"], model.weight.detach())
 
 
 def test_an_empty_folder_is_taken_and_anything_else_refused_changing_nothing(tmp_path: Path) -> None:
@@ -541,7 +520,7 @@ def test_an_empty_folder_is_taken_and_anything_else_refused_changing_nothing(tmp
     empty = tmp_path / "empty"
     empty.mkdir()
     write_dcp_folder(state, empty)
-    assert same_bits(read_dcp_folder(empty)["w"], torch.ones(3))
+    assert_states_equal(read_dcp_folder(empty)["w"], torch.ones(3))
     before = {p: p.read_bytes() for p in empty.iterdir()}
     with pytest.raises(UsageError, match="exists and is not an empty folder"):
         write_dcp_folder({"w": torch.zeros(3)}, empty)
@@ -579,4 +558,4 @@ def test_output_format_and_targets(tmp_path: Path) -> None:
     with pytest.raises(UsageError):
         check_folder_target(tmp_path.parent)
     write_state({"w": torch.ones(2)}, tmp_path / "weights", format="safetensors")
-    assert same_bits(read_state(tmp_path / "weights")["w"], torch.ones(2))  # recognised by its first bytes
+    assert_states_equal(read_state(tmp_path / "weights")["w"], torch.ones(2))  # recognised by its first bytes

@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from ckptrepo.errors import InvalidInput
 from ckptrepo.formats.dcp_folder import MAX_METADATA_BYTES, read_dcp_folder
 from ckptrepo.formats.dcp_pickle import MAX_DEPTH, unpickle_metadata
-from ckptrepo.state import tensor_bytes
+from ckptrepo.testing import assert_states_equal
 
 FAST_S = 2.0  # what refusing a crafted file may take; the attacks below take far longer unrefused
 SMALL_PEAK = 8 << 20  # bytes of Python allocations refusing one may peak at; the attacks allocate >= 40 MiB
@@ -265,17 +265,6 @@ def _states() -> dict[str, dict[str, Any]]:
 STATES = _states()
 
 
-def _same(got: Any, want: Any) -> bool:
-    if isinstance(want, torch.Tensor):
-        return (isinstance(got, torch.Tensor) and got.dtype == want.dtype and got.shape == want.shape
-                and bytes(tensor_bytes(got)) == bytes(tensor_bytes(want)))
-    if isinstance(want, dict):
-        return isinstance(got, dict) and got.keys() == want.keys() and all(_same(got[k], want[k]) for k in want)
-    if isinstance(want, list | tuple):
-        return len(got) == len(want) and all(_same(g, w) for g, w in zip(got, want, strict=True))
-    return bool(got == want)
-
-
 @pytest.mark.parametrize("name", STATES)
 def test_folders_dcp_save_writes_read_and_their_metadata_unpickles_as_pickle_does(name: str, tmp_path: Path) -> None:
     folder = save(STATES[name], tmp_path / "ckpt")
@@ -289,7 +278,7 @@ def test_folders_dcp_save_writes_read_and_their_metadata_unpickles_as_pickle_doe
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp_to_torch_save(folder, reference)  # DCP's own reading, which unpickles freely
-    assert _same(read_dcp_folder(folder), torch.load(reference, weights_only=False))
+    assert_states_equal(read_dcp_folder(folder), torch.load(reference, weights_only=False))
 
 
 def _no_refusal(reason: str) -> Any:

@@ -21,8 +21,8 @@ from hypothesis import strategies as hst
 
 from ckptrepo.errors import InvalidInput, UnsupportedState, UsageError
 from ckptrepo.formats import ReadBuffer, read_state, read_states, safetensors_io, write_state
-from ckptrepo.state import tensor_bytes
 from ckptrepo.storage.appendfile import AppendFile
+from ckptrepo.testing import assert_states_equal
 
 
 class Payload:
@@ -30,10 +30,6 @@ class Payload:
 
     def __init__(self) -> None:
         self.value = 1
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and a.shape == b.shape and bytes(tensor_bytes(a)) == bytes(tensor_bytes(b))
 
 
 def flat_tensors() -> dict[str, torch.Tensor]:
@@ -65,11 +61,9 @@ def test_flat_safetensors_round_trip_bit_identical(tmp_path: Path) -> None:
     path = tmp_path / "model.safetensors"
     write_state(tensors, path)
     loaded = safetensors.torch.load_file(path)
-    assert loaded.keys() == tensors.keys()
-    for name, t in tensors.items():
-        assert same_bits(loaded[name], t), name
+    assert_states_equal(loaded, tensors)
     read = read_state(path)
-    assert read.keys() == tensors.keys() and all(same_bits(read[n], t) for n, t in tensors.items())
+    assert_states_equal(read, tensors)
     with safetensors.safe_open(path, "pt") as f:
         assert f.metadata() == {"format": "pt"}
     assert_same_files_list(tmp_path, {"model.safetensors"})
@@ -130,7 +124,7 @@ def test_a_header_the_writer_cannot_reproduce_falls_back_to_save_file(
     write_state(tensors, tmp_path / "a.safetensors")
     assert len(used) == 1
     loaded = safetensors.torch.load_file(tmp_path / "a.safetensors")
-    assert all(same_bits(loaded[n], t) for n, t in tensors.items())
+    assert_states_equal(loaded, tensors)
     safetensors_io._stand_in_layout.cache_clear()  # nothing learnt from the odd library stays
 
 
@@ -148,10 +142,11 @@ def test_buffered_reads_give_the_same_bits_and_reuse_the_buffer(
     buffer = ReadBuffer()
     try:
         got = read_state(tmp_path / "a.safetensors", buffer=buffer)
-        assert got.keys() == first.keys() and all(same_bits(got[n], t) for n, t in first.items())
+        assert_states_equal(got, first)
         got2 = read_state(tmp_path / "b.safetensors", buffer=buffer)
-        assert all(same_bits(got2[n], t) for n, t in second.items())
-        assert not same_bits(got["big"], first["big"])  # overwritten by the second read
+        assert_states_equal(got2, second)
+        with pytest.raises(AssertionError, match="elements differ"):  # overwritten by the second read
+            assert_states_equal(got["big"], first["big"])
     finally:
         buffer.close()
 
@@ -185,7 +180,7 @@ def test_read_states_reads_one_ahead_and_keeps_each_item_until_the_next(
         assert path == paths[i]
         time.sleep(0.02)  # the read of the next file happens meanwhile
         if i < len(states):
-            assert all(same_bits(got[n], t) for n, t in states[i].items()), i
+            assert_states_equal(got, states[i], path=f"file {i}")
         else:
             assert torch.equal(got["x"], torch.arange(10))
         seen.append(path)
@@ -213,7 +208,7 @@ def test_mapped_safetensors_read_the_same_bits_from_the_file(tmp_path: Path) -> 
     path = tmp_path / "model.safetensors"
     write_state(tensors, path)
     mapped = read_state(path, mapped=True)
-    assert mapped.keys() == tensors.keys() and all(same_bits(mapped[n], t) for n, t in tensors.items())
+    assert_states_equal(mapped, tensors)
     # Views of the file's map (not copies), kept alive by the tensors alone; writes to them
     # stay private: the file is unchanged.
     weight = mapped["emb.weight"]
@@ -223,7 +218,7 @@ def test_mapped_safetensors_read_the_same_bits_from_the_file(tmp_path: Path) -> 
     weight.add_(1)
     assert torch.equal(weight, torch.arange(24, dtype=torch.float32).reshape(4, 6) + 1)
     assert path.read_bytes() == before
-    assert same_bits(read_state(path, mapped=True)["emb.weight"], tensors["emb.weight"])
+    assert_states_equal(read_state(path, mapped=True)["emb.weight"], tensors["emb.weight"])
     # A nested state comes back nested, mapped too.
     write_state({"model": torch.nn.Linear(3, 2), "step": 4}, tmp_path / "nested.safetensors")
     back = read_state(tmp_path / "nested.safetensors", mapped=True)
@@ -241,8 +236,9 @@ def test_mapped_safetensors_copies_tensors_that_cannot_be_views(tmp_path: Path) 
     path = tmp_path / "odd.safetensors"
     path.write_bytes(len(raw).to_bytes(8, "little") + raw + bytes([1, 2, 3]) + w.numpy().tobytes())
     back = read_state(path, mapped=True)
-    assert same_bits(back["w"], w) and back["b"].tolist() == [1, 2, 3]
-    assert same_bits(read_state(path)["w"], w)
+    assert_states_equal(back["w"], w)
+    assert back["b"].tolist() == [1, 2, 3]
+    assert_states_equal(read_state(path)["w"], w)
 
 
 def test_mapped_damaged_safetensors_is_invalid_input(tmp_path: Path) -> None:
@@ -261,7 +257,7 @@ def test_nested_state_in_safetensors_keeps_its_structure(tmp_path: Path) -> None
     write_state(state, path)
     assert set(safetensors.torch.load_file(path)) == {"model/weight", "model/bias", "ties/0"}
     back = read_state(path)
-    assert same_bits(back["model"]["weight"], model.weight.detach())
+    assert_states_equal(back["model"]["weight"], model.weight.detach())
     assert back["ties"][0] is back["ties"][1] and torch.equal(back["ties"][0], shared)
     assert back["meta"]["step"] == 10 and math.isnan(back["meta"]["loss"])
 
@@ -447,8 +443,7 @@ def test_sharded_folder_is_read_whole(tmp_path: Path, torch_format: bool) -> Non
     tensors = make_sharded(tmp_path / "hf", torch_format=torch_format)
     (tmp_path / "hf" / "config.json").write_text("{}")
     state = read_state(tmp_path / "hf")
-    assert state.keys() == tensors.keys()
-    assert all(same_bits(state[n], t) for n, t in tensors.items())
+    assert_states_equal(state, tensors)
 
 
 def test_sharded_folder_with_a_missing_shard_is_invalid_input(tmp_path: Path) -> None:

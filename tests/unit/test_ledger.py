@@ -14,6 +14,7 @@ from ckptrepo.errors import IntegrityError
 from ckptrepo.ids import tensor_id
 from ckptrepo.ledger import fields, journal, manifest
 from ckptrepo.maintenance.replay import replay_refs
+from ckptrepo.rows import TensorRow
 from ckptrepo.storage import MemoryBackend
 
 A, B, C, D = ("a" * 64, "b" * 64, "c" * 64, "d" * 64)
@@ -37,7 +38,10 @@ def _manifest(tensor: tuple[Any, ...] = ("float32", [2], 8, 4, None, STATS, CHUN
                                    step=row["step"], epoch=row["epoch"], metrics={"loss": 0.5},
                                    config=row["config"], created_at=row["created_at"], author=row["author"],
                                    host=row["host"])
-    return manifest.build(row, edges, {"loss": 0.5}, entries, [(tid, *tensor)], branch="main", expected=A, at=1.5)
+    dtype, shape, nbytes, chunk_size, boxes, stats, chunks = tensor  # a record's fields, in its order
+    rows = [TensorRow(tensor_id=tid, dtype=dtype, shape=shape, nbytes=nbytes, chunk_size=chunk_size, chunk_ids=chunks,
+                      boxes=boxes, stats=stats)]
+    return manifest.build(row, edges, {"loss": 0.5}, entries, rows, branch="main", expected=A, at=1.5)
 
 
 def test_the_manifest_format_is_pinned() -> None:

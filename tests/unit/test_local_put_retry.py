@@ -20,7 +20,7 @@ def _vanishing(monkeypatch: pytest.MonkeyPatch, times: int) -> list[Path]:
     """Make the first ``times`` staged files disappear just before ``put_file`` fsyncs them, as a
     concurrent gc would delete them; returns the files removed."""
     removed: list[Path] = []
-    real = local._fsync_path
+    real = local.fsync_file
 
     def fsync(path: Path) -> None:
         if len(removed) < times and Path(path).name.startswith("put-"):
@@ -28,7 +28,7 @@ def _vanishing(monkeypatch: pytest.MonkeyPatch, times: int) -> list[Path]:
             removed.append(Path(path))
         real(path)
 
-    monkeypatch.setattr(local, "_fsync_path", fsync)
+    monkeypatch.setattr(local, "fsync_file", fsync)
     return removed
 
 

@@ -29,7 +29,8 @@ if "torch" in sys.modules:
 """
 
 
-@pytest.mark.parametrize("module", ["ckptrepo.dtypes", "ckptrepo.ingest.stats", "ckptrepo.formats.safetensors_file"])
+@pytest.mark.parametrize("module", ["ckptrepo.dtypes", "ckptrepo.ingest.stats", "ckptrepo.formats.safetensors_file",
+                                    "ckptrepo.testing"])
 def test_module_imports_without_torch(module: str) -> None:
     done = subprocess.run([sys.executable, "-c", _CHECK, module], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, f"importing {module} imported torch:\n{done.stdout}{done.stderr}"
