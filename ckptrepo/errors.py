@@ -210,6 +210,53 @@ class StoreInUse(CkptError):
             "s3:// prefix). Nothing was changed.")
 
 
+class UnknownRemote(CkptError):
+    """No remote named {name!r}."""
+
+    exit_code = 3
+    hint = "`ckpt remote list` shows the remotes; `ckpt remote add NAME URL` adds one."
+
+
+class RemoteExists(CkptError):
+    """A remote named {name!r} exists already ({url})."""
+
+    exit_code = 4
+    hint = "Pick another name, or `ckpt remote remove NAME` first."
+
+
+class PushRejected(CkptError):
+    """The remote {remote!r} refused {kind} {name!r}: {why}."""
+
+    exit_code = 4
+    hint = ("`ckpt fetch` first, then merge or rebase your work on the remote's, and push again; `--force` "
+            "replaces the remote's ref (commits only it reached stay stored, unreferenced). Nothing the "
+            "remote shows was changed.")
+
+
+class NotFastForward(CkptError):
+    """Branch {branch!r} ({local}) and {upstream} ({remote}) have diverged: neither contains the other."""
+
+    exit_code = 4
+    hint = ("Your branch was not moved. Merge the two (`ckpt commit --parents`), or reset the branch to the "
+            "remote's with `ckpt branch --force BRANCH REMOTE/BRANCH`.")
+
+
+class RemoteNotBare(CkptError):
+    """{url} is the store of a working repository: push goes to a remote made for it."""
+
+    exit_code = 4
+    hint = ("Push to an empty folder or s3:// prefix (it becomes a remote), or fetch from this one into "
+            "the other repository instead. Nothing was changed.")
+
+
+class ReplicationBacklog(CkptError):
+    """Commit refused: {commits} commits ({nbytes} bytes) wait to reach {remote!r}, over the limit ({limit})."""
+
+    exit_code = 7
+    hint = ("Nothing was written. The remote is unreachable or slower than the commits; `ckpt status` shows "
+            "the backlog and the last error. Commit again once it shrinks, or raise CKPT_REPLICATION_BACKLOG.")
+
+
 class NoPath(CkptError):
     """No lineage path between {a} and {b}: they share no ancestor."""
 

@@ -30,9 +30,10 @@ if TYPE_CHECKING:  # imported where used: reading the lineage needs neither the 
     import torch
     from torch.distributed import ProcessGroup
 
-    from ckptrepo.chunks.store import ChunkReader
+    from ckptrepo.chunks.store import ChunkReader, OtherCopy
     from ckptrepo.distributed.reader import CommitReader
     from ckptrepo.ingest.writer import CommitWriter
+    from ckptrepo.locations import ChunkLocation
 
 DEFAULT_BRANCH = refs.DEFAULT_BRANCH
 
@@ -56,7 +57,11 @@ class Reads:
         """Reads and verifies chunks (delta bases looked up in the catalog)."""
         from ckptrepo.chunks.store import ChunkReader
 
-        return ChunkReader(self._backend, catalog.locator(self._sessions))
+        return ChunkReader(self._backend, catalog.locator(self._sessions), fallback=self._chunk_fallback)
+
+    def _chunk_fallback(self, loc: ChunkLocation) -> OtherCopy | None:
+        """Another copy of a chunk whose own is missing or damaged (``sync.Sync``: a remote's)."""
+        return None
 
     @property
     def read_only(self) -> bool:
@@ -221,7 +226,15 @@ class Reads:
         have landed (read-your-writes: ``commit()`` then ``checkout("main")`` reads that commit)."""
         self._check_open()
         self._own_commits_landed()
-        return layout_of(self._reading, rev, names)
+        found = layout_of(self._reading, rev, names)
+        if self._keep({c for row, _ in found[2].values() for c in row.chunk_ids}):
+            found = layout_of(self._reading, found[0], names)  # the chunks' new, local locations
+        return found
+
+    def _keep(self, chunk_ids: set[str]) -> bool:
+        """Before reading ``chunk_ids``: keep here those only a remote holds (``sync.Sync``);
+        True when some were copied."""
+        return False
 
     def _own_commits_landed(self) -> None:
         """Wait for this process's pending commits, if it made any (a read-only one makes none)."""

@@ -39,8 +39,9 @@ from ckptrepo.ledger import identity, journal
 from ckptrepo.lineage import revparse
 from ckptrepo.maintenance import DEFAULT_GRACE_S
 from ckptrepo.maintenance.autoprune import AutoRetention
-from ckptrepo.reads import Reads
+from ckptrepo.remote.tiered import over_remotes
 from ckptrepo.storage import open_backend
+from ckptrepo.sync import Sync
 
 if TYPE_CHECKING:  # imported where used: reading the lineage needs neither the engine nor numpy
     from torch.distributed import ProcessGroup
@@ -53,7 +54,7 @@ if TYPE_CHECKING:  # imported where used: reading the lineage needs neither the 
 DEFAULT_BRANCH = refs.DEFAULT_BRANCH
 
 
-class Repo(Reads):
+class Repo(Sync):
     """A checkpoint repository. Use ``Repo.init`` / ``Repo.open`` / ``Repo.discover``, whose
     ``options`` tune commits (``ingest.writer.WriterOptions``: ``max_inflight``, ``staging_budget``,
     ``background_priority``, ``idle_repack``). ``close()`` (or leaving a ``with`` block) waits for
@@ -68,6 +69,7 @@ class Repo(Reads):
     def __init__(self, repo_dir: Path, config: RepoConfig, *, check_schema: bool = True, read_only: bool = False,
                  **writer_options: Unpack[WriterOptions]) -> None:
         self.repo_dir, self.config = repo_dir, config
+        self.fetched: t.FetchResult | None = None  # the fetch that made a clone (``clone``)
         self._owner = os.getpid()
         self._closed = False
         self._writer_options = writer_options
@@ -77,7 +79,7 @@ class Repo(Reads):
         try:
             if check_schema:
                 migrate.check_schema(self._engine)
-            self._backend = open_backend(config.store_url, repo_dir / "store")
+            self._backend = over_remotes(open_backend(config.store_url, repo_dir / "store"), repo_dir)
         except BaseException:
             self._engine.dispose()
             raise
@@ -90,6 +92,11 @@ class Repo(Reads):
             pending.reading, self._sessions, defers=self._engine.dialect.name == "sqlite")
         self._retention = AutoRetention(self._sessions, self._reading, self._backend)  # the setting, after commits
         self._pool = ThreadPoolExecutor(max_workers=knobs.workers(), thread_name_prefix="ckpt")
+        self._replicator = self._make_replicator()
+        if self._read_only is None:
+            self._record_replica()
+        if self._replicator is not None:
+            self._replicator.kick()  # commits an earlier process left on the local tier
         if writer_options and self._read_only is None:
             self._writer.check_usable()  # options are checked now, not at the first commit
 
@@ -102,22 +109,37 @@ class Repo(Reads):
         self._own_store()
         return CommitWriter(self._sessions, self._backend, self._reader, self.config, self._pool,
                             defers_layouts=self._engine.dialect.name == "sqlite",
-                            after_commit=self._retention.after_commit, **self._writer_options)
+                            after_commit=self._after_commit, **self._writer_options)
+
+    def _after_commit(self, commit_id: str) -> None:
+        """The commit engine's hook once a commit is visible: retention, then replication (each
+        only queues work on a thread of its own)."""
+        self._retention.after_commit(commit_id)
+        if self._replicator is not None:
+            self._replicator.after_commit(commit_id)
 
     @classmethod
     def init(cls, path: str | Path = ".", *, db_url: str | None = None, store_url: str | None = None,
              chunk_size: int | None = None, compression: bool = True, delta: bool = True,
              max_delta_depth: int | None = None, delta_base: str = "root", pack_target: int | None = None,
-             encode: str = "auto", **options: Unpack[WriterOptions]) -> Repo:
+             encode: str = "auto", replicate_to: str | None = None, **options: Unpack[WriterOptions]) -> Repo:
         """Create a repository in ``PATH/.ckpt`` (or at ``path`` if it is named ``.ckpt``) and open it.
 
-        Settings: see ``config.RepoConfig``; ``options`` as for ``open``. Nothing is changed if one
-        exists already (RepositoryExists); a failed init leaves no folder that looks like one.
+        Settings: see ``config.RepoConfig``; ``options`` as for ``open``. ``replicate_to``: a remote
+        URL (``origin``) every commit is pushed to in the background (``add_remote``). Nothing is
+        changed if one exists already (RepositoryExists); a failed init leaves no folder that looks
+        like one.
         """
         config = RepoConfig.of(db_url=db_url, store_url=store_url, chunk_size=chunk_size, compression=compression,
                                delta=delta, max_delta_depth=max_delta_depth, delta_base=delta_base,
                                pack_target=pack_target, encode=encode)
-        return cls(folder.create(path, config), config, **options)
+        repo_dir = folder.create(path, config)
+        if replicate_to is not None:
+            from ckptrepo.remote import config as remote_config
+            from ckptrepo.remote.stores import normalize
+
+            remote_config.add(repo_dir, t.RemoteInfo(name="origin", url=normalize(replicate_to), replicate=True))
+        return cls(repo_dir, config, **options)
 
     @classmethod
     def open(cls, path: str | Path = ".", *, search_parents: bool = False, read_only: bool = False,
@@ -132,6 +154,40 @@ class Repo(Reads):
     def discover(cls, start: str | Path = ".", *, read_only: bool = False, **options: Unpack[WriterOptions]) -> Repo:
         """``open(start, search_parents=True)``."""
         return cls.open(start, search_parents=True, read_only=read_only, **options)
+
+    @classmethod
+    def clone(cls, url: str, path: str | Path, *, data: str = "lazy", remote: str = "origin",
+              db_url: str | None = None, **options: Unpack[WriterOptions]) -> Repo:
+        """A new repository at ``path`` holding the lineage of the remote at ``url`` (a folder, a
+        repository folder, or ``s3://BUCKET/PREFIX``): every commit its branches and tags reach,
+        with ``remote`` (default ``origin``) as its remote, remote-tracking refs, and a local branch
+        for the remote's default one (``main``, else the first), which becomes the current branch.
+        ``data="lazy"``: tensor bytes are read from the remote at their first read and kept;
+        ``"full"``: all downloaded now. The clone has the remote's repository id and settings. The
+        fetch that made it is ``repo.fetched``. RepositoryExists when ``path`` holds one;
+        UsageError when ``url`` holds no repository. ``db_url``: the clone's database (default its
+        SQLite file)."""
+        from ckptrepo.remote import config as remote_config
+        from ckptrepo.remote.clone import settings_of
+
+        if data not in ("lazy", "full"):
+            raise UsageError(f"clone data {data!r} is neither 'lazy' nor 'full'")
+        remote_config.check_name(remote)
+        info, settings = settings_of(url, remote)
+        repo_dir = folder.create(path, RepoConfig.of(**settings, db_url=db_url))
+        remote_config.add(repo_dir, info)
+        repo = cls(repo_dir, RepoConfig.load(repo_dir), **options)
+        try:
+            repo.fetched = repo.fetch(remote, data=data == "full")
+            heads = {r.name.removeprefix(f"{remote}/"): r.commit_id for r in repo._remote_refs(remote)}
+            if heads:
+                branch = DEFAULT_BRANCH if DEFAULT_BRANCH in heads else sorted(heads)[0]
+                repo._fast_forward(branch, None, heads[branch])
+                refs.write_head(repo.repo_dir, branch)
+        except BaseException:
+            repo.close()
+            raise
+        return repo
 
     @classmethod
     def rebuild_database(cls, path: str | Path = ".", *, replace: bool = False) -> t.RebuildReport:
@@ -170,6 +226,8 @@ class Repo(Reads):
             self._engine.dispose(close=False)  # the connections stay the parent's, unclosed
             return
         self._retention.close()  # after the writer: the last commit's run has been queued
+        if self._replicator is not None:
+            self._replicator.close()
         self._pool.shutdown(wait=True)
         if self._copies is not None:
             self._copies.close()
@@ -221,7 +279,7 @@ class Repo(Reads):
                epoch: int | None = None, metrics: Mapping[str, float] | None = None, config: Any = None,
                parents: list[str] | None = None, transfer_from: Any = None, allow_pickle: bool = False,
                code_version: str | None = None, blocking: bool = False, group: ProcessGroup | None = None,
-               local: bool = False) -> CommitHandle:
+               local: bool = False, wait_remote: bool = False) -> CommitHandle:
         """Store ``state`` as a new commit on ``branch`` (default: the current branch, ``head``); two-phase.
 
         Phase 1, on the caller's thread: validate the state and every argument (UnsupportedState
@@ -243,11 +301,17 @@ class Repo(Reads):
         collective commit alone waits ``CKPT_DIST_TIMEOUT`` for the others, then raises
         RankFailed. A ``DistributedDataParallel`` is stored as the module it wraps (no ``module.``
         in the names), so the commit loads into a plain, a DDP or an FSDP2 model alike.
+
+        With a remote that replicates (``add_remote(..., replicate=True)``), the commit is pushed
+        there in the background once durable here; ``wait_remote=True`` returns only once the
+        remote holds it (``wait_replicated``). ReplicationBacklog, before anything is written, when
+        more than ``CKPT_REPLICATION_BACKLOG`` bytes wait to reach the remote.
         """
         from ckptrepo.distributed import scope
 
         entered = time.perf_counter()
         self._check_writable("commit")
+        self._check_backlog()
         group = scope.collective_group(state, group, local=local, what="commit()")
         meta: CommitMeta = {"message": message, "step": step, "epoch": epoch, "metrics": metrics, "config": config,
                             "parents": parents, "transfer_from": transfer_from, "code_version": code_version}
@@ -261,6 +325,8 @@ class Repo(Reads):
             handle = native.commit(self._writer, scope.unwrapped(state), fields, group=group, blocking=blocking,
                                    entered=entered, allow_pickle=allow_pickle)
         self._retention.track(handle)
+        if wait_remote:
+            self.wait_replicated(handle.wait().id)
         return handle
 
     def commit_file(self, path: str | Path, *, branch: str | None = None, allow_pickle: bool = False,
@@ -351,6 +417,27 @@ class Repo(Reads):
         if self._readable_head() == old:
             refs.write_head(self.repo_dir, new)
         return renamed
+
+    def _fast_forward(self, branch: str, old: str | None, new: str) -> None:
+        """Move ``branch`` from ``old`` to ``new`` (a pull), journalled; RefConflict when it moved
+        meanwhile."""
+        from datetime import datetime, timezone
+
+        from ckptrepo.errors import RefConflict
+
+        self._check_writable("move a branch")
+        self._own_store()
+        with journal.entry(self._backend, {"op": "ref", "kind": "branch", "name": branch, "to": new,
+                                           "from": old}) as key, write_transaction(self._sessions) as s:
+            catalog.record_journal_key(s, key)
+            actual = refs.move_branch(s, branch, new, old, datetime.now(timezone.utc))
+            if actual is not None:
+                raise RefConflict(branch=branch, actual=actual[:10] or "deleted", expected=(old or "absent")[:10])
+
+    def _repo_id(self) -> str:
+        with self._sessions() as s:
+            found = s.get(RepoMeta, "repo_id")
+        return found.value if found is not None else self.config.repo_id
 
     def _readable_head(self) -> str | None:
         """``head``, or None when ``.ckpt/HEAD`` holds no branch name (``switch`` rewrites it)."""

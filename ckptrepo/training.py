@@ -37,7 +37,16 @@ from types import TracebackType
 from typing import Any
 
 from ckptrepo.entries import join_path
-from ckptrepo.errors import NotARepository, RepositoryExists, UnknownRevision, UsageError
+from ckptrepo.errors import (
+    CommitDamaged,
+    CommitPruned,
+    IntegrityError,
+    NotARepository,
+    RepositoryExists,
+    StorageError,
+    UnknownRevision,
+    UsageError,
+)
 from ckptrepo.handle import CommitHandle
 from ckptrepo.policy import Every, Policy
 from ckptrepo.repository import Repo
@@ -139,6 +148,9 @@ class CommitStream:
         self.policy: Policy = policy if policy is not None else Every(1000)
         self.last_rule: str | None = None
         self._handles: list[CommitHandle] = []
+        self._last_id: str | None = None  # the last commit flushed
+        self.remote_timeout: float | None = None
+        """Seconds ``close`` waits for the replica remote to hold the last commit (None: no limit)."""
         self._clock: float | None = None  # when the current step began
         self._busy = False  # a commit's background phase ran while the current step did
 
@@ -225,15 +237,26 @@ class CommitStream:
                 failure = failure or exc
         if failure is not None:
             raise failure
+        if done:
+            self._last_id = done[-1].id
         return done
 
     def close(self) -> None:
-        """``flush``, then close the repository if this object opened it."""
+        """``flush``; with a remote that replicates the repository, wait until it holds the last
+        commit (the final step reaches durable storage: ``remote_timeout`` seconds, then the
+        replication error is raised); then close the repository if this object opened it."""
         try:
-            self.flush()
+            done = self.flush()
+            if self._repo is not None and self._repo.replica is not None and self.world[0] == 0:
+                last = done[-1].id if done else self._last_id
+                if last is not None:
+                    self._repo.wait_replicated(last, timeout=self.remote_timeout)
         finally:
             if self._owns_repo and self._repo is not None:
                 self._repo.close()
+
+
+_RESUME_CANDIDATES = 50  # commits of the branch ``resume`` tries, newest first
 
 
 def _stateful(obj: Any) -> bool:
@@ -287,20 +310,49 @@ class Checkpointer(CommitStream):
 
     # -- resume ------------------------------------------------------------------------------
 
-    def resume(self, rev: str | None = None) -> int:
+    def resume(self, rev: str | None = None, *, tier: str = "any") -> int:
         """Load the newest commit of the branch (or ``rev``) into every object and RNG.
 
         Returns that commit's step (the count of completed optimizer steps), or 0 when the
         branch has no commit yet and ``rev`` is None (nothing is loaded then). A commit made
         at another world size restores the model, optimizer (resharded), scheduler and extra
         state, but not the ranks' RNG states and data positions: a warning says so.
+
+        ``tier``: which commits may be resumed from: ``"local"`` (held by this repository's
+        store), ``"remote"`` (held by the replica remote: durable there) or ``"any"``. Without
+        ``rev``, a commit that cannot be read (damaged or lost data, on every tier that holds it:
+        a chunk damaged here is read from the remote's copy) is skipped with a warning for the
+        next older one the branch reaches, instead of failing or looping.
         """
+        if tier not in ("local", "remote", "any"):
+            raise UsageError(f"tier {tier!r} is not 'local', 'remote' or 'any'")
+        if rev is not None:
+            return self._resume_from(self.repo.get_commit(rev))
+        replica = self.repo.replica
+        if tier == "remote" and replica is None:
+            raise UsageError("resume(tier='remote') needs a remote that replicates the repository",
+                             hint="Add one with `ckpt remote add NAME URL --replicate`.")
         try:
-            commit = self.repo.get_commit(rev if rev is not None else self.branch)
+            line = self.repo.log(self.branch, limit=_RESUME_CANDIDATES)
         except UnknownRevision:
-            if rev is not None:
-                raise
             return 0
+        failure: Exception | None = None
+        for commit in line:
+            if commit.pruned or commit.damage is not None:
+                continue
+            if (tier == "local" and "local" not in commit.tiers) or (tier == "remote" and replica not in commit.tiers):
+                continue
+            try:
+                return self._resume_from(commit)
+            except (IntegrityError, StorageError, CommitDamaged, CommitPruned) as exc:
+                failure = failure or exc
+                warnings.warn(f"commit {commit.id[:12]} (step {commit.step}) cannot be read ({exc}); resuming from "
+                              "an older one", stacklevel=2)
+        if failure is not None:
+            raise failure
+        return 0
+
+    def _resume_from(self, commit: Commit) -> int:
         rank, world = self.world
         made = commit.config.get("checkpointer", {}) if isinstance(commit.config, dict) else {}
         made_at = made.get("world_size", 1) if isinstance(made, dict) else 1

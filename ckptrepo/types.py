@@ -47,7 +47,10 @@ class Commit:
     but its state can no longer be read (``CommitPruned``). ``damage``: why the commit is
     damaged, else None: a database rebuild found its data or its manifest missing or corrupt in
     the store; it stays in the lineage but its state cannot be read (``CommitDamaged``), and
-    ``verify`` fails until it is pruned (``Repo.prune(damaged=True)``).
+    ``verify`` fails until it is pruned (``Repo.prune(damaged=True)``). ``tiers``: where the
+    commit is durable: ``"local"`` (this repository's store holds its data) and the name of each
+    remote known to hold it (pushed there, or fetched from it); a commit fetched but not read
+    yet is on its remote only.
     """
 
     id: str
@@ -73,6 +76,7 @@ class Commit:
     refs: tuple[str, ...] = field(default=())
     pruned: bool = False
     damage: str | None = None
+    tiers: tuple[str, ...] = ("local",)
 
     @property
     def short_id(self) -> str:
@@ -822,4 +826,140 @@ class RebuildReport:
         data = asdict(self)
         data["skipped"] = list(self.skipped)
         data["ok"] = self.ok
+        return data
+
+
+@dataclass(frozen=True)
+class RemoteInfo:
+    """A remote of this repository (``Repo.remotes``): its name, URL (a folder or
+    ``s3://BUCKET/PREFIX``), whether commits replicate to it in the background (``replicate``) and
+    whether tensor bytes this repository lacks are read from it (``lazy``: the remote a lazy
+    clone came from)."""
+
+    name: str
+    url: str
+    replicate: bool = False
+    lazy: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RefUpdate:
+    """One ref a push or fetch moved: ``kind`` (``branch``, ``tag``, or ``remote`` for a
+    remote-tracking ref such as ``origin/main``), its name, where it was (``old``, None: it did
+    not exist) and is (``new``, None: deleted); ``forced``: not a fast-forward."""
+
+    kind: str
+    name: str
+    old: str | None
+    new: str | None
+    forced: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PushResult:
+    """What ``Repo.push`` moved: ``commits`` whose manifests were uploaded, ``packs`` and
+    ``chunks`` uploaded (only chunks the remote lacked, packed anew) and ``bytes_uploaded`` in all
+    (packs, manifests, journal, refs); ``refs``: the remote refs moved (compare-and-swap, after
+    every object they need was durable on the remote)."""
+
+    remote: str
+    commits: int
+    packs: int
+    chunks: int
+    bytes_uploaded: int
+    refs: tuple[RefUpdate, ...]
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["refs"] = [r.to_json() for r in self.refs]
+        return data
+
+
+@dataclass(frozen=True)
+class FetchResult:
+    """What ``Repo.fetch`` (and a clone) brought: ``commits`` recorded from their manifests,
+    ``packs_indexed`` remote packs whose footers were read, ``bytes_downloaded`` in all (footers,
+    manifests, journal, refs, and tensor bytes fetched with ``data``: ``data_chunks`` /
+    ``data_bytes``); ``refs``: remote-tracking refs (``origin/main``) and tags moved; ``pruned``:
+    fetched commits the remote marks pruned; ``skipped``: what could not be used, each with why
+    (a damaged manifest: that commit is recorded as a damaged node, and its ancestors that
+    nothing else reaches are not fetched; a damaged pack footer); ``ok``: nothing skipped."""
+
+    remote: str
+    commits: int
+    packs_indexed: int
+    bytes_downloaded: int
+    refs: tuple[RefUpdate, ...]
+    pruned: int
+    data_chunks: int
+    data_bytes: int
+    seconds: float
+    skipped: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.skipped
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["refs"] = [r.to_json() for r in self.refs]
+        data["skipped"] = list(self.skipped)
+        data["ok"] = self.ok
+        return data
+
+
+@dataclass(frozen=True)
+class PullResult:
+    """``Repo.pull``: the fetch, then ``branch`` fast-forwarded from ``old`` to ``new`` (equal:
+    it was up to date)."""
+
+    fetch: FetchResult
+    branch: str
+    old: str | None
+    new: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"fetch": self.fetch.to_json(), "branch": self.branch, "old": self.old, "new": self.new}
+
+
+@dataclass(frozen=True)
+class RecoveryPoint:
+    """Where one branch stands on each tier: its head here (``local``) and the newest of its
+    commits the remote holds (``remote``, None: none yet), with what would be lost if the local
+    tier died now: ``commits_at_risk`` on the branch's first-parent line after ``remote``, and the
+    steps and seconds between the two commits (None when not known)."""
+
+    branch: str
+    local: str
+    remote: str | None
+    commits_at_risk: int
+    steps_at_risk: int | None
+    seconds_at_risk: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ReplicationStatus:
+    """``Repo.replication()``: the remote commits replicate to, the backlog (commits here the
+    remote does not hold yet and their stored bytes), the recovery point of each branch, and the
+    last replication error (None: the last push worked, or none ran yet)."""
+
+    remote: str
+    backlog_commits: int
+    backlog_bytes: int
+    points: tuple[RecoveryPoint, ...]
+    last_error: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["points"] = [p.to_json() for p in self.points]
         return data

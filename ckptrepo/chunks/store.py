@@ -13,13 +13,14 @@ import threading
 from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from ckptrepo import faults
 from ckptrepo.chunks.codecs import Encoding, decode, decode_delta
 from ckptrepo.chunks.pack import PackWriter, pack_key
-from ckptrepo.errors import IntegrityError, UsageError
+from ckptrepo.errors import IntegrityError, StorageError, UsageError
 from ckptrepo.ids import hash_bytes
 from ckptrepo.locations import ChunkLocation
 from ckptrepo.storage.base import Backend
@@ -164,6 +165,18 @@ BaseLookup = Callable[[Collection[str]], dict[str, ChunkLocation]]
 """Locations of chunks by id (those the index has); used to find delta bases."""
 
 
+class OtherCopy(Protocol):
+    """Another copy of a chunk (a remote's), for a read whose own copy is missing or damaged."""
+
+    def read_into(self, chunk_id: str, out: memoryview) -> None:
+        """Fill ``out`` with the chunk's bytes, verified; IntegrityError or StorageError if it cannot."""
+        ...
+
+
+Fallback = Callable[[ChunkLocation], "OtherCopy | None"]
+"""Where else chunk ``loc`` is stored, or None (``ChunkReader(fallback=)``)."""
+
+
 class ChunkReader:
     """Reads chunks by location, decodes them and verifies ``BLAKE3(decoded) == chunk_id``.
 
@@ -179,10 +192,12 @@ class ChunkReader:
     the backend's StorageError.
     """
 
-    def __init__(self, backend: Backend, lookup: BaseLookup | None = None, *, max_depth: int = 64) -> None:
+    def __init__(self, backend: Backend, lookup: BaseLookup | None = None, *, max_depth: int = 64,
+                 fallback: Fallback | None = None) -> None:
         self._backend = backend
         self._lookup = lookup
         self._max_depth = max_depth
+        self._fallback = fallback
         self._local = threading.local()
 
     def bases_for(self, locs: Iterable[ChunkLocation]) -> dict[str, ChunkLocation]:
@@ -243,9 +258,19 @@ class ChunkReader:
         target = _bytes_view(out)
         if len(target) != loc.raw_length:
             raise UsageError(f"output buffer is {len(target)} bytes, chunk {loc.chunk_id} has {loc.raw_length}")
-        self._materialize(loc, target, bases or {}, 0)
-        if verify:
-            self._verify(loc, target)
+        try:
+            self._materialize(loc, target, bases or {}, 0)
+            if verify:
+                self._verify(loc, target)
+        except (IntegrityError, StorageError) as exc:
+            other = self._fallback(loc) if self._fallback is not None else None
+            if other is None:
+                raise
+            # Another copy (a remote's): read and verified from there, its delta bases with it.
+            try:
+                other.read_into(loc.chunk_id, target)
+            except (IntegrityError, StorageError):
+                raise exc from None
 
     def _materialize(self, loc: ChunkLocation, target: memoryview, bases: Mapping[str, ChunkLocation],
                      level: int) -> None:

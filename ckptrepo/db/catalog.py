@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, cast
 
-from sqlalchemy import BindParameter, Table, bindparam, delete, func, select, update
+from sqlalchemy import BindParameter, Table, bindparam, delete, exists, func, select, update
 from sqlalchemy.orm import Session
 
 from ckptrepo.db import lines
@@ -28,6 +28,8 @@ from ckptrepo.db.models import (
     Metric,
     Pack,
     Ref,
+    RemoteCommit,
+    RemotePack,
     Tensor,
     TensorChunk,
 )
@@ -522,6 +524,30 @@ def refs_at(session: Session, commit_ids: Sequence[str]) -> dict[str, list[str]]
         for cid, kind, name in session.execute(_REFS_AT, {"ids": batch}):
             out.setdefault(cid, []).append(name if kind == "branch" else f"tag:{name}")
     return out
+
+
+def tiers_of(session: Session, commit_ids: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """Where each of the commits is durable (``types.Commit.tiers``), for those not only local:
+    ``"local"`` unless some chunk of it is read from a remote's pack, then every remote that
+    holds it (``remote_commits``), by name."""
+    if not commit_ids:
+        return {}
+    held: dict[str, list[str]] = {}
+    remote_only: set[str] = set()
+    for start in range(0, len(commit_ids), _IN_BATCH):
+        batch = list(commit_ids[start : start + _IN_BATCH])
+        for cid, remote in session.execute(select(RemoteCommit.commit_id, RemoteCommit.remote).where(
+                RemoteCommit.commit_id.in_(batch)).order_by(RemoteCommit.remote)):
+            held.setdefault(cid, []).append(remote)
+        if session.scalar(select(exists().where(Chunk.pack_id == RemotePack.pack_id))):
+            remote_only.update(session.scalars(
+                select(Entry.commit_id).distinct()
+                .join(TensorChunk, TensorChunk.tensor_key == Entry.tensor_key)
+                .join(Chunk, Chunk.key == TensorChunk.chunk_key)
+                .join(RemotePack, RemotePack.pack_id == Chunk.pack_id)
+                .where(Entry.commit_id.in_(batch))))
+    return {cid: (*(() if cid in remote_only else ("local",)), *held.get(cid, ()))
+            for cid in set(held) | remote_only}
 
 
 def metrics_of(session: Session, commit_ids: Sequence[str]) -> dict[str, dict[str, float]]:

@@ -378,6 +378,42 @@ class Metric(Base):
     value: Mapped[float] = mapped_column(Float)
 
 
+class RemotePack(Base):
+    """A pack of remote ``remote`` whose footer this repository has read (schema 0015: a cache of
+    the remote store, ``ckptrepo.remote``)."""
+
+    __tablename__ = "remote_packs"
+    remote: Mapped[str] = mapped_column(String(80), primary_key=True)
+    pack_id: Mapped[str] = mapped_column(Id, primary_key=True)
+    size: Mapped[int] = mapped_column(BigInteger)
+    n_chunks: Mapped[int] = mapped_column(Integer)
+
+
+class RemoteChunk(Base):
+    """A copy of chunk ``chunk_id`` on remote ``remote``: its pack there, byte range and encoding,
+    as that pack's footer gives them."""
+
+    __tablename__ = "remote_chunks"
+    remote: Mapped[str] = mapped_column(String(80), primary_key=True)
+    chunk_id: Mapped[str] = mapped_column(Id, primary_key=True)
+    pack_id: Mapped[str] = mapped_column(Id)
+    offset: Mapped[int] = mapped_column(BigInteger)
+    length: Mapped[int] = mapped_column(BigInteger)
+    raw_length: Mapped[int] = mapped_column(BigInteger)
+    encoding: Mapped[int] = mapped_column(SmallInteger)
+    depth: Mapped[int] = mapped_column(SmallInteger)
+    base_id: Mapped[str | None] = mapped_column(Id, default=None)
+
+
+class RemoteCommit(Base):
+    """Remote ``remote`` holds commit ``commit_id``'s manifest (and so its data, which a push
+    uploads first): the commit's tier state."""
+
+    __tablename__ = "remote_commits"
+    remote: Mapped[str] = mapped_column(String(80), primary_key=True)
+    commit_id: Mapped[str] = mapped_column(Id, primary_key=True)
+
+
 Index("ix_metrics_name_value", Metric.name, Metric.value)
 # One commit per depth of each first-parent line; a first-parent chain reads one range per line.
 # PostgreSQL reads the range from the index alone (a chain of 10,000: 4 ms against 59 through

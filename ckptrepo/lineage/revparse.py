@@ -91,10 +91,10 @@ def resolve(session: Session, rev: str) -> str:
 
 
 def _resolve_name(session: Session, name: str, rev: str) -> str:
-    # A branch before a tag of the same name; both looked up at once (one round trip).
-    refs = dict(session.execute(select(Ref.kind, Ref.commit_id).where(Ref.name == name,
-                                                                      Ref.kind.in_(("branch", "tag")))).all())
-    for kind in ("branch", "tag"):
+    # A branch before a tag, a tag before a remote-tracking ref (``origin/main``) of the same name;
+    # all looked up at once (one round trip).
+    refs = dict(session.execute(select(Ref.kind, Ref.commit_id).where(Ref.name == name)).all())
+    for kind in ("branch", "tag", "remote"):
         if kind in refs:
             return str(refs[kind])
     lowered = name.lower()

@@ -30,7 +30,7 @@ from sqlalchemy import Table, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from ckptrepo import faults
-from ckptrepo.db import catalog, lines, pending
+from ckptrepo.db import catalog, lines, pending, tiers
 from ckptrepo.db.engine import write_transaction
 from ckptrepo.db.models import Commit, Edge, Metric, Ref
 from ckptrepo.errors import ConcurrentChange
@@ -73,7 +73,16 @@ def lineage_of(s: Session, metric: str | None) -> retention.Lineage:
 
 
 def _select(s: Session, rules: RetentionRules, now: datetime) -> retention.Selection:
-    return retention.select(lineage_of(s, rules.keep_best[0] if rules.keep_best else None), rules, now)
+    found = retention.select(lineage_of(s, rules.keep_best[0] if rules.keep_best else None), rules, now)
+    # With a replica remote: never the only copy of a commit, never the durable tier's recovery point.
+    keep = tiers.protected(s)
+    if not keep or not keep.keys() & set(found.pruned):
+        return found
+    kept = dict(found.kept)
+    for cid in found.pruned:
+        if cid in keep:
+            kept[cid] = (keep[cid],)
+    return replace(found, kept=kept, pruned=tuple(c for c in found.pruned if c not in keep))
 
 
 def _mark(s: Session, ids: tuple[str, ...]) -> None:

@@ -81,7 +81,7 @@ class _Plan:
     damaged: dict[str, str] = field(default_factory=dict)
 
 
-def _placeholder(cid: str, created_at: datetime) -> dict[str, Any]:
+def placeholder(cid: str, created_at: datetime) -> dict[str, Any]:
     """The body recorded for a commit whose manifest is lost: a lineage node with nothing else."""
     row: dict[str, Any] = dict.fromkeys(manifest.COMMIT_FIELDS)
     row.update(message="", created_at=created_at.isoformat(), author="", host="", skeleton={}, n_tensors=0,
@@ -110,8 +110,8 @@ def _plan(found: scan.Scan) -> _Plan:
     for cid in sorted(named - bodies.keys()):
         plan.damaged.setdefault(cid, _MISSING)
         when = min((datetime.fromisoformat(t) for t in children.get(cid, ())), default=now)
-        bodies[cid] = _placeholder(cid, when)
-    plan.order = _in_order(bodies, found.skipped, plan.damaged)
+        bodies[cid] = placeholder(cid, when)
+    plan.order = in_order(bodies, found.skipped, plan.damaged)
     recorded = {b["id"] for b in plan.order}
     real = {cid: b for cid, b in bodies.items() if b["move"] is not None}
     refs, lost = replay_refs(real, entries, expected_on)
@@ -124,14 +124,15 @@ def _plan(found: scan.Scan) -> _Plan:
     return plan
 
 
-def _in_order(bodies: dict[str, dict[str, Any]], skipped: list[str], damaged: dict[str, str]) -> list[dict[str, Any]]:
-    """The bodies parents first (every parent has a body: ``_plan`` adds damaged nodes). None is
-    left out but commits on a cycle of edges, which only crafted manifests can make."""
+def in_order(bodies: dict[str, dict[str, Any]], skipped: list[str], damaged: dict[str, str]) -> list[dict[str, Any]]:
+    """The bodies parents first (a parent without a body is recorded already: a rebuild gives
+    every parent one, ``_plan`` adds damaged nodes). None is left out but commits on a cycle of
+    edges, which only crafted manifests can make."""
     order: list[dict[str, Any]] = []
     waiting: dict[str, list[str]] = {}
     missing: dict[str, int] = {}
     for cid, body in bodies.items():
-        parents = {e[0] for e in body["edges"]}
+        parents = {e[0] for e in body["edges"] if e[0] in bodies}  # others are recorded already (a fetch)
         missing[cid] = len(parents)
         for p in parents:
             waiting.setdefault(p, []).append(cid)
@@ -171,9 +172,11 @@ def _missing_data(entries: Mapping[str, str], rows: Mapping[str, TensorRow], siz
     return None
 
 
-def _record_commits(s: Session, order: list[dict[str, Any]], sizes: Mapping[str, int]) -> dict[str, str]:
-    """Insert every commit of ``order`` (parents first); returns why each commit whose data is not
-    all stored cannot be read, by id (their tensors without all chunks are recorded without)."""
+def record_bodies(s: Session, order: list[dict[str, Any]], sizes: Mapping[str, int]) -> dict[str, str]:
+    """Insert every commit of ``order`` (manifest bodies, parents first; a parent outside ``order``
+    must be recorded already); returns why each commit whose data is not all stored cannot be
+    read, by id (their tensors without all chunks are recorded without). ``sizes``: the raw
+    length of every chunk stored, by id (``fetch`` records commits the same way)."""
     layouts: dict[str, catalog.CommitLayout] = {}
     children: dict[str, int] = {}
     for body in order:
@@ -188,7 +191,8 @@ def _record_commits(s: Session, order: list[dict[str, Any]], sizes: Mapping[str,
         row = _commit_row(body)
         layouts[body["id"]] = catalog.record_commit(
             s, packs=[], chunks=[], tensors=tensors.values(), commit=row, entries=body["entries"], edges=edges,
-            metrics=body["metrics"], now=row["created_at"], parent=layouts.get(first) if first else None,
+            metrics=body["metrics"], now=row["created_at"],
+            parent=(layouts.get(first) or catalog.commit_layout(s, first)) if first else None,
             dataless=dataless)
         why = _missing_data(body["entries"], tensors, sizes)
         if why is not None:
@@ -228,7 +232,7 @@ def _write(s: Session, found: scan.Scan, plan: _Plan) -> _Counts:
     insert_tuples(conn, Pack, ("id", "size", "n_chunks", "deferred", "created_at"), sorted(found.packs))
     chunks = scan.decodable(found.chunks, found.skipped)
     catalog.insert_chunks(s, chunks)
-    unreadable = _record_commits(s, plan.order, {c.chunk_id: c.raw_length for c in chunks})
+    unreadable = record_bodies(s, plan.order, {c.chunk_id: c.raw_length for c in chunks})
     # Tensors recorded without their chunks get what gc leaves of them (``catalog.drop_chunk_lists``).
     catalog.drop_chunk_lists(s, list(s.scalars(select(Tensor.key).where(
         Tensor.n_chunks > 0, ~exists().where(TensorChunk.tensor_key == Tensor.key)))))

@@ -44,7 +44,8 @@ from ckptrepo.types import RetentionRules
 
 RULE_REASONS = ("last", "every", "best", "dense_early", "younger")
 """Why a rule keeps a commit, one per rule, in ``RetentionRules`` field order."""
-PROTECTED_REASONS = ("head", "conflict", "tag", "fork", "merged", "transfer", "junction", "other_branch")
+PROTECTED_REASONS = ("head", "conflict", "tag", "fork", "merged", "transfer", "junction", "other_branch",
+                     "unreplicated", "replicated_head")
 """Why a commit is kept whatever the rules."""
 CONFLICTS_PREFIX = "conflicts/"
 

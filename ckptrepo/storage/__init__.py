@@ -81,6 +81,9 @@ def local_staging(backend: Backend) -> Path | None:
     """
     if isinstance(backend, LocalBackend):
         return backend.root / STAGING_NAME
+    inner = getattr(backend, "local", None)  # a store over a local one (``remote.tiered``): that one's
+    if inner is not None and inner is not backend:
+        return local_staging(inner)
     s3 = sys.modules.get("ckptrepo.storage.s3")  # not loaded: no S3Backend exists
     if s3 is not None and isinstance(backend, s3.S3Backend):
         return cast(Path | None, backend.shared_staging)

@@ -66,6 +66,19 @@ class Backend(Protocol):
         """Remove the object; a missing key is not an error."""
         ...
 
+    def read_versioned(self, key: str) -> tuple[bytes, str] | None:
+        """The object's bytes and an opaque version token, or None when there is no such object.
+        Tokens of equal content may be equal (callers that compare-and-swap write a time or a
+        nonce into what they store)."""
+        ...
+
+    def put_if(self, key: str, data: bytes | memoryview, *, expected: str | None) -> str | None:
+        """Store ``data`` under ``key`` only if the object is still at version ``expected`` (a
+        token ``read_versioned`` gave; None: only if there is no object), atomically and durably
+        as ``put_bytes``. Returns the new version token, or None when the precondition failed
+        (nothing written). Of writers racing with one ``expected``, at most one succeeds."""
+        ...
+
     def staging_dir(self) -> Path:
         """A local directory (created if needed) for files being written before ``put_file``."""
         ...

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import shutil
 import stat
@@ -29,9 +30,11 @@ from pathlib import Path
 
 from ckptrepo.atomic import fsync_dir, fsync_file
 from ckptrepo.errors import StorageError
+from ckptrepo.ids import hash_bytes
 from ckptrepo.storage.base import check_key, check_prefix, check_range, missing, short_read
 
 STAGING_NAME = ".staging"
+CAS_LOCK = ".cas.lock"  # held while a compare-and-swap reads, compares and writes (``put_if``)
 _FD_CACHE_SIZE = 64
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _HAVE_PREADV = hasattr(os, "preadv")
@@ -206,6 +209,40 @@ class LocalBackend:
                 raise
             finally:
                 name.unlink(missing_ok=True)
+
+    def read_versioned(self, key: str) -> tuple[bytes, str] | None:
+        """The bytes and a token: the BLAKE3 of the bytes. Read through a descriptor of its own
+        (not the cache: another process may have replaced the file since)."""
+        path = self._path(key)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StorageError(detail=f"cannot read {key!r} from {self.url} ({exc})") from exc
+        return data, hash_bytes(data)
+
+    def put_if(self, key: str, data: bytes | memoryview, *, expected: str | None) -> str | None:
+        """Compare-and-swap under an exclusive ``flock`` of ``CAS_LOCK`` in the store's root: read,
+        compare the token, then ``put_bytes`` (staged, fsynced, renamed). Safe between processes
+        and hosts whose filesystem implements ``flock`` (local disks; NFSv4), not on one without
+        locks."""
+        check_key(key)
+        lock_path = self.root / CAS_LOCK
+        try:
+            _ensure_dir(self.root)
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        except OSError as exc:
+            raise StorageError(detail=f"cannot lock {lock_path} ({exc})") from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            found = self.read_versioned(key)
+            if (None if found is None else found[1]) != expected:
+                return None
+            self.put_bytes(key, data)
+            return hash_bytes(bytes(data))
+        finally:
+            os.close(fd)  # releases the lock
 
     def _stage_bytes(self, key: str, data: bytes | memoryview) -> Path:
         """A new file of the staging folder holding ``data`` (not fsynced: ``put_file`` does that)."""

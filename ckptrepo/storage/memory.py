@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ckptrepo.errors import StorageError
+from ckptrepo.ids import hash_bytes
 from ckptrepo.storage.base import check_key, check_prefix, check_range, missing, short_read
 
 
@@ -53,6 +54,24 @@ class MemoryBackend:
         stored = bytes(data)
         with self._lock:
             self._objects[key] = (stored, time.time())
+
+    def read_versioned(self, key: str) -> tuple[bytes, str] | None:
+        """The bytes and a token: the BLAKE3 of the bytes."""
+        check_key(key)
+        with self._lock:
+            entry = self._objects.get(key)
+        return None if entry is None else (entry[0], hash_bytes(entry[0]))
+
+    def put_if(self, key: str, data: bytes | memoryview, *, expected: str | None) -> str | None:
+        check_key(key)
+        stored = bytes(data)
+        with self._lock:
+            entry = self._objects.get(key)
+            current = None if entry is None else hash_bytes(entry[0])
+            if current != expected:
+                return None
+            self._objects[key] = (stored, time.time())
+        return hash_bytes(stored)
 
     def _data(self, key: str) -> bytes:
         check_key(key)

@@ -7,7 +7,8 @@ usual chain (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, c
 files, instance roles) and never from the URL.
 
 What the store relies on: a PUT (single or multipart) makes an object visible only once it
-is complete and durable, so a key is absent or whole (write ordering step 1); reads after a
+is complete and durable, and conditional PUTs (``If-Match``, ``If-None-Match``: AWS S3 since
+2024, MinIO, Ceph RGW) for ``put_if``, so a key is absent or whole (write ordering step 1); reads after a
 completed PUT see it (S3 has been strongly read-after-write consistent since 2020; MinIO
 and Ceph are too). Ranged GETs serve partial reads. Packs are written to a local staging
 folder first and uploaded by ``put_file``; that folder is the caller's choice
@@ -45,6 +46,7 @@ _MULTIPART = 64 << 20
 _TRANSFER = TransferConfig(multipart_threshold=_MULTIPART, multipart_chunksize=16 << 20, max_concurrency=4)
 _MISSING_CODES = {"404", "NoSuchKey", "NotFound"}
 _NO_BUCKET_CODES = {"NoSuchBucket"}
+_PRECONDITION_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
 _AUTH_CODES = {"403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"}
 _URL_HINT = "Write s3://BUCKET[/PREFIX][?endpoint_url=http://HOST:PORT&region=NAME]."
 _CREDENTIALS_HINT = (
@@ -224,6 +226,45 @@ class S3Backend:
                 self._client.put_object(Bucket=self.bucket, Key=name, Body=bytes(data))
         except (BotoCoreError, ClientError) as exc:
             self._fail(exc, "store", key)
+
+    def read_versioned(self, key: str) -> tuple[bytes, str] | None:
+        """The bytes and a token: the object's ETag."""
+        name = self._name(key)
+        try:
+            response: dict[str, Any] = self._client.get_object(Bucket=self.bucket, Key=name)
+        except ClientError as exc:
+            if _code(exc) in _MISSING_CODES:
+                return None
+            self._fail(exc, "read", key)
+        except BotoCoreError as exc:
+            self._fail(exc, "read", key)
+        body = response["Body"]
+        try:
+            data: bytes = body.read()
+        except (BotoCoreError, OSError) as exc:
+            raise StorageError(detail=f"cannot read {key!r} from {self.url} ({exc})") from exc
+        finally:
+            body.close()
+        return data, str(response["ETag"])
+
+    def put_if(self, key: str, data: bytes | memoryview, *, expected: str | None) -> str | None:
+        """A conditional PUT: ``If-None-Match: *`` (create) or ``If-Match: <ETag>`` (replace);
+        the server refuses it atomically (412 PreconditionFailed, or 409 when a conditional write
+        of the same key is in flight: refused too)."""
+        name = self._name(key)
+        condition = {"IfNoneMatch": "*"} if expected is None else {"IfMatch": expected}
+        try:
+            response: dict[str, Any] = self._client.put_object(Bucket=self.bucket, Key=name, Body=bytes(data),
+                                                               **condition)
+        except ClientError as exc:
+            if _code(exc) in _PRECONDITION_CODES:
+                return None
+            if expected is not None and _code(exc) in _MISSING_CODES:
+                return None
+            self._fail(exc, "store", key)
+        except BotoCoreError as exc:
+            self._fail(exc, "store", key)
+        return str(response["ETag"])
 
     def _head(self, key: str) -> dict[str, Any] | None:
         """The object's HEAD response, or None if there is no such object."""

@@ -1,0 +1,260 @@
+"""Fetch: bring a remote's new commits into this repository, as remote-tracking refs.
+
+Order (nothing is visible before the last step):
+
+1. The remote's heads: its ref objects (``remote.refs``), or for the store of a working
+   repository its refs replayed from its manifests and journal (``maintenance.replay``).
+2. The manifests of the commits those heads reach that this repository lacks, walking parents,
+   each checked through the manifest chain (``ledger.manifest``); a commit whose manifest is
+   missing or refused becomes a damaged lineage node, as in a rebuild.
+3. The footers of the remote's packs not seen before (``remote.index``).
+4. The manifests are stored in this repository's store, verbatim (durable before the
+   transaction, as a commit's own are: a rebuild from the local store finds them).
+5. One transaction: the rows of the chunks this repository lacks, pointing at the remote's packs
+   (read through the remote until fetched: ``remote.tiered``), the commits parents first, the
+   remote's prune marks on the commits fetched, the remote-tracking refs (``REMOTE/BRANCH``, kind
+   ``remote``; a branch deleted on the remote loses its ref) and the remote's tags that do not
+   exist here.
+
+Only commits a remote ref reaches are fetched: objects of a push whose ref move was refused stay
+invisible. Tensor bytes are not downloaded (``Repo.fetch(data=...)`` and a full clone fetch them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, cast
+
+from sqlalchemy import Table, delete, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from ckptrepo.db import catalog
+from ckptrepo.db.engine import Sessions, insert_tuples, present_values, write_transaction
+from ckptrepo.db.models import Commit, Pack, Ref, RemotePack
+from ckptrepo.db.refs import check_ref_name
+from ckptrepo.errors import CkptError, InvalidRefName, StoreInUse
+from ckptrepo.ledger import identity, journal, manifest
+from ckptrepo.locations import ChunkLocation
+from ckptrepo.maintenance.rebuild import in_order, placeholder, record_bodies
+from ckptrepo.maintenance.replay import replay_refs
+from ckptrepo.remote import index, refs
+from ckptrepo.remote.stores import RemoteStore
+from ckptrepo.remote.transfer import Meter, closure
+from ckptrepo.storage.base import Backend
+from ckptrepo.types import RefUpdate
+
+_COMMITS = cast(Table, Commit.__table__)
+_READERS = 16  # manifests in flight
+_MISSING = "its manifest is missing from the remote"
+
+
+@dataclass
+class Fetched:
+    """What a fetch did, for ``FetchResult``."""
+
+    commits: int = 0
+    packs_indexed: int = 0
+    refs: list[RefUpdate] = field(default_factory=list)
+    pruned: int = 0
+    problems: list[str] = field(default_factory=list)
+    new_ids: list[str] = field(default_factory=list)
+
+
+class CountingBackend:
+    """Reads of ``backend`` counted in ``meter`` (for what a fetch downloaded); every other call
+    goes to ``backend`` as it is."""
+
+    def __init__(self, backend: Backend, meter: Meter) -> None:
+        self._b, self._m = backend, meter
+        self.url = backend.url
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._b, name)
+
+    def get(self, key: str) -> bytes:
+        data = self._b.get(key)
+        self._m.read(len(data))
+        return data
+
+    def get_range(self, key: str, offset: int, length: int) -> bytes:
+        data = self._b.get_range(key, offset, length)
+        self._m.read(len(data))
+        return data
+
+    def read_into(self, key: str, offset: int, out: memoryview) -> None:
+        self._b.read_into(key, offset, out)
+        self._m.read(out.nbytes)
+
+    def read_versioned(self, key: str) -> tuple[bytes, str] | None:
+        got = self._b.read_versioned(key)
+        if got is not None:
+            self._m.read(len(got[0]))
+        return got
+
+
+def remote_heads(store: RemoteStore, backend: Backend) -> tuple[dict[tuple[str, str], str], dict[str, dict[str, Any]]]:
+    """The remote's refs ``{(kind, name): commit id}``, and the manifests read to find them (the
+    store of a working repository: all of them, by id)."""
+    if not store.working and refs.is_remote(backend):
+        return refs.heads(refs.read_all(backend)), {}
+    bodies: dict[str, dict[str, Any]] = {}
+    for cid in manifest.stored_ids(backend):
+        try:
+            body = manifest.read(backend, cid)
+            check_ref_name(body["move"]["branch"], "branch")
+            bodies[cid] = body
+        except (CkptError, InvalidRefName):
+            continue
+    entries = [e for _, e in journal.read(backend).entries if e["op"] != "ref" or _valid_ref(e)]
+    found, _ = replay_refs(bodies, entries)
+    return found, bodies
+
+
+def _valid_ref(entry: dict[str, Any]) -> bool:
+    try:
+        check_ref_name(entry["name"], entry["kind"])
+        return True
+    except InvalidRefName:
+        return False
+
+
+def _known(s: Session, ids: Collection[str]) -> set[str]:
+    return present_values(s.connection(), _COMMITS.c.id, sorted(ids))
+
+
+def _walk(reading: Sessions, backend: Backend, heads: Collection[str], cached: dict[str, dict[str, Any]],
+          problems: list[str]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """The manifests of every commit ``heads`` reach that this repository lacks (checked), and the
+    commits among them whose manifest is missing or refused, with why."""
+    bodies: dict[str, dict[str, Any]] = {}
+    lost: dict[str, str] = {}
+    with reading() as s:
+        frontier = set(heads) - _known(s, heads)
+
+    def one(cid: str) -> dict[str, Any] | str:
+        if cid in cached:
+            return cached[cid]
+        try:
+            body = manifest.read(backend, cid)
+            check_ref_name(body["move"]["branch"], "branch")
+            if body["commit"]["branch"] is not None:
+                check_ref_name(body["commit"]["branch"], "branch")
+            return body
+        except InvalidRefName as exc:
+            return f"its branch name is refused: {exc}"
+        except CkptError as exc:
+            return str(exc)
+
+    with ThreadPoolExecutor(_READERS, thread_name_prefix="ckpt-fetch") as pool:
+        while frontier:
+            batch = sorted(frontier)
+            parents: set[str] = set()
+            for cid, got in zip(batch, pool.map(one, batch), strict=True):
+                if isinstance(got, str):
+                    lost[cid] = _MISSING if "no object" in got else f"its manifest on the remote is damaged ({got})"
+                    problems.append(f"commit {cid[:10]}: {got}")
+                    continue
+                bodies[cid] = got
+                parents.update(e[0] for e in got["edges"])
+            parents -= bodies.keys() | lost.keys()
+            with reading() as s:
+                frontier = parents - _known(s, parents)
+    return bodies, lost
+
+
+def _remote_pruned(backend: Backend) -> set[str]:
+    return {cid for _, e in journal.read(backend).entries if e["op"] == "prune" for cid in e["commits"]}
+
+
+def fetch(sessions: sessionmaker[Session], reading: Sessions, local: Backend, store: RemoteStore, name: str,
+          repo_id: str, meter: Meter, *, on_commit: Callable[[], None] | None = None) -> Fetched:
+    """Fetch remote ``name`` (``store``) into the repository of ``sessions`` (module docstring)."""
+    backend = cast(Backend, CountingBackend(store.backend, meter))
+    owner = identity.read(backend)
+    if owner is not None and owner != repo_id:
+        raise StoreInUse(url=backend.url, found=owner, expected=repo_id)
+    out = Fetched()
+    heads, cached = remote_heads(store, backend)
+    bodies, lost = _walk(reading, backend, set(heads.values()), cached, out.problems)
+    read, problems = index.refresh(sessions, backend, name)
+    out.packs_indexed = read
+    out.problems.extend(problems)
+    # Lost commits become damaged nodes (their children are kept), dated by their oldest child.
+    damaged: dict[str, str] = dict(lost)
+    for cid in lost:
+        times = [datetime.fromisoformat(b["commit"]["created_at"]) for b in bodies.values()
+                 if any(e[0] == cid for e in b["edges"])]
+        bodies[cid] = placeholder(cid, min(times, default=datetime.now(timezone.utc)))
+    skipped: list[str] = []
+    order = in_order(bodies, skipped, damaged)
+    out.problems.extend(skipped)
+    wanted = {c for b in order for t in manifest.tensor_rows(b).values() for c in t.chunk_ids}
+    with reading() as s:
+        have = catalog.chunks_by_id(s, sorted(wanted))
+
+        def lookup(ids: Collection[str]) -> dict[str, ChunkLocation]:
+            return index.locations(s, name, [i for i in ids if i not in have])
+
+        fetched = closure([c for c in wanted if c not in have], lookup)
+        sizes = {**{c: loc.raw_length for c, loc in have.items()}, **{c: loc.raw_length for c, loc in fetched.items()}}
+        pack_ids = sorted({loc.pack_id for loc in fetched.values()})
+        pack_rows = {r.pack_id: r for r in s.scalars(select(RemotePack).where(
+            RemotePack.remote == name, RemotePack.pack_id.in_(pack_ids)))} if pack_ids else {}
+    # 4. Manifests into the local store, verbatim, before the transaction names them.
+    with ThreadPoolExecutor(_READERS, thread_name_prefix="ckpt-fetch") as pool:
+        list(pool.map(lambda b: manifest.write(local, b), [b for b in order if b["id"] not in lost]))
+    pruned = _remote_pruned(backend) if order else set()
+    now = datetime.now(timezone.utc)
+    with write_transaction(sessions) as s:
+        conn = s.connection()
+        present = set(s.scalars(select(Pack.id).where(Pack.id.in_(pack_ids)))) if pack_ids else set()
+        insert_tuples(conn, Pack, ("id", "size", "n_chunks", "deferred", "created_at"),
+                      sorted((p, pack_rows[p].size, pack_rows[p].n_chunks, False, now)
+                             for p in pack_ids if p not in present and p in pack_rows))
+        catalog.insert_chunks(s, [loc for loc in fetched.values()
+                                  if loc.pack_id in pack_rows or loc.pack_id in present])
+        unreadable = record_bodies(s, order, sizes)
+        ids = [b["id"] for b in order]
+        marked = sorted(pruned & set(ids))
+        for cid in marked:
+            s.execute(update(Commit).where(Commit.id == cid).values(pruned=True))
+        for cid, why in {**{c: w for c, w in unreadable.items() if c not in pruned}, **damaged}.items():
+            if cid in ids:
+                s.execute(update(Commit).where(Commit.id == cid).values(damage=why))
+        out.refs = _update_refs(s, name, heads, now)
+        index.record_commits(s, name, ids)
+        index.record_commits(s, name, heads.values())
+        if on_commit is not None:
+            on_commit()
+    out.commits, out.pruned, out.new_ids = len(order), len(marked), ids
+    return out
+
+
+def _update_refs(s: Session, name: str, heads: dict[tuple[str, str], str], now: datetime) -> list[RefUpdate]:
+    """Set ``name/BRANCH`` for every remote branch (deleting those the remote no longer has) and
+    create the remote's tags that do not exist here (a local tag of the same name is kept)."""
+    moved: list[RefUpdate] = []
+    prefix = f"{name}/"
+    mine = {r.name: r for r in s.scalars(select(Ref).where(Ref.kind == "remote", Ref.name.startswith(prefix)))}
+    wanted = {f"{prefix}{branch}": cid for (kind, branch), cid in heads.items() if kind == "branch"}
+    for ref_name, cid in sorted(wanted.items()):
+        old = mine.get(ref_name)
+        if old is None:
+            s.add(Ref(kind="remote", name=ref_name, commit_id=cid, updated_at=now))
+            moved.append(RefUpdate("remote", ref_name, None, cid))
+        elif old.commit_id != cid:
+            moved.append(RefUpdate("remote", ref_name, old.commit_id, cid))
+            old.commit_id, old.updated_at = cid, now
+    for ref_name in sorted(mine.keys() - wanted.keys()):
+        moved.append(RefUpdate("remote", ref_name, mine[ref_name].commit_id, None))
+        s.execute(delete(Ref).where(Ref.kind == "remote", Ref.name == ref_name))
+    tags = {r for r in s.scalars(select(Ref.name).where(Ref.kind == "tag"))}
+    for (kind, tag), cid in sorted(heads.items()):
+        if kind == "tag" and tag not in tags:
+            s.add(Ref(kind="tag", name=tag, commit_id=cid, updated_at=now))
+            moved.append(RefUpdate("tag", tag, None, cid))
+    s.flush()
+    return moved

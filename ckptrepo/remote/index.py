@@ -1,0 +1,129 @@
+"""What a remote holds, cached in the catalog (``remote_packs``, ``remote_chunks``,
+``remote_commits``; schema 0015) and refreshed from the remote itself.
+
+``refresh`` lists the remote's packs and reads the footer of each one not seen before (header,
+trailer and index, checked against the pack's name: ``chunks.pack.read_index``); a pack whose
+footer fails is reported and not used. The cache is never trusted beyond that: a chunk recorded
+here is one a checked footer names, and every byte read back is verified against its chunk id.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Iterable
+from concurrent.futures import ThreadPoolExecutor
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from ckptrepo.chunks.pack import read_index
+from ckptrepo.db.engine import insert_tuples, write_transaction
+from ckptrepo.db.models import RemoteChunk, RemoteCommit, RemotePack
+from ckptrepo.errors import CkptError
+from ckptrepo.locations import ChunkLocation
+from ckptrepo.storage.base import Backend
+
+PACK_KEY = re.compile(r"packs/([0-9a-f]{2})/([0-9a-f]{64})\.pack")
+_READERS = 8  # footers in flight: a remote's latency bounds them, not the CPU
+_BATCH = 500
+
+
+def _batches(items: list[str]) -> Iterable[list[str]]:
+    for start in range(0, len(items), _BATCH):
+        yield items[start : start + _BATCH]
+
+
+def refresh(sessions: sessionmaker[Session], backend: Backend, remote: str) -> tuple[int, list[str]]:
+    """Read the footers of the remote's packs not read before and record them; returns how many
+    packs were read and what could not be used (a damaged or foreign footer), each with why."""
+    listed = [(m.group(2), key) for key in backend.list("packs/")
+              if (m := PACK_KEY.fullmatch(key)) is not None and m.group(2).startswith(m.group(1))]
+    with sessions() as s:
+        known = set(s.scalars(select(RemotePack.pack_id).where(RemotePack.remote == remote)))
+    todo = [(pid, key) for pid, key in listed if pid not in known]
+    problems: list[str] = []
+
+    def one(item: tuple[str, str]) -> tuple[str, int, list[ChunkLocation]] | str:
+        pid, key = item
+        try:
+            return pid, backend.size(key), read_index(backend, key, pack_id=pid, named=True)
+        except CkptError as exc:
+            return f"pack {pid} of remote {remote}: {exc}"
+
+    read = 0
+    with ThreadPoolExecutor(_READERS, thread_name_prefix="ckpt-remote") as pool:
+        results = list(pool.map(one, todo))
+    packs: list[tuple[str, str, int, int]] = []
+    chunks: dict[str, ChunkLocation] = {}
+    for got in results:
+        if isinstance(got, str):
+            problems.append(got)
+            continue
+        pid, size, entries = got
+        read += 1
+        packs.append((remote, pid, size, len(entries)))
+        for loc in entries:
+            have = chunks.get(loc.chunk_id)
+            if have is None or loc.depth < have.depth:
+                chunks[loc.chunk_id] = loc
+    if packs:
+        with write_transaction(sessions) as s:
+            conn = s.connection()
+            insert_tuples(conn, RemotePack, ("remote", "pack_id", "size", "n_chunks"), sorted(packs), ignore=True)
+            rows = sorted((remote, c.chunk_id, c.pack_id, c.offset, c.length, c.raw_length, c.encoding, c.depth,
+                           c.base_id) for c in chunks.values())
+            insert_tuples(conn, RemoteChunk, ("remote", "chunk_id", "pack_id", "offset", "length", "raw_length",
+                                              "encoding", "depth", "base_id"), rows, ignore=True)
+    return read, problems
+
+
+def held(s: Session, remote: str, chunk_ids: Collection[str]) -> set[str]:
+    """Which of ``chunk_ids`` the remote holds (as last refreshed or pushed)."""
+    ids = sorted(set(chunk_ids))
+    found: set[str] = set()
+    for batch in _batches(ids):
+        found.update(s.scalars(select(RemoteChunk.chunk_id).where(RemoteChunk.remote == remote,
+                                                                  RemoteChunk.chunk_id.in_(batch))))
+    return found
+
+
+def locations(s: Session, remote: str, chunk_ids: Collection[str]) -> dict[str, ChunkLocation]:
+    """Where the remote holds each of ``chunk_ids`` it holds, by id."""
+    ids = sorted(set(chunk_ids))
+    found: dict[str, ChunkLocation] = {}
+    for batch in _batches(ids):
+        for r in s.execute(select(RemoteChunk).where(RemoteChunk.remote == remote, RemoteChunk.chunk_id.in_(batch))
+                           ).scalars():
+            found[r.chunk_id] = ChunkLocation(r.chunk_id, r.pack_id, r.offset, r.length, r.raw_length, r.encoding,
+                                              r.depth, r.base_id)
+    return found
+
+
+def record_pushed(s: Session, remote: str, packs: Iterable[tuple[str, int, list[ChunkLocation]]]) -> None:
+    """Record packs a push stored on the remote (``(pack id, size, entries)``), in ``s``'s
+    transaction."""
+    conn = s.connection()
+    packs = list(packs)
+    insert_tuples(conn, RemotePack, ("remote", "pack_id", "size", "n_chunks"),
+                  sorted((remote, pid, size, len(entries)) for pid, size, entries in packs), ignore=True)
+    rows = sorted({c.chunk_id: (remote, c.chunk_id, c.pack_id, c.offset, c.length, c.raw_length, c.encoding,
+                                c.depth, c.base_id) for _, _, entries in packs for c in entries}.values())
+    insert_tuples(conn, RemoteChunk, ("remote", "chunk_id", "pack_id", "offset", "length", "raw_length", "encoding",
+                                      "depth", "base_id"), rows, ignore=True)
+
+
+def record_commits(s: Session, remote: str, commit_ids: Iterable[str]) -> None:
+    """Record that the remote holds these commits' manifests, in ``s``'s transaction."""
+    insert_tuples(s.connection(), RemoteCommit, ("remote", "commit_id"),
+                  sorted((remote, cid) for cid in set(commit_ids)), ignore=True)
+
+
+def commits_held(s: Session, remote: str) -> set[str]:
+    """The commits the remote is known to hold."""
+    return set(s.scalars(select(RemoteCommit.commit_id).where(RemoteCommit.remote == remote)))
+
+
+def forget(s: Session, remote: str) -> None:
+    """Drop everything cached about ``remote`` (it was removed), in ``s``'s transaction."""
+    for model in (RemoteChunk, RemotePack, RemoteCommit):
+        s.execute(delete(model).where(model.remote == remote))

@@ -1,0 +1,359 @@
+"""The remote half of the ``Repo`` facade (``repository.Repo`` inherits it): remotes, push,
+fetch, pull and clone (``ckptrepo.remote``; docs/design.md, "Remotes"). Each call validates its
+arguments, opens the remote, delegates, and returns a typed result (``types.PushResult``,
+``FetchResult``, ``PullResult``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING
+
+from ckptrepo import types as t
+from ckptrepo.db import refs
+from ckptrepo.db.engine import write_transaction
+from ckptrepo.db.models import Ref
+from ckptrepo.errors import NotFastForward, UnknownRef, UsageError
+from ckptrepo.ids import short
+from ckptrepo.lineage import revparse
+from ckptrepo.reads import Reads
+from ckptrepo.remote import config as remote_config
+from ckptrepo.remote import index
+from ckptrepo.remote.stores import normalize, open_remote
+from ckptrepo.remote.transfer import Meter
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from ckptrepo.chunks.store import OtherCopy
+    from ckptrepo.locations import ChunkLocation
+    from ckptrepo.remote.replicate import Replicator
+    from ckptrepo.remote.stores import RemoteStore
+
+DEFAULT_REMOTE = "origin"
+
+
+class Sync(Reads):
+    """Remotes and the calls that move commits between this repository and them."""
+
+    _replicator: Replicator | None  # the background push to the replica remote (Repo.__init__)
+
+    if TYPE_CHECKING:  # Repo's
+        def _check_writable(self, what: str) -> None: ...
+        def _settle(self) -> None: ...
+        def _repo_id(self) -> str: ...
+        def _fast_forward(self, branch: str, old: str | None, new: str) -> None: ...
+
+    # -- the list of remotes -------------------------------------------------------------------
+
+    @property
+    def remotes(self) -> list[t.RemoteInfo]:
+        """This repository's remotes, by name (``.ckpt/remotes.json``)."""
+        self._check_open()
+        return [r for _, r in sorted(remote_config.load(self.repo_dir).items())]
+
+    def add_remote(self, name: str, url: str, *, replicate: bool = False) -> t.RemoteInfo:
+        """Add remote ``name`` at ``url`` (a folder, or ``s3://BUCKET/PREFIX[?endpoint_url=...]``);
+        nothing is read or written there until a push or fetch. RemoteExists when the name is
+        taken; UsageError for a name or URL that cannot be one."""
+        self._check_writable("add a remote")
+        remote_config.check_name(name)
+        info = t.RemoteInfo(name=name, url=normalize(url), replicate=replicate)
+        if replicate and self._replicator is not None:
+            raise UsageError(f"remote {self._replicator.remote!r} replicates this repository already",
+                             hint="One remote replicates: remove it first, or add this one without --replicate.")
+        remote_config.add(self.repo_dir, info)
+        if replicate:
+            self._replicator = self._make_replicator()
+            self._record_replica()
+        return info
+
+    def remove_remote(self, name: str) -> t.RemoteInfo:
+        """Remove remote ``name`` and its remote-tracking refs (nothing on the remote changes);
+        UnknownRemote when there is none. A lazy clone's remote cannot be removed while commits
+        still need bytes only it holds (``fetch(data=...)`` them first)."""
+        self._check_writable("remove a remote")
+        remote_config.get(remote_config.load(self.repo_dir), name)  # UnknownRemote
+        if self._served_by(name):
+            raise UsageError(f"remote {name!r} holds tensor bytes this repository has not fetched",
+                             hint=f"Fetch them first (`ckpt fetch {name} --all-data`), then remove it.")
+        with write_transaction(self._sessions) as s:
+            s.query(Ref).filter(Ref.kind == "remote", Ref.name.startswith(f"{name}/")).delete(
+                synchronize_session=False)
+            index.forget(s, name)
+        if self._replicator is not None and self._replicator.remote == name:
+            self._replicator.close()
+            self._replicator = None
+        info = remote_config.remove(self.repo_dir, name)
+        return info
+
+    def _remote_refs(self, name: str) -> list[t.RefInfo]:
+        """The remote-tracking refs of remote ``name`` (``name/BRANCH``), by name."""
+        with self._sessions() as s:
+            return [r for r in refs.listing(s, "remote") if r.name.startswith(f"{name}/")]
+
+    def remote_branches(self) -> list[t.RefInfo]:
+        """Every remote-tracking ref (``origin/main``: where the remote's branch was at the last
+        fetch or push), by name."""
+        self._check_open()
+        with self._sessions() as s:
+            return refs.listing(s, "remote")
+
+    # -- tiers: background replication ---------------------------------------------------------
+
+    def _make_replicator(self) -> Replicator | None:
+        """The replicator for the remote marked ``replicate`` (None: there is none, or this
+        repository is read-only). At most one remote replicates."""
+        from ckptrepo.remote.replicate import Replicator
+
+        chosen = [r for r in remote_config.load(self.repo_dir).values() if r.replicate]
+        if not chosen or self._read_only is not None:
+            return None
+        if len(chosen) > 1:
+            raise UsageError(f"remotes {', '.join(r.name for r in chosen)} are all marked to replicate",
+                             hint="Keep one: `ckpt remote remove NAME` and add it again without --replicate.")
+        name = chosen[0].name
+        replicator = Replicator(name, lambda: self._replicate(name), lambda cid: self._remote_holds(name, cid))
+        return replicator
+
+    def _record_replica(self) -> None:
+        """Keep the database's record of the replica remote (``db.tiers.replica``, which retention
+        reads in its own transaction) equal to ``remotes.json``'s."""
+        from ckptrepo.db import tiers
+
+        name = self._replicator.remote if self._replicator is not None else None
+        with self._sessions() as s:
+            recorded = tiers.replica(s)
+        if recorded != name:
+            with write_transaction(self._sessions) as s:
+                tiers.set_replica(s, name)
+
+    def _replicate(self, name: str) -> None:
+        """One round of background replication: every branch and tag, without reading the remote's
+        other packs first (``remote.push`` ``refresh``)."""
+        with self._sessions() as s:
+            names = self._all_refs(s)
+        if names:
+            self._push(name, names, refresh=False)
+
+    def _remote_holds(self, name: str, commit_id: str) -> bool:
+        with self._sessions() as s:
+            return commit_id in index.commits_held(s, name) if commit_id else True
+
+    @property
+    def replica(self) -> str | None:
+        """The remote commits replicate to in the background (None: none does)."""
+        return self._replicator.remote if self._replicator is not None else None
+
+    def wait_replicated(self, rev: str | None = None, *, timeout: float | None = None) -> str:
+        """Block until the replica remote holds commit ``rev`` (default: the current branch's head);
+        returns its id. After ``timeout`` seconds, the last replication error is raised (the
+        remote unreachable: the commit stays on the local tier and is pushed when it is back).
+        UsageError when no remote replicates."""
+        self._check_open()
+        replicator = self._replicator
+        if replicator is None:
+            raise UsageError("no remote replicates this repository",
+                             hint="`ckpt remote add NAME URL --replicate`, or Repo.init(..., replicate_to=URL).")
+        self._own_commits_landed()
+        cid = self.resolve(rev if rev is not None else self.head)
+        replicator.wait(cid, timeout)
+        return cid
+
+    def replication(self) -> t.ReplicationStatus | None:
+        """The replication backlog and each branch's recovery point (``types.ReplicationStatus``),
+        or None when no remote replicates."""
+        from ckptrepo.db import tiers
+
+        self._check_open()
+        replicator = self._replicator
+        if replicator is None:
+            return None
+        with self._reading() as s:
+            commits, nbytes = tiers.backlog(s, replicator.remote)
+            points = tiers.recovery_points(s, replicator.remote)
+        error = replicator.last_error
+        return t.ReplicationStatus(remote=replicator.remote, backlog_commits=commits, backlog_bytes=nbytes,
+                                   points=tuple(points), last_error=None if error is None else str(error))
+
+    def _check_backlog(self) -> None:
+        """Refuse a commit while the backlog exceeds ``CKPT_REPLICATION_BACKLOG`` (nonzero)."""
+        from ckptrepo import knobs
+        from ckptrepo.db import tiers
+        from ckptrepo.errors import ReplicationBacklog
+
+        replicator = self._replicator
+        limit = knobs.get_int("REPLICATION_BACKLOG")
+        if replicator is None or limit <= 0:
+            return
+        with self._sessions() as s:
+            commits, nbytes = tiers.backlog(s, replicator.remote)
+        if nbytes > limit:
+            replicator.kick()
+            raise ReplicationBacklog(commits=commits, nbytes=nbytes, remote=replicator.remote, limit=limit)
+
+    def _served_by(self, name: str) -> bool:
+        """Whether chunks this repository records are read from remote ``name`` (not held here)."""
+        from sqlalchemy import select
+
+        from ckptrepo.chunks.pack import pack_key
+        from ckptrepo.db.models import Chunk, RemotePack
+
+        with self._sessions() as s:
+            packs = list(s.scalars(select(RemotePack.pack_id).where(
+                RemotePack.remote == name, RemotePack.pack_id.in_(select(Chunk.pack_id).distinct()))))
+        return any(not self._backend.exists(pack_key(p)) or not self._is_local(pack_key(p)) for p in packs)
+
+    def _is_local(self, key: str) -> bool:
+        from ckptrepo.remote.tiered import TieredBackend
+
+        return self._backend.is_local(key) if isinstance(self._backend, TieredBackend) else True
+
+    def _remote(self, name: str | None) -> tuple[t.RemoteInfo, RemoteStore]:
+        remotes = remote_config.load(self.repo_dir)
+        if name is None:
+            name = DEFAULT_REMOTE if DEFAULT_REMOTE in remotes or len(remotes) != 1 else next(iter(remotes))
+        info = remote_config.get(remotes, name)
+        return info, open_remote(info.url)
+
+    # -- moving commits ------------------------------------------------------------------------
+
+    def push(self, remote: str | None = None, refs_: Sequence[str] | None = None, *, all: bool = False,
+             force: bool = False) -> t.PushResult:
+        """Send branches and tags (``refs_``: names; default the current branch; ``all``: every
+        branch and tag) with every commit they reach to ``remote`` (default ``origin``, or the only
+        remote). Uploads only the chunks the remote lacks, packed anew, then the manifests, then
+        moves each remote ref by compare-and-swap (``remote.push``). PushRejected when a branch
+        would not fast-forward or moved on the remote meanwhile (``force``: replace it anyway);
+        RemoteNotBare for a working repository's store."""
+        self._check_writable("push")
+        self._settle()
+        with self._sessions() as s:
+            if all:
+                names = self._all_refs(s)
+            else:
+                names = []
+                for ref in refs_ or [self.head]:
+                    row = s.get(Ref, ("branch", ref)) or s.get(Ref, ("tag", ref))
+                    if row is None:
+                        raise UnknownRef(kind="branch or tag", name=ref)
+                    names.append((row.kind, row.name, row.commit_id))
+        return self._push(remote, names, force=force)
+
+    @staticmethod
+    def _all_refs(s: Session) -> list[tuple[str, str, str]]:
+        return [(kind, r.name, r.commit_id) for kind in ("branch", "tag") for r in refs.listing(s, kind)
+                if not r.name.startswith("conflicts/")]
+
+    def _push(self, remote: str | None, names: Sequence[tuple[str, str, str]], *, force: bool = False,
+              refresh: bool = True) -> t.PushResult:
+        from ckptrepo.remote.push import Target, push
+
+        targets = [Target(kind, name, cid) for kind, name, cid in names]
+        info, store = self._remote(remote)
+        started, meter = time.perf_counter(), Meter()
+        try:
+            done = push(self._sessions, self._reading, self._backend, store, info.name, self._repo_id(),
+                        self.config, targets, force=force, meter=meter, refresh=refresh)
+        finally:
+            store.close()
+        return t.PushResult(remote=info.name, commits=done.commits, packs=done.packs, chunks=done.chunks,
+                            bytes_uploaded=meter.bytes_written, refs=tuple(done.refs),
+                            seconds=time.perf_counter() - started)
+
+    def fetch(self, remote: str | None = None, *, data: Sequence[str] | bool = False) -> t.FetchResult:
+        """Bring the commits of ``remote``'s branches and tags that this repository lacks (their
+        manifests, checked) and set remote-tracking refs ``REMOTE/BRANCH`` (``remote.fetch``);
+        tensor bytes stay on the remote until first read (then they are kept here), unless
+        ``data`` names revisions whose bytes to download now (``True``: every commit's)."""
+        from ckptrepo.remote.fetch import fetch
+
+        self._check_writable("fetch")
+        self._settle()
+        info, store = self._remote(remote)
+        started, meter = time.perf_counter(), Meter()
+        try:
+            done = fetch(self._sessions, self._reading, self._backend, store, info.name, self._repo_id(), meter)
+        finally:
+            store.close()
+        chunks = self._keep_revs(None if data is True else list(data), meter) if data else 0
+        return t.FetchResult(remote=info.name, commits=done.commits, packs_indexed=done.packs_indexed,
+                             bytes_downloaded=meter.bytes_read, refs=tuple(done.refs), pruned=done.pruned,
+                             data_chunks=chunks, data_bytes=meter.bytes_written,
+                             seconds=time.perf_counter() - started, skipped=tuple(done.problems))
+
+    def pull(self, remote: str | None = None, branch: str | None = None) -> t.PullResult:
+        """``fetch``, then fast-forward ``branch`` (default: the current one) to ``REMOTE/BRANCH``.
+        NotFastForward when the two have diverged (the branch is not moved)."""
+        got = self.fetch(remote)
+        branch = branch or self.head
+        upstream = f"{got.remote}/{branch}"
+        with self._sessions() as s:
+            theirs = s.get(Ref, ("remote", upstream))
+            if theirs is None:
+                raise UnknownRef(kind="remote-tracking ref", name=upstream)
+            mine = refs.branch_head(s, branch)
+            target = theirs.commit_id
+            if mine is not None and mine != target:
+                if mine in set(self.ancestors(target)):
+                    pass
+                elif target in set(self.ancestors(mine)):
+                    return t.PullResult(fetch=got, branch=branch, old=mine, new=mine)
+                else:
+                    raise NotFastForward(branch=branch, local=short(mine), upstream=upstream, remote=short(target))
+        if mine != target:
+            self._fast_forward(branch, mine, target)
+        return t.PullResult(fetch=got, branch=branch, old=mine, new=target)
+
+    def _keep_revs(self, revs: Sequence[str] | None, meter: Meter) -> int:
+        """Download the tensor bytes of ``revs`` (None: of every commit) that only a remote holds."""
+        from ckptrepo.db import catalog
+        from ckptrepo.remote.localize import localize
+        from ckptrepo.remote.tiered import TieredBackend
+
+        if not isinstance(self._backend, TieredBackend):
+            return 0
+        wanted: set[str] = set()
+        from sqlalchemy import select
+
+        from ckptrepo.db.models import Commit
+
+        with self._reading() as s:
+            ids = [revparse.resolve(s, rev) for rev in revs] if revs is not None else list(s.scalars(
+                select(Commit.id).where(Commit.pruned.is_(False), Commit.damage.is_(None))))
+            for start in range(0, len(ids), 50):
+                for lists in catalog.chunk_lists_of(s, ids[start : start + 50]).values():
+                    wanted.update(lists)
+        return localize(self._sessions, self._reading, self._backend, wanted, self.config.pack_target, meter)
+
+    def _chunk_fallback(self, loc: ChunkLocation) -> OtherCopy | None:
+        """A remote's copy of chunk ``loc`` (the first remote that holds one), for a read whose
+        own copy is missing or damaged: a replica restores what the local tier lost."""
+        from ckptrepo.remote.tiered import RemoteCopy, TieredBackend
+
+        backend = self._backend
+        if not isinstance(backend, TieredBackend):
+            return None
+        with self._sessions() as s:
+            holders = [name for name in backend.remote_names() if index.held(s, name, [loc.chunk_id])]
+        if not holders:
+            return None
+        name = holders[0]
+
+        def lookup(ids: Collection[str]) -> dict[str, ChunkLocation]:
+            with self._sessions() as s:
+                return index.locations(s, name, ids)
+
+        return RemoteCopy(backend.remote_store(name), lookup)
+
+    def _keep(self, chunk_ids: set[str]) -> bool:
+        """Before a read: keep here the chunks of ``chunk_ids`` only a remote holds (a lazy clone
+        that may write; a read-only one reads them through the remote); True when some were."""
+        from ckptrepo.remote.localize import localize
+        from ckptrepo.remote.tiered import TieredBackend
+
+        if isinstance(self._backend, TieredBackend) and self._read_only is None and chunk_ids:
+            return localize(self._sessions, self._reading, self._backend, chunk_ids, self.config.pack_target,
+                            Meter()) > 0
+        return False
+
