@@ -236,6 +236,10 @@ class Reads:
         True when some were copied."""
         return False
 
+    def _keep_commits(self, revs: Collection[str]) -> None:
+        """Before reading the commits ``revs`` through another path (DCP, an exact diff): keep
+        here their chunks only a remote holds (``sync.Sync``)."""
+
     def _own_commits_landed(self) -> None:
         """Wait for this process's pending commits, if it made any (a read-only one makes none)."""
         writer: CommitWriter | None = self.__dict__.get("_writer")
@@ -249,6 +253,7 @@ class Reads:
 
         self._check_open()
         self._own_commits_landed()
+        self._keep_commits([rev])
         return CommitReader(self._reading, self._reader, self._pool, rev, allow_pickle=allow_pickle)
 
     # -- lineage and analysis (read-only; see lineage.queries and lineage.analysis) ---------
@@ -285,6 +290,8 @@ class Reads:
         """Per-tensor differences from ``a`` to ``b`` from stored statistics and shared chunks; with
         ``exact`` also L2 distance, relative change and cosine, reading only the chunks that differ."""
         self._check_open()
+        if exact:
+            self._keep_commits([a, b])
         return analysis.diff(self._reading, a, b, exact=exact, reader=self._reader if exact else None,
                              pool=self._pool)
 

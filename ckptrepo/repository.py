@@ -95,8 +95,6 @@ class Repo(Sync):
         self._replicator = self._make_replicator()
         if self._read_only is None:
             self._record_replica()
-        if self._replicator is not None:
-            self._replicator.kick()  # commits an earlier process left on the local tier
         if writer_options and self._read_only is None:
             self._writer.check_usable()  # options are checked now, not at the first commit
 

@@ -10,7 +10,7 @@ from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
 
 from ckptrepo import types as t
-from ckptrepo.db import refs
+from ckptrepo.db import catalog, refs
 from ckptrepo.db.engine import write_transaction
 from ckptrepo.db.models import Ref
 from ckptrepo.errors import NotFastForward, UnknownRef, UsageError
@@ -202,7 +202,7 @@ class Sync(Reads):
         with self._sessions() as s:
             packs = list(s.scalars(select(RemotePack.pack_id).where(
                 RemotePack.remote == name, RemotePack.pack_id.in_(select(Chunk.pack_id).distinct()))))
-        return any(not self._backend.exists(pack_key(p)) or not self._is_local(pack_key(p)) for p in packs)
+        return any(not self._is_local(pack_key(p)) for p in packs)
 
     def _is_local(self, key: str) -> bool:
         from ckptrepo.remote.tiered import TieredBackend
@@ -307,11 +307,10 @@ class Sync(Reads):
 
     def _keep_revs(self, revs: Sequence[str] | None, meter: Meter) -> int:
         """Download the tensor bytes of ``revs`` (None: of every commit) that only a remote holds."""
-        from ckptrepo.db import catalog
         from ckptrepo.remote.localize import localize
         from ckptrepo.remote.tiered import TieredBackend
 
-        if not isinstance(self._backend, TieredBackend):
+        if not isinstance(self._backend, TieredBackend) or not self._backend.remote_names():
             return 0
         wanted: set[str] = set()
         from sqlalchemy import select
@@ -332,7 +331,7 @@ class Sync(Reads):
         from ckptrepo.remote.tiered import RemoteCopy, TieredBackend
 
         backend = self._backend
-        if not isinstance(backend, TieredBackend):
+        if not isinstance(backend, TieredBackend) or not backend.remote_names():
             return None
         with self._sessions() as s:
             holders = [name for name in backend.remote_names() if index.held(s, name, [loc.chunk_id])]
@@ -346,13 +345,27 @@ class Sync(Reads):
 
         return RemoteCopy(backend.remote_store(name), lookup)
 
+    def _keep_commits(self, revs: Collection[str]) -> None:
+        from ckptrepo.remote.tiered import TieredBackend
+
+        if not isinstance(self._backend, TieredBackend) or self._read_only is not None \
+                or not self._backend.remote_names():
+            return
+        wanted: set[str] = set()
+        with self._reading() as s:
+            ids = [revparse.resolve(s, rev) for rev in revs]
+            for lists in catalog.chunk_lists_of(s, ids).values():
+                wanted.update(lists)
+        self._keep(wanted)
+
     def _keep(self, chunk_ids: set[str]) -> bool:
         """Before a read: keep here the chunks of ``chunk_ids`` only a remote holds (a lazy clone
         that may write; a read-only one reads them through the remote); True when some were."""
         from ckptrepo.remote.localize import localize
         from ckptrepo.remote.tiered import TieredBackend
 
-        if isinstance(self._backend, TieredBackend) and self._read_only is None and chunk_ids:
+        if isinstance(self._backend, TieredBackend) and self._read_only is None and chunk_ids \
+                and self._backend.remote_names():
             return localize(self._sessions, self._reading, self._backend, chunk_ids, self.config.pack_target,
                             Meter()) > 0
         return False

@@ -28,6 +28,7 @@ from ckptrepo.types import (
     RebuildReport,
     RefInfo,
     RepackReport,
+    ReplicationStatus,
     RepoStats,
     TensorDelta,
     TensorInfo,
@@ -149,9 +150,18 @@ def log_line(commit: Commit) -> Text:
         line.append(" (pruned)", style="dim red")
     if commit.damage is not None:
         line.append(" (damaged)", style="bold red")
+    if commit.tiers != ("local",):
+        line.append(f" [{tiers(commit.tiers)}]", style="magenta")
     if commit.message:
         line.append("  " + terminal.one_line(commit.message))
     return line
+
+
+def tiers(names: tuple[str, ...]) -> str:
+    """Where a commit is durable: ``local+origin``; ``origin only`` when its data is not here."""
+    if "local" in names:
+        return "+".join(terminal.one_line(n) for n in names)
+    return "+".join(terminal.one_line(n) for n in names) + " only"
 
 
 def commit_fields(commit: Commit) -> Table:
@@ -187,6 +197,7 @@ def commit_fields(commit: Commit) -> Table:
         ("nonfinite", f"{commit.nonfinite} NaN/Inf values" if commit.nonfinite else "", "red"),
         ("pruned", "yes: metadata and statistics kept, tensors dropped" if commit.pruned else "", "red"),
         ("damaged", commit.damage or "", "bold red"),
+        ("tiers", tiers(commit.tiers), "magenta"),
     ]
     grid = _grid()
     grid.add_column(style="bold", no_wrap=True)
@@ -535,6 +546,27 @@ def rebuild_summary(report: RebuildReport) -> Table:
     grid.add_row("time", seconds(report.seconds), "")
     return grid
 
+
+
+def replication_rows(status: ReplicationStatus) -> dict[str, str]:
+    """``ckpt status`` rows for the replica remote: the backlog, each branch's recovery point
+    (what the local tier alone holds), the last replication error."""
+    rows = {"replica": f"{status.remote}: {status.backlog_commits} commit(s), {size(status.backlog_bytes)} "
+                       "waiting to replicate"}
+    for p in status.points:
+        if p.commits_at_risk == 0:
+            rows[f"  {p.branch}"] = f"on {status.remote} up to its head {short_id(p.local)}"
+            continue
+        at = f"{status.remote} has {short_id(p.remote)}" if p.remote is not None else f"{status.remote} has none of it"
+        lost = f"{p.commits_at_risk} commit(s)"
+        if p.steps_at_risk is not None:
+            lost += f", {p.steps_at_risk} steps"
+        if p.seconds_at_risk is not None:
+            lost += f", {p.seconds_at_risk:.0f} s"
+        rows[f"  {p.branch}"] = f"{at}; only here: {lost}"
+    if status.last_error is not None:
+        rows["  last error"] = status.last_error
+    return rows
 
 
 def status_grid(branch: str, head: Commit | None, where: Mapping[str, str]) -> Table:

@@ -75,6 +75,7 @@ def status(as_json: JsonOpt = False) -> None:
         head_id = branch_head(repo, name)
         head = repo.get_commit(head_id) if head_id is not None else None
         repo_dir, config, read_only = repo.repo_dir, repo.config, repo.read_only
+        replication = repo.replication()
     where = {
         "repository": str(repo_dir),
         "database": f"SQLite {repo_dir / SQLITE_NAME}" if config.db_url is None else _hide_password(config.db_url),
@@ -83,10 +84,13 @@ def status(as_json: JsonOpt = False) -> None:
     if as_json:
         render.emit_json({"branch": name, "exists": head is not None, "head": head.to_json() if head else None,
                           "path": str(repo_dir.parent), "repo_dir": str(repo_dir), "database": where["database"],
-                          "store": where["store"], "read_only": read_only})
+                          "store": where["store"], "read_only": read_only,
+                          "replication": replication.to_json() if replication is not None else None})
         return
     if read_only:
         where["access"] = "read-only"
+    if replication is not None:
+        where.update(render.replication_rows(replication))
     render.out.print(render.status_grid(name, head, where))
 
 

@@ -517,12 +517,12 @@ class ParentEdge(NamedTuple):
 
 
 def refs_at(session: Session, commit_ids: Sequence[str]) -> dict[str, list[str]]:
-    """Ref names per commit id (branches plain, tags as ``tag:NAME``)."""
+    """Ref names per commit id (branches and remote-tracking refs plain, tags as ``tag:NAME``)."""
     out: dict[str, list[str]] = {}
     for start in range(0, len(commit_ids), _IN_BATCH):
         batch = list(commit_ids[start : start + _IN_BATCH])
         for cid, kind, name in session.execute(_REFS_AT, {"ids": batch}):
-            out.setdefault(cid, []).append(name if kind == "branch" else f"tag:{name}")
+            out.setdefault(cid, []).append(f"tag:{name}" if kind == "tag" else name)
     return out
 
 

@@ -9,7 +9,7 @@ holds descends from it (a remote ref's ancestors are all there).
 
 from __future__ import annotations
 
-from sqlalchemy import CTE, case, func, select
+from sqlalchemy import CTE, case, func, select, union
 from sqlalchemy.orm import Session
 
 from ckptrepo.db.models import Commit, Edge, Ref, RemoteCommit, RepoMeta
@@ -38,9 +38,10 @@ def set_replica(s: Session, remote: str | None) -> None:
 
 def _held(remote: str) -> CTE:
     """A recursive CTE of the commits ``remote`` holds (column ``id``)."""
-    roots = select(RemoteCommit.commit_id.label("id")).where(RemoteCommit.remote == remote).union(
-        select(Ref.commit_id.label("id")).where(Ref.kind == "remote", Ref.name.startswith(f"{remote}/")))
-    held = roots.cte("held", recursive=True)
+    roots = union(select(RemoteCommit.commit_id.label("id")).where(RemoteCommit.remote == remote),
+                  select(Ref.commit_id.label("id")).where(Ref.kind == "remote",
+                                                          Ref.name.startswith(f"{remote}/"))).subquery()
+    held = select(roots.c.id).cte("held", recursive=True)
     return held.union(select(Edge.parent_id.label("id")).where(Edge.child_id == held.c.id))
 
 

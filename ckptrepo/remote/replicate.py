@@ -58,7 +58,8 @@ class Replicator:
             self._cond.notify_all()
 
     def kick(self) -> None:
-        """Start a round now (after a restart: commits made before may be waiting)."""
+        """Start a round now (commits an earlier process left on the local tier go with it: a
+        repository opened again starts replicating at its first commit or wait)."""
         self.after_commit("")
 
     def _loop(self) -> None:
