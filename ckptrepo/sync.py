@@ -193,21 +193,13 @@ class Sync(Reads):
             raise ReplicationBacklog(commits=commits, nbytes=nbytes, remote=replicator.remote, limit=limit)
 
     def _served_by(self, name: str) -> bool:
-        """Whether chunks this repository records are read from remote ``name`` (not held here)."""
-        from sqlalchemy import select
+        """Whether chunks this repository records are in remote ``name``'s packs only."""
+        from sqlalchemy import exists, select
 
-        from ckptrepo.chunks.pack import pack_key
-        from ckptrepo.db.models import Chunk, RemotePack
+        from ckptrepo.db.models import Chunk, Pack
 
         with self._sessions() as s:
-            packs = list(s.scalars(select(RemotePack.pack_id).where(
-                RemotePack.remote == name, RemotePack.pack_id.in_(select(Chunk.pack_id).distinct()))))
-        return any(not self._is_local(pack_key(p)) for p in packs)
-
-    def _is_local(self, key: str) -> bool:
-        from ckptrepo.remote.tiered import TieredBackend
-
-        return self._backend.is_local(key) if isinstance(self._backend, TieredBackend) else True
+            return bool(s.scalar(select(exists().where(Pack.remote == name, Chunk.pack_id == Pack.id))))
 
     def _remote(self, name: str | None) -> tuple[t.RemoteInfo, RemoteStore]:
         remotes = remote_config.load(self.repo_dir)

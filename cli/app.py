@@ -55,7 +55,7 @@ def _asks_json(args: list[str]) -> bool:
 
 GC_THRESHOLD = 50_000  # allocations between two collections of the youngest generation (``main``)
 
-REPOSITORY, COMMITS, REFS, ANALYSIS = "Repository", "Commits", "Branches and tags", "Analysis"
+REPOSITORY, COMMITS, REFS, ANALYSIS, REMOTES = "Repository", "Commits", "Branches and tags", "Analysis", "Remotes"
 GROUP = ""  # the function of a group of commands (``_GROUPS``)
 
 # Every command and group, in the order of ``ckpt --help``: name -> (module, function, help panel).
@@ -85,6 +85,11 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "history": ("analysis_commands", "history", ANALYSIS),
     "plot": ("analysis_commands", GROUP, ANALYSIS),
     "ui": ("ui_commands", "ui", ANALYSIS),
+    "remote": ("remote_commands", GROUP, REMOTES),
+    "clone": ("remote_commands", "clone", REMOTES),
+    "fetch": ("remote_commands", "fetch", REMOTES),
+    "pull": ("remote_commands", "pull", REMOTES),
+    "push": ("remote_commands", "push", REMOTES),
 }
 # Each group's help and its commands: (command name, function of the group's module).
 _GROUPS: dict[str, tuple[str, list[tuple[str, str]]]] = {
@@ -93,6 +98,8 @@ _GROUPS: dict[str, tuple[str, list[tuple[str, str]]]] = {
                  ("merge-base", "merge_base")]),
     "db": ("Manage the repository database.",
            [("upgrade", "db_upgrade"), ("rebuild", "db_rebuild"), ("manifests", "db_manifests")]),
+    "remote": ("Manage remotes: stores (folders, s3:// prefixes) that push, fetch and clone move commits to and from.",
+               [("add", "remote_add"), ("list", "remote_list"), ("remove", "remote_remove")]),
     "plot": ("Draw PNG charts of tensor history and metrics (needs matplotlib).",
              [("history", "plot_history"), ("metrics", "plot_metrics")]),
 }

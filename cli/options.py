@@ -601,3 +601,37 @@ UiPortOpt = Annotated[
     typer.Option("--port", "-p", min=0, max=65535, metavar="PORT", help="TCP port to listen on (0: any free port)."),
 ]
 UiOpenOpt = Annotated[bool, typer.Option("--open", help="Open the UI in the default web browser once it is up.")]
+
+# remotes ------------------------------------------------------------------------
+
+RemoteNameArg = Annotated[
+    str, typer.Argument(metavar="NAME", help="The remote's name (e.g. origin).", show_default=False)]
+RemoteUrlArg = Annotated[
+    str, typer.Argument(metavar="URL", help="A folder, a repository folder, or s3://BUCKET/PREFIX[?endpoint_url=...].",
+                        show_default=False)]
+ReplicateOpt = Annotated[bool, typer.Option(
+    "--replicate", help="Push every commit there in the background once it is durable here (a durable tier).")]
+OptionalRemoteArg = Annotated[
+    str | None, typer.Argument(metavar="REMOTE", help="The remote (default: origin, or the only one).",
+                               show_default=False)]
+PushRefsArg = Annotated[
+    list[str] | None, typer.Argument(metavar="REF...", help="Branches and tags to push (default: the current branch).",
+                                     show_default=False)]
+PushAllOpt = Annotated[bool, typer.Option("--all", help="Push every branch and tag.")]
+PushForceOpt = Annotated[bool, typer.Option(
+    "--force", "-f", help="Replace the remote's refs even when that is not a fast-forward.")]
+FetchDataOpt = Annotated[
+    list[str] | None, typer.Option("--data", metavar="REV",
+                                   help="Also download these commits' tensor bytes now (repeatable).",
+                                   show_default=False)]
+FetchAllDataOpt = Annotated[bool, typer.Option("--all-data", help="Download every commit's tensor bytes now.")]
+PullBranchArg = Annotated[
+    str | None, typer.Argument(metavar="BRANCH", help="The branch to fast-forward (default: the current one).",
+                               show_default=False)]
+CloneUrlArg = Annotated[
+    str, typer.Argument(metavar="URL", help="What to clone: a folder or repository folder, or s3://BUCKET/PREFIX.",
+                        show_default=False)]
+CloneDirArg = Annotated[
+    Path | None, typer.Argument(metavar="DIR", help="Where (default: the URL's last part).", show_default=False)]
+CloneDataOpt = Annotated[str, typer.Option(
+    "--data", help="lazy: read tensor bytes from the remote at first use (and keep them); full: download all now.")]

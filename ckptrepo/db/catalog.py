@@ -29,7 +29,6 @@ from ckptrepo.db.models import (
     Pack,
     Ref,
     RemoteCommit,
-    RemotePack,
     Tensor,
     TensorChunk,
 )
@@ -528,8 +527,8 @@ def refs_at(session: Session, commit_ids: Sequence[str]) -> dict[str, list[str]]
 
 def tiers_of(session: Session, commit_ids: Sequence[str]) -> dict[str, tuple[str, ...]]:
     """Where each of the commits is durable (``types.Commit.tiers``), for those not only local:
-    ``"local"`` unless some chunk of it is read from a remote's pack, then every remote that
-    holds it (``remote_commits``), by name."""
+    ``"local"`` unless some chunk of it is in a remote's pack only (``packs.remote``), then every
+    remote that holds it (``remote_commits``), by name."""
     if not commit_ids:
         return {}
     held: dict[str, list[str]] = {}
@@ -539,13 +538,13 @@ def tiers_of(session: Session, commit_ids: Sequence[str]) -> dict[str, tuple[str
         for cid, remote in session.execute(select(RemoteCommit.commit_id, RemoteCommit.remote).where(
                 RemoteCommit.commit_id.in_(batch)).order_by(RemoteCommit.remote)):
             held.setdefault(cid, []).append(remote)
-        if session.scalar(select(exists().where(Chunk.pack_id == RemotePack.pack_id))):
+        if session.scalar(select(exists().where(Pack.remote.is_not(None)))):
             remote_only.update(session.scalars(
                 select(Entry.commit_id).distinct()
                 .join(TensorChunk, TensorChunk.tensor_key == Entry.tensor_key)
                 .join(Chunk, Chunk.key == TensorChunk.chunk_key)
-                .join(RemotePack, RemotePack.pack_id == Chunk.pack_id)
-                .where(Entry.commit_id.in_(batch))))
+                .join(Pack, Pack.id == Chunk.pack_id)
+                .where(Entry.commit_id.in_(batch), Pack.remote.is_not(None))))
     return {cid: (*(() if cid in remote_only else ("local",)), *held.get(cid, ()))
             for cid in set(held) | remote_only}
 
@@ -620,11 +619,11 @@ def totals(session: Session) -> dict[str, int]:
         "tags": scalar(select(func.count()).select_from(Ref).where(Ref.kind == "tag")),
         "tensors": scalar(select(func.count()).select_from(Tensor)),
         "chunks": scalar(select(func.count()).select_from(Chunk)),
-        "packs": scalar(select(func.count()).select_from(Pack)),
+        "packs": scalar(select(func.count()).select_from(Pack).where(Pack.remote.is_(None))),
         "logical_bytes": scalar(select(func.sum(Commit.logical_bytes))),
         "unique_bytes": scalar(select(func.sum(Chunk.raw_length))),
         "stored_bytes": scalar(select(func.sum(Chunk.length))),
-        "pack_bytes": scalar(select(func.sum(Pack.size))),
+        "pack_bytes": scalar(select(func.sum(Pack.size)).where(Pack.remote.is_(None))),  # in this store
         "delta_chunks": scalar(select(func.count()).select_from(Chunk).where(Chunk.alone_length.is_not(None))),
         # What every chunk would occupy standalone: delta chunks count at their standalone size.
         "alone_bytes": scalar(select(func.sum(func.coalesce(Chunk.alone_length, Chunk.length)))),

@@ -160,6 +160,9 @@ class Pack(Base):
     deferred: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     # When ``repack`` moved its last chunk row away; gc's grace period counts from here.
     retired_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), default=None)
+    # NULL: in this repository's store; else the remote whose pack this is (fetched chunks not
+    # read yet, read through that remote: ``remote.tiered``; schema 0015).
+    remote: Mapped[str | None] = mapped_column(String(80), default=None)
 
 
 class Chunk(Base):

@@ -211,8 +211,8 @@ def fetch(sessions: sessionmaker[Session], reading: Sessions, local: Backend, st
     with write_transaction(sessions) as s:
         conn = s.connection()
         present = set(s.scalars(select(Pack.id).where(Pack.id.in_(pack_ids)))) if pack_ids else set()
-        insert_tuples(conn, Pack, ("id", "size", "n_chunks", "deferred", "created_at"),
-                      sorted((p, pack_rows[p].size, pack_rows[p].n_chunks, False, now)
+        insert_tuples(conn, Pack, ("id", "size", "n_chunks", "deferred", "created_at", "remote"),
+                      sorted((p, pack_rows[p].size, pack_rows[p].n_chunks, False, now, name)
                              for p in pack_ids if p not in present and p in pack_rows))
         catalog.insert_chunks(s, [loc for loc in fetched.values()
                                   if loc.pack_id in pack_rows or loc.pack_id in present])

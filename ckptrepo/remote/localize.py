@@ -60,6 +60,8 @@ def localize(sessions: sessionmaker[Session], reading: Sessions, backend: Tiered
         with write_transaction(sessions) as s:
             insert_tuples(s.connection(), Pack, ("id", "size", "n_chunks", "deferred", "created_at"),
                           sorted((pid, size, len(entries), False, now) for pid, size, entries in packs), ignore=True)
+            # A copy built from a whole remote pack is that pack, byte for byte: now held here.
+            s.execute(update(Pack).where(Pack.id.in_([pid for pid, _, _ in packs])).values(remote=None))
             params = [{"b_id": loc.chunk_id, "b_old": old[loc.chunk_id], "b_pack": loc.pack_id,
                        "b_offset": loc.offset} for _, _, entries in packs for loc in entries]
             s.connection().execute(

@@ -15,6 +15,9 @@ footers, manifests and ref objects say what it holds.
 - ``remote_commits (remote, commit_id)``: commits whose manifest the remote holds (a commit's
   tier state).
 
+``packs.remote``: NULL for a pack in this repository's store, else the remote whose pack a row
+names (chunks fetched and not read yet: a lazy clone reads them through that remote).
+
 Remote-tracking refs (``origin/main``) are ``refs`` rows of kind ``remote``.
 """
 
@@ -34,6 +37,8 @@ _ID = sa.String(64).with_variant(sa.String(64, collation="C"), "postgresql")
 
 
 def upgrade() -> None:
+    with op.batch_alter_table("packs") as batch:
+        batch.add_column(sa.Column("remote", sa.String(80), nullable=True))
     op.create_table(
         "remote_packs",
         sa.Column("remote", sa.String(80), nullable=False),
@@ -68,3 +73,9 @@ def downgrade() -> None:
     op.drop_table("remote_commits")
     op.drop_table("remote_chunks")
     op.drop_table("remote_packs")
+    bind = op.get_bind()
+    remote = bind.execute(sa.text("SELECT count(*) FROM packs WHERE remote IS NOT NULL")).scalar()
+    if remote:
+        raise RuntimeError(f"{remote} packs rows name a remote's packs, which schema 0014 cannot describe")
+    with op.batch_alter_table("packs") as batch:
+        batch.drop_column("remote")
