@@ -207,10 +207,10 @@ save_file(base, "model.safetensors")
 save_file(later(0.01), "step-1000.safetensors")
 save_file(later(0.02), "step-3000.safetensors")
 save_file(later(0.05, {"layer.4.attn.q.weight", "layer.5.mlp.weight"}), "lr-high-2000.safetensors")
-Path("hf-model-folder").mkdir()
+Path("hf-model-folder").mkdir(exist_ok=True)
 save_file(later(0.01), "hf-model-folder/model.safetensors")
 Path("hf-model-folder/config.json").write_text(json.dumps({"model_type": "toy", "hidden_size": 16}))
-Path("old-run").mkdir()
+Path("old-run").mkdir(exist_ok=True)
 for n in (1, 2, 3):
     save_file(later(0.01 * n), f"old-run/ckpt-{n}.safetensors")
 """,
