@@ -18,7 +18,9 @@ manifest is durable, its transaction not begun), ``db.before_commit`` /
 ``gc.after_commit`` (``GC_POINTS``); ``prune.before_commit``, ``prune.after_commit`` (``PRUNE_POINTS``);
 ``db.index_pending`` (per layout indexed, ``db.pending``);
 ``repack.chunk``, ``repack.before_commit``, ``repack.after_commit`` (see ``REPACK_POINTS``);
-``rebuild.after_commit`` (per commit recorded), ``rebuild.before_commit`` (``REBUILD_POINTS``).
+``rebuild.after_commit`` (per commit recorded), ``rebuild.before_commit`` (``REBUILD_POINTS``);
+``push.after_packs``, ``push.after_manifests``, ``push.after_refs``, ``fetch.before_commit``,
+``fetch.after_commit`` (``REMOTE_POINTS``).
 """
 
 from __future__ import annotations
@@ -54,13 +56,17 @@ REPACK_POINTS = ("repack.chunk", "repack.before_commit", "repack.after_commit")
 besides ``pack.write``, ``pack.before_put`` and ``pack.after_put`` of the packs it writes."""
 
 
+REMOTE_POINTS = ("push.after_packs", "push.after_manifests", "push.after_refs", "fetch.before_commit",
+                 "fetch.after_commit")
+"""The points a push passes (its packs durable on the remote; its manifests too; its refs moved)
+and a fetch (inside its transaction; after it commits)."""
 REBUILD_POINTS = ("rebuild.after_commit", "rebuild.before_commit")
 """The points a database rebuild passes (per commit recorded; before its one transaction commits)."""
 
 
 def known_points() -> tuple[str, ...]:
     """Every fault point production code has."""
-    return POINTS + GC_POINTS + PRUNE_POINTS + INDEX_POINTS + REPACK_POINTS + REBUILD_POINTS
+    return POINTS + GC_POINTS + PRUNE_POINTS + INDEX_POINTS + REPACK_POINTS + REBUILD_POINTS + REMOTE_POINTS
 
 
 ACTIONS = ("kill", "raise", "stop")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import ckptrepo
 from ckptrepo import errors
@@ -170,12 +171,14 @@ def clone(url: CloneUrlArg, directory: CloneDirArg = None, data: CloneDataOpt = 
           as_json: JsonOpt = False) -> None:
     """Make a new repository in DIR holding the lineage of the remote at URL (its branches as origin/BRANCH).
 
-    The remote's default branch (main, else the first) becomes the current branch. With
-    --data lazy (the default) tensor bytes are read from the remote at their first use and
-    kept; --data full downloads them all now."""
+    DIR defaults to the URL's last part (a trailing .ckpt left out) in the current folder, which
+    must then be missing or empty. The remote's default branch (main, else the first) becomes the
+    current branch. With --data lazy (the default) tensor bytes are read from the remote at their
+    first use and kept; --data full downloads them all now."""
     if data not in ("lazy", "full"):
-        raise errors.UsageError(f"--data {data!r} is neither lazy nor full")
-    target = directory if directory is not None else Path(_default_dir(url))
+        raise errors.UsageError(f"--data {data!r} is neither lazy nor full",
+                                hint="lazy reads tensor bytes from the remote at first use; full downloads them now.")
+    target = directory if directory is not None else _default_target(url)
     with ckptrepo.Repo.clone(url, target, data=data) as repo:
         fetched = repo.fetched
         head, repo_dir = repo.head, repo.repo_dir
@@ -184,17 +187,37 @@ def clone(url: CloneUrlArg, directory: CloneDirArg = None, data: CloneDataOpt = 
         render.emit_json({"path": str(repo_dir.parent), "repo_dir": str(repo_dir), "branch": head,
                           "fetch": fetched.to_json()})
         return
-    render.out.print(f"Cloned into {repo_dir.parent}", markup=False)
+    render.out.print(f"Cloned into {terminal.one_line(str(repo_dir.parent))}", markup=False)
     _print_fetch(fetched)
     render.out.print(f"on branch {terminal.one_line(head)}", markup=False)
 
 
 def _default_dir(url: str) -> str:
-    """The folder a clone of ``url`` goes to by default: its last path part (a ``.ckpt`` left out)."""
-    path = urlsplit(url).path if "://" in url else url
-    parts = [p for p in Path(path).parts if p not in ("/", "")]
-    while parts and parts[-1] in (".ckpt", "store"):
-        parts.pop()
-    if not parts:
+    """The folder a clone of ``url`` goes to by default: the last part of its path (for
+    ``s3://BUCKET/PREFIX`` the prefix's, else the bucket's), a last ``store`` and a repository's own
+    ``.ckpt`` folder skipped and a trailing ``.ckpt`` left out: ``/data/run.ckpt`` -> ``run``,
+    ``/work/proj/.ckpt`` -> ``proj``, ``s3://BUCKET/team/run7/store`` -> ``run7``."""
+    parts = urlsplit(url) if "://" in url else None
+    if parts is not None and parts.scheme.lower() != "file":
+        path = Path(parts.netloc, parts.path.lstrip("/"))
+    else:  # a folder: ``..`` and ``.`` count as the folders they name
+        path = Path(os.path.abspath(Path(unquote(parts.path) if parts is not None else url).expanduser()))
+    names = [p for p in path.parts if p not in (path.anchor, "", ".", "..")]
+    if names[-1:] == ["store"]:  # a repository's store (PATH/.ckpt/store, s3://BUCKET/PROJECT/store)
+        names.pop()
+    if names[-1:] == [".ckpt"]:
+        names.pop()
+    name = names[-1].removesuffix(".ckpt") if names else ""
+    if not name:
         raise errors.UsageError(f"cannot name a folder after {url!r}", hint="Give the clone's DIR.")
-    return parts[-1]
+    return name
+
+
+def _default_target(url: str) -> Path:
+    """``_default_dir`` in the current folder, refused when it exists and is not empty (it may be
+    the remote itself, or someone's work): an explicit DIR says where to clone then."""
+    target = Path(_default_dir(url))
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise errors.UsageError(f"{target.resolve()} exists already and is not empty",
+                                hint="Give the clone's DIR: `ckpt clone URL DIR`.")
+    return target

@@ -44,8 +44,10 @@ HEADER = struct.Struct("<8sH")
 ENTRY = struct.Struct("<32sQQQBB32s")
 TRAILER = struct.Struct("<QI32s8s")
 _NO_BASE = bytes(32)
-# Most indexes fit in the first tail read: a 64 MiB pack of 1 MiB chunks has a 5.6 KiB index.
+# Most indexes fit in the first tail read: a 64 MiB pack of 1 MiB chunks has a 5.6 KiB index. The
+# read is at most 1/64 of a pack (a remote's small packs: a clone reads little beyond their indexes).
 _TAIL_GUESS = 64 << 10
+_TAIL_LEAST = 2 << 10
 
 
 def _check_id(value: str, what: str) -> bytes:
@@ -233,17 +235,25 @@ def parse_index(data: bytes, file_size: int | None = None, *, pack_id: str = "")
     return _parse_entries(index, count, digest, index_offset, pack_id)
 
 
-def read_index(backend: Backend, key: str, *, pack_id: str = "", named: bool = False) -> list[ChunkLocation]:
+def read_index(backend: Backend, key: str, *, pack_id: str = "", named: bool = False,
+               size: int | None = None) -> list[ChunkLocation]:
     """The entries of the pack stored under ``key`` (located in pack ``pack_id``), reading only
     its header, trailer and index. ``named``: also check that header, index and trailer hash to
-    ``pack_id`` (a pack stored under another pack's name, or renamed, is refused)."""
+    ``pack_id`` (a pack stored under another pack's name, or renamed, is refused). ``size``: the
+    object's size, when a listing gave it; then the header is not read either (one request in
+    all: a remote's index), and the name check takes the header this version writes."""
     try:
-        size = backend.size(key)
+        if size is None:
+            size = backend.size(key)
+            head = None
+        else:
+            head = header()
         if size < HEADER.size + TRAILER.size:
             raise _corrupt(f"{size} bytes is too short to be a pack")
-        head = backend.get_range(key, 0, HEADER.size)
+        if head is None:
+            head = backend.get_range(key, 0, HEADER.size)
         _check_header(head)
-        tail_len = min(size, _TAIL_GUESS)
+        tail_len = min(size, max(_TAIL_LEAST, min(_TAIL_GUESS, size // 64)))
         tail = backend.get_range(key, size - tail_len, tail_len)
         index_offset, _, _ = _parse_trailer(tail, size)
         if size - index_offset > tail_len:

@@ -22,7 +22,7 @@ invisible. Tensor bytes are not downloaded (``Repo.fetch(data=...)`` and a full 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -31,6 +31,7 @@ from typing import Any, cast
 from sqlalchemy import Table, delete, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from ckptrepo import faults
 from ckptrepo.db import catalog
 from ckptrepo.db.engine import Sessions, insert_tuples, present_values, write_transaction
 from ckptrepo.db.models import Commit, Pack, Ref, RemotePack
@@ -134,11 +135,17 @@ def _walk(reading: Sessions, backend: Backend, heads: Collection[str], cached: d
     with reading() as s:
         frontier = set(heads) - _known(s, heads)
 
-    def one(cid: str) -> dict[str, Any] | str:
+    def one(cid: str, listed: tuple[str, int] | None = None) -> dict[str, Any] | str:
         if cid in cached:
             return cached[cid]
         try:
-            body = manifest.read(backend, cid)
+            if listed is None:
+                body = manifest.read(backend, cid)
+            else:  # key and size from a listing: one request
+                key, size = listed
+                if size > manifest.MAX_BYTES:
+                    return f"manifest {key} is larger than {manifest.MAX_BYTES} bytes"
+                body = manifest.read_bytes(backend.get(key), cid, key=key)
             check_ref_name(body["move"]["branch"], "branch")
             if body["commit"]["branch"] is not None:
                 check_ref_name(body["commit"]["branch"], "branch")
@@ -149,7 +156,22 @@ def _walk(reading: Sessions, backend: Backend, heads: Collection[str], cached: d
             return str(exc)
 
     with ThreadPoolExecutor(_READERS, thread_name_prefix="ckpt-fetch") as pool:
+        rounds = 0
         while frontier:
+            rounds += 1
+            if rounds == 2:
+                # More than one generation is new: read every manifest the remote lists that this
+                # repository lacks at once (a chain read parent by parent costs a round trip each).
+                # Those no head reaches (a refused push's) are read but never recorded.
+                keys: dict[str, tuple[str, int]] = {}
+                for key, size in backend.list_sized(manifest.PREFIX):
+                    cid = manifest.commit_of_key(key)
+                    if cid is not None and cid not in cached and (cid not in keys or key == manifest.key_of(cid)):
+                        keys[cid] = (key, size)
+                with reading() as s:
+                    todo = sorted(set(keys) - _known(s, keys))
+                got_all = pool.map(one, todo, [keys[c] for c in todo])
+                cached = {**cached, **{c: b for c, b in zip(todo, got_all, strict=True) if not isinstance(b, str)}}
             batch = sorted(frontier)
             parents: set[str] = set()
             for cid, got in zip(batch, pool.map(one, batch), strict=True):
@@ -170,7 +192,7 @@ def _remote_pruned(backend: Backend) -> set[str]:
 
 
 def fetch(sessions: sessionmaker[Session], reading: Sessions, local: Backend, store: RemoteStore, name: str,
-          repo_id: str, meter: Meter, *, on_commit: Callable[[], None] | None = None) -> Fetched:
+          repo_id: str, meter: Meter) -> Fetched:
     """Fetch remote ``name`` (``store``) into the repository of ``sessions`` (module docstring)."""
     backend = cast(Backend, CountingBackend(store.backend, meter))
     owner = identity.read(backend)
@@ -227,8 +249,8 @@ def fetch(sessions: sessionmaker[Session], reading: Sessions, local: Backend, st
         out.refs = _update_refs(s, name, heads, now)
         index.record_commits(s, name, ids)
         index.record_commits(s, name, heads.values())
-        if on_commit is not None:
-            on_commit()
+        faults.point("fetch.before_commit")
+    faults.point("fetch.after_commit")
     out.commits, out.pruned, out.new_ids = len(order), len(marked), ids
     return out
 

@@ -36,17 +36,17 @@ def _batches(items: list[str]) -> Iterable[list[str]]:
 def refresh(sessions: sessionmaker[Session], backend: Backend, remote: str) -> tuple[int, list[str]]:
     """Read the footers of the remote's packs not read before and record them; returns how many
     packs were read and what could not be used (a damaged or foreign footer), each with why."""
-    listed = [(m.group(2), key) for key in backend.list("packs/")
+    listed = [(m.group(2), key, size) for key, size in backend.list_sized("packs/")
               if (m := PACK_KEY.fullmatch(key)) is not None and m.group(2).startswith(m.group(1))]
     with sessions() as s:
         known = set(s.scalars(select(RemotePack.pack_id).where(RemotePack.remote == remote)))
-    todo = [(pid, key) for pid, key in listed if pid not in known]
+    todo = [item for item in listed if item[0] not in known]
     problems: list[str] = []
 
-    def one(item: tuple[str, str]) -> tuple[str, int, list[ChunkLocation]] | str:
-        pid, key = item
-        try:
-            return pid, backend.size(key), read_index(backend, key, pack_id=pid, named=True)
+    def one(item: tuple[str, str, int]) -> tuple[str, int, list[ChunkLocation]] | str:
+        pid, key, size = item
+        try:  # one ranged read: the size is the listing's
+            return pid, size, read_index(backend, key, pack_id=pid, named=True, size=size)
         except CkptError as exc:
             return f"pack {pid} of remote {remote}: {exc}"
 

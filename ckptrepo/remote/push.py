@@ -32,6 +32,7 @@ from datetime import datetime, timezone
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from ckptrepo import faults
 from ckptrepo.config import RepoConfig
 from ckptrepo.db import catalog
 from ckptrepo.db.engine import Sessions, write_transaction
@@ -215,6 +216,7 @@ def push(sessions: sessionmaker[Session], reading: Sessions, local: Backend, sto
             locs = {c: loc for c, loc in found.items() if c not in bases}
         whole, loose = _split(reading, locs)
         packs = copy_whole(local, whole, backend, meter) + copy(local, loose, backend, config.pack_target, meter)
+        faults.point("push.after_packs")
         with write_transaction(sessions) as s:
             index.record_pushed(s, name, packs)
         out.packs, out.chunks = len(packs), sum(len(e) for _, _, e in packs)
@@ -238,6 +240,7 @@ def push(sessions: sessionmaker[Session], reading: Sessions, local: Backend, sto
         if pruned:
             journal.append(backend, {"op": "prune", "commits": pruned})
         out.commits = len(send)
+        faults.point("push.after_manifests")
         # 4. Refs, by compare-and-swap.
         for t in todo:
             old = current.get((t.kind, t.name))
@@ -248,6 +251,7 @@ def push(sessions: sessionmaker[Session], reading: Sessions, local: Backend, sto
                                         f"it: {', '.join(r.name for r in out.refs) or 'nothing'}.")
             old_id = old.target if old is not None else None
             out.refs.append(RefUpdate(t.kind, t.name, old_id, t.commit_id, forced=force and old_id is not None))
+        faults.point("push.after_refs")
     finally:
         lease.release()
     _record(sessions, name, send, [t for t in targets if any(r.name == t.name for r in out.refs)])

@@ -172,6 +172,9 @@ class TieredBackend:
     def list(self, prefix: str = "") -> Iterator[str]:
         return self.local.list(prefix)
 
+    def list_sized(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        return self.local.list_sized(prefix)
+
     def delete(self, key: str) -> None:
         self._here.discard(key)
         self.local.delete(key)

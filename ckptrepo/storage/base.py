@@ -62,6 +62,11 @@ class Backend(Protocol):
         """Keys starting with ``prefix`` (a plain string prefix, not only a folder), sorted."""
         ...
 
+    def list_sized(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        """``(key, size in bytes)`` of the keys ``list`` gives (one listing: no request per key
+        on an object store)."""
+        ...
+
     def delete(self, key: str) -> None:
         """Remove the object; a missing key is not an error."""
         ...

@@ -334,6 +334,13 @@ class LocalBackend:
                     keys.append(key)
         return iter(sorted(keys))
 
+    def list_sized(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        sized = []
+        for key in self.list(prefix):
+            with contextlib.suppress(FileNotFoundError):  # deleted meanwhile
+                sized.append((key, os.lstat(self.root / key).st_size))
+        return iter(sized)
+
     def _linked(self, folder: str) -> bool:
         """Whether a folder on the way from ``root`` to ``folder`` (itself included) is a link."""
         path = self.root

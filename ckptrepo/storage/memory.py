@@ -121,6 +121,11 @@ class MemoryBackend:
             keys = sorted(k for k in self._objects if k.startswith(prefix))
         return iter(keys)
 
+    def list_sized(self, prefix: str = "") -> Iterator[tuple[str, int]]:
+        check_prefix(prefix)
+        with self._lock:
+            return iter(sorted((k, len(v[0])) for k, v in self._objects.items() if k.startswith(prefix)))
+
     def delete(self, key: str) -> None:
         check_key(key)
         with self._lock:

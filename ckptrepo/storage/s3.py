@@ -360,16 +360,19 @@ class S3Backend:
 
     def list(self, prefix: str = "") -> Iterator[str]:
         """Keys under ``prefix``, sorted; objects whose names are no valid key (not ckptrepo's) are skipped."""
+        return (key for key, _ in self.list_sized(prefix))
+
+    def list_sized(self, prefix: str = "") -> Iterator[tuple[str, int]]:
         check_prefix(prefix)
         base = f"{self.prefix}/" if self.prefix else ""
-        keys: list[str] = []
+        keys: list[tuple[str, int]] = []
         try:
             pages = self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=base + prefix)
             for page in pages:
                 for item in page.get("Contents", ()):
                     key = str(item["Key"])[len(base) :]
                     with suppress(UsageError):
-                        keys.append(check_key(key))
+                        keys.append((check_key(key), int(item["Size"])))
         except (BotoCoreError, ClientError) as exc:
             self._fail(exc, "list")
         return iter(sorted(keys))
