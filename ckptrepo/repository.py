@@ -172,6 +172,11 @@ class Repo(Sync):
             raise UsageError(f"clone data {data!r} is neither 'lazy' nor 'full'")
         remote_config.check_name(remote)
         info, settings = settings_of(url, remote)
+        target = folder.repo_dir_of(path).parent
+        there = Path(info.url) if "://" not in info.url else None
+        if there is not None and (target == there or there in target.parents):
+            raise UsageError(f"cannot clone {info.url} into itself ({target})",
+                             hint="Give another folder: a clone beside the remote, not inside it.")
         repo_dir = folder.create(path, RepoConfig.of(**settings, db_url=db_url))
         remote_config.add(repo_dir, info)
         repo = cls(repo_dir, RepoConfig.load(repo_dir), **options)

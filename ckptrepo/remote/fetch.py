@@ -35,7 +35,7 @@ from ckptrepo import faults
 from ckptrepo.db import catalog
 from ckptrepo.db.engine import Sessions, insert_tuples, present_values, write_transaction
 from ckptrepo.db.models import Commit, Pack, Ref, RemotePack
-from ckptrepo.db.refs import check_ref_name
+from ckptrepo.db.refs import check_ref_name, reachable_from
 from ckptrepo.errors import CkptError, InvalidRefName, StoreInUse
 from ckptrepo.ledger import identity, journal, manifest
 from ckptrepo.locations import ChunkLocation
@@ -268,7 +268,9 @@ def _update_refs(s: Session, name: str, heads: dict[tuple[str, str], str], now: 
             s.add(Ref(kind="remote", name=ref_name, commit_id=cid, updated_at=now))
             moved.append(RefUpdate("remote", ref_name, None, cid))
         elif old.commit_id != cid:
-            moved.append(RefUpdate("remote", ref_name, old.commit_id, cid))
+            reach = reachable_from(cid)
+            ahead = s.scalar(select(reach.c.id).where(reach.c.id == old.commit_id)) is not None
+            moved.append(RefUpdate("remote", ref_name, old.commit_id, cid, forced=not ahead))
             old.commit_id, old.updated_at = cid, now
     for ref_name in sorted(mine.keys() - wanted.keys()):
         moved.append(RefUpdate("remote", ref_name, mine[ref_name].commit_id, None))

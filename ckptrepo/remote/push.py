@@ -92,22 +92,24 @@ def _ancestors_of(s: Session, commit_id: str) -> set[str]:
 
 
 def _check(s: Session, remote: str, targets: Sequence[Target], current: dict[tuple[str, str], refs.RemoteRef],
-           force: bool) -> list[Target]:
-    """The targets that change the remote; PushRejected for one that may not (step 1)."""
+           force: bool) -> list[tuple[Target, bool]]:
+    """The targets that change the remote, each with whether that is not a fast-forward (only
+    with ``force``); PushRejected for one that may not change it (step 1)."""
     todo = []
     for t in targets:
         old = current.get((t.kind, t.name))
         old_id = old.target if old is not None else None
         if old_id == t.commit_id:
             continue
-        if old_id is not None and not force:
+        forced = old_id is not None and (t.kind == "tag" or old_id not in _ancestors_of(s, t.commit_id))
+        if forced and not force:
+            assert old_id is not None
             if t.kind == "tag":
                 raise PushRejected(remote=remote, kind="tag", name=t.name, why=f"it exists at {short(old_id)}")
-            if old_id not in _ancestors_of(s, t.commit_id):
-                raise PushRejected(remote=remote, kind="branch", name=t.name,
-                                   why=f"it is at {short(old_id)}, which {short(t.commit_id)} does not contain "
-                                       "(not a fast-forward)")
-        todo.append(t)
+            raise PushRejected(remote=remote, kind="branch", name=t.name,
+                               why=f"it is at {short(old_id)}, which {short(t.commit_id)} does not contain "
+                                   "(not a fast-forward)")
+        todo.append((t, forced))
     return todo
 
 
@@ -200,7 +202,7 @@ def push(sessions: sessionmaker[Session], reading: Sessions, local: Backend, sto
             return out
         with reading() as s:
             held = _held(s, name, current)
-            send = _to_send(s, [t.commit_id for t in todo], held)
+            send = _to_send(s, [t.commit_id for t, _ in todo], held)
             states: dict[str, tuple[bool, str | None]] = {}
             for start in range(0, len(send), _BATCH):
                 states.update((cid, (pruned, damage)) for cid, pruned, damage in s.execute(
@@ -242,15 +244,15 @@ def push(sessions: sessionmaker[Session], reading: Sessions, local: Backend, sto
         out.commits = len(send)
         faults.point("push.after_manifests")
         # 4. Refs, by compare-and-swap.
-        for t in todo:
+        for t, forced in todo:
             old = current.get((t.kind, t.name))
-            if not refs.swap(backend, t.kind, t.name, t.commit_id, old):
+            if not refs.swap(backend, t.kind, t.name, t.commit_id, old, wrote=meter.wrote):
                 raise PushRejected(remote=name, kind=t.kind, name=t.name,
                                    why="it moved on the remote meanwhile (another push)",
                                    hint="`ckpt fetch`, then push again; `--force` replaces it. What moved before "
                                         f"it: {', '.join(r.name for r in out.refs) or 'nothing'}.")
             old_id = old.target if old is not None else None
-            out.refs.append(RefUpdate(t.kind, t.name, old_id, t.commit_id, forced=force and old_id is not None))
+            out.refs.append(RefUpdate(t.kind, t.name, old_id, t.commit_id, forced=forced))
         faults.point("push.after_refs")
     finally:
         lease.release()

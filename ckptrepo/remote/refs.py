@@ -20,6 +20,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote
@@ -144,10 +145,15 @@ def heads(found: dict[tuple[str, str], RemoteRef]) -> dict[tuple[str, str], str]
     return {ref: r.target for ref, r in found.items() if r.target is not None}
 
 
-def swap(backend: Backend, kind: str, name: str, target: str | None, expected: RemoteRef | None) -> bool:
+def swap(backend: Backend, kind: str, name: str, target: str | None, expected: RemoteRef | None,
+         *, wrote: Callable[[int], None] | None = None) -> bool:
     """Point ref ``name`` at ``target`` (None: delete it) if it is still as ``expected`` was read
-    (None: never written); False when it moved meanwhile (nothing written)."""
+    (None: never written); False when it moved meanwhile (nothing written). ``wrote`` is told
+    the object's size when it is stored."""
     body = {"kind": kind, "name": name, "to": target, "at": time.time(),
             "by": f"{socket.gethostname()}:{os.getpid()}"}
-    version = backend.put_if(key_of(kind, name), _encode(body), expected=None if expected is None else expected.version)
+    data = _encode(body)
+    version = backend.put_if(key_of(kind, name), data, expected=None if expected is None else expected.version)
+    if version is not None and wrote is not None:
+        wrote(len(data))
     return version is not None

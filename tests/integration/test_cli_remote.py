@@ -232,9 +232,6 @@ def test_default_clone_folder(url: str, name: str) -> None:
     assert _default_dir(url) == name
 
 
-@pytest.mark.xfail(strict=True, reason="Repo.clone into the remote's own folder is not refused: it writes PATH/.ckpt "
-                   "there, and the remote then opens as that working repository's store (push: RemoteNotBare, "
-                   "fetch deletes origin/BRANCH)")
 def test_clone_into_the_remotes_own_folder_is_refused(tmp_path: Path, run: Run) -> None:
     a, remote = tmp_path / "a", tmp_path / "remote"
     _ok(run(a, "init"))
@@ -247,9 +244,6 @@ def test_clone_into_the_remotes_own_folder_is_refused(tmp_path: Path, run: Run) 
     _ok(run(a, "push"))
 
 
-@pytest.mark.xfail(strict=True, reason="push --force marks every existing ref it moves forced "
-                   "(remote/push.py: forced=force and old_id is not None), a fast-forward too; "
-                   "RefUpdate.forced is documented as 'not a fast-forward'")
 def test_a_forced_push_that_fast_forwards_is_not_marked_forced(tmp_path: Path, run: Run) -> None:
     a = tmp_path / "a"
     _ok(run(a, "init"))
@@ -260,8 +254,6 @@ def test_a_forced_push_that_fast_forwards_is_not_marked_forced(tmp_path: Path, r
     assert _json(run(a, "push", "--force", "--json"))["refs"][0]["forced"] is False
 
 
-@pytest.mark.xfail(strict=True, reason="fetch never marks a remote-tracking ref forced (remote/fetch.py "
-                   "_update_refs), though RefUpdate.forced is documented for push and fetch as 'not a fast-forward'")
 def test_fetch_after_a_forced_push_marks_the_update_forced(tmp_path: Path, run: Run) -> None:
     a, b, remote = tmp_path / "a", tmp_path / "b", tmp_path / "remote"
     _ok(run(a, "init"))
