@@ -14,7 +14,9 @@ direction (a network link; default 200 MiB/s, ``0``: unpaced). Figures, each mea
 3. Lazy clone of a ``--lineage``-commit lineage (default 2,000; each commit a 512 KiB state
    whose every element moves, as a training step moves them), pushed to the remote first:
    seconds to clone (goal <= 10 s) and bytes read through the proxy / the remote's bytes (goal
-   <= 5%); then the first checkout of one commit
+   <= 5%), against plain boto3 reading what a clone must read at least (16 threads: the
+   listings, every manifest, the last 2 KiB of every pack) and against a clone of the same
+   lineage from a folder remote (the clone's own cost); then the first checkout of one commit
    (the middle one): bytes read / the stored bytes of that commit's chunks (its whole state:
    nothing of it is here yet; goal <= 1.2).
 4. Recovery point: a training loop (``--steps`` steps of a 4 MiB model, one commit every
@@ -246,8 +248,34 @@ def bench_clone(work: Path, url: str, endpoint: str, proxy: Proxy, args: argpars
     down0 = proxy.counts()[1]
     clone.checkout(middle)
     first = proxy.counts()[1] - down0
+    # The peer: what a clone must read at least, read by plain boto3 with as many threads (one
+    # listing of the manifests and of the packs; every manifest; every pack's last 2 KiB).
+    from concurrent.futures import ThreadPoolExecutor
+
+    listed: list[tuple[str, int]] = []
+    t0 = time.perf_counter()
+    for prefix in ("manifests/", "packs/"):
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket,
+                                                                     Prefix=f"repo/lineage/{prefix}"):
+            listed += [(str(o["Key"]), int(o["Size"])) for o in page.get("Contents", ())]
+
+    def get(item: tuple[str, int]) -> int:
+        key, size = item
+        extra = {"Range": f"bytes={max(0, size - 2048)}-{size - 1}"} if "/packs/" in key else {}
+        return len(client.get_object(Bucket=bucket, Key=key, **extra)["Body"].read())
+
+    with ThreadPoolExecutor(16) as pool:
+        sum(pool.map(get, listed))
+    plain_s = time.perf_counter() - t0
+    # The same lineage from a folder remote: the clone's own cost, without the server's.
+    repo.add_remote("folder", str(work / "lineage-remote"))
+    repo.push("folder")
+    t0 = time.perf_counter()
+    ckptrepo.Repo.clone(str(work / "lineage-remote"), work / "lineage-clone-folder").close()
+    folder_s = time.perf_counter() - t0
     out = {"lineage_commits": args.lineage, "build_s": build_s, "clone_s": clone_s, "remote_bytes": total,
            "clone_read_bytes": read, "clone_read_share": read / total,
+           "plain_gets_s": plain_s, "clone_over_plain_gets": clone_s / plain_s, "folder_clone_s": folder_s,
            "first_checkout_over_unique": first / unique}
     clone.close()
     repo.close()
@@ -320,10 +348,11 @@ def main() -> None:
                 print(f"recovery {k}: {v}")
             print("goals: push bytes/stored <= 1.1 (full {:.3f}, incremental {:.3f}); unchanged push packs = 0 ({}); "
                   "push/boto3 >= 0.9 ({:.3f}); clone <= 10 s ({:.1f} s) and <= 5% read ({:.2%}); first checkout "
-                  "<= 1.2x unique ({:.3f})".format(
+                  "<= 1.2x unique ({:.3f}); clone / plain GETs {:.2f}, from a folder {:.1f} s".format(
                       push["push_bytes_over_stored"], push["incremental_bytes_over_stored"],
                       push["unchanged_push_packs"], push["push_over_boto3"], clone["clone_s"],
-                      clone["clone_read_share"], clone["first_checkout_over_unique"]))
+                      clone["clone_read_share"], clone["first_checkout_over_unique"],
+                      clone["clone_over_plain_gets"], clone["folder_clone_s"]))
     finally:
         server.stop()
 

@@ -73,15 +73,30 @@ class Backend(Protocol):
 
     def read_versioned(self, key: str) -> tuple[bytes, str] | None:
         """The object's bytes and an opaque version token, or None when there is no such object.
-        Tokens of equal content may be equal (callers that compare-and-swap write a time or a
-        nonce into what they store)."""
+
+        The token is that of the bytes returned (one read, never another write's token). It
+        changes with every write of other content; tokens of equal content may be equal (local and
+        memory stores: the BLAKE3 of the bytes; S3: the ETag), so a caller that compares and swaps
+        writes a time or a nonce into what it stores. Tokens compare only within one store.
+        """
         ...
 
     def put_if(self, key: str, data: bytes | memoryview, *, expected: str | None) -> str | None:
-        """Store ``data`` under ``key`` only if the object is still at version ``expected`` (a
-        token ``read_versioned`` gave; None: only if there is no object), atomically and durably
-        as ``put_bytes``. Returns the new version token, or None when the precondition failed
-        (nothing written). Of writers racing with one ``expected``, at most one succeeds."""
+        """Store ``data`` under ``key`` only if the object is still at version ``expected``.
+
+        ``expected`` is a token ``read_versioned`` or ``put_if`` gave for ``key``; None means "only
+        if there is no object". Returns the new version token (what ``read_versioned`` gives until
+        the next write), or None when the precondition failed and nothing was written: None given
+        while the object exists, a token while it does not, a token of other content. The write is
+        atomic and durable as ``put_bytes``. Of writers racing with one ``expected``, at most one
+        succeeds and the others get None (exactly one on local and memory stores; S3 may refuse a
+        whole burst with 409 Conflict): callers re-read and retry. Only ``put_if`` calls are ordered
+        against each other, not a ``put_bytes`` or ``delete`` of the same key: keys moved by
+        compare-and-swap are written only by ``put_if``. On S3 None can also follow a write that
+        landed but whose response was lost (the client's retry is refused): a caller's nonce in
+        what ``read_versioned`` then gives tells. Malformed keys raise UsageError, failures of
+        the store StorageError.
+        """
         ...
 
     def staging_dir(self) -> Path:

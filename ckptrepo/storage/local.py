@@ -11,6 +11,9 @@ each folder of the key without following links (``O_NOFOLLOW``) and removes the 
 the folder it opened, so it never removes anything outside the store (a key whose folder is a
 link is refused with StorageError; a key that is itself a link loses only the link).
 ``walk_files`` lists the staging folder for ``gc`` and ``verify`` the same way.
+
+``put_if`` (compare-and-swap) serializes through ``root/.cas.lock`` (``flock``): like ``.staging``
+a dot-name, so no key, never listed, and neither ``gc`` nor ``verify`` looks at it.
 """
 
 from __future__ import annotations
@@ -58,6 +61,35 @@ def _ensure_dir(path: Path) -> None:
             new_dir.mkdir()
         fsync_dir(new_dir.parent)
 
+
+class _CasLocks:
+    """This process's side of ``LocalBackend.put_if``: a lock per store root for its threads, and
+    the descriptors of ``CAS_LOCK`` it has open. ``put_if`` releases its ``flock`` explicitly
+    (``LOCK_UN`` acts for every copy of the descriptor), and a child forked meanwhile closes its
+    copies and starts with fresh locks (the parent's thread that held one is not in it), so a
+    long-lived child never holds a lock its parent took."""
+
+    def __init__(self) -> None:
+        self.guard = threading.Lock()
+        self.by_root: dict[str, threading.Lock] = {}
+        self.open_fds: set[int] = set()
+
+    def of(self, root: Path) -> threading.Lock:
+        with self.guard:
+            return self.by_root.setdefault(str(root), threading.Lock())
+
+    def after_fork_in_child(self) -> None:
+        for fd in self.open_fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.open_fds = set()
+        self.guard = threading.Lock()
+        self.by_root = {}
+
+
+_CAS = _CasLocks()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_CAS.after_fork_in_child)
 
 _PUT_ATTEMPTS = 5  # a put whose staged file a concurrent gc removed is written again
 
@@ -223,26 +255,44 @@ class LocalBackend:
         return data, hash_bytes(data)
 
     def put_if(self, key: str, data: bytes | memoryview, *, expected: str | None) -> str | None:
-        """Compare-and-swap under an exclusive ``flock`` of ``CAS_LOCK`` in the store's root: read,
-        compare the token, then ``put_bytes`` (staged, fsynced, renamed). Safe between processes
-        and hosts whose filesystem implements ``flock`` (local disks; NFSv4), not on one without
-        locks."""
+        """Compare-and-swap: under the store's CAS lock (``_cas_locked``) read the object, compare
+        its token (BLAKE3 of the bytes) with ``expected``, then ``put_bytes`` (staged, fsynced,
+        renamed, folder fsynced) and return the token of ``data``."""
         check_key(key)
-        lock_path = self.root / CAS_LOCK
-        try:
-            _ensure_dir(self.root)
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o644)
-        except OSError as exc:
-            raise StorageError(detail=f"cannot lock {lock_path} ({exc})") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with self._cas_locked():
             found = self.read_versioned(key)
             if (None if found is None else found[1]) != expected:
                 return None
             self.put_bytes(key, data)
-            return hash_bytes(bytes(data))
-        finally:
-            os.close(fd)  # releases the lock
+        return hash_bytes(bytes(data))
+
+    @contextlib.contextmanager
+    def _cas_locked(self) -> Iterator[None]:
+        """Hold the store's compare-and-swap lock: a ``threading.Lock`` per root for this
+        process's threads, then an exclusive ``flock`` of ``root/CAS_LOCK`` (a dot-name: never
+        listed, never a key) for other processes. Safe between processes and hosts whose
+        filesystem implements ``flock`` (local disks; NFSv4); on one without locks the ``flock``
+        fails (StorageError) or, where a filesystem fakes it, excludes nothing between hosts."""
+        lock_path = self.root / CAS_LOCK
+        with _CAS.of(self.root):
+            try:
+                _ensure_dir(self.root)
+                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            except OSError as exc:
+                raise StorageError(detail=f"cannot open the lock {lock_path} ({exc})") from exc
+            _CAS.open_fds.add(fd)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                except OSError as exc:
+                    raise StorageError(detail=f"cannot lock {lock_path} ({exc}): a compare-and-swap in "
+                                              f"{self.url} needs a filesystem with working flock") from exc
+                yield
+            finally:
+                with contextlib.suppress(OSError):
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                _CAS.open_fds.discard(fd)
+                os.close(fd)
 
     def _stage_bytes(self, key: str, data: bytes | memoryview) -> Path:
         """A new file of the staging folder holding ``data`` (not fsynced: ``put_file`` does that)."""

@@ -248,9 +248,11 @@ class S3Backend:
         return data, str(response["ETag"])
 
     def put_if(self, key: str, data: bytes | memoryview, *, expected: str | None) -> str | None:
-        """A conditional PUT: ``If-None-Match: *`` (create) or ``If-Match: <ETag>`` (replace);
-        the server refuses it atomically (412 PreconditionFailed, or 409 when a conditional write
-        of the same key is in flight: refused too)."""
+        """One conditional PUT (objects up to 5 GiB): ``If-None-Match: *`` (create) or
+        ``If-Match: <ETag>`` (replace), which the server checks and applies atomically. Refusals
+        return None: 412 PreconditionFailed, 409 ConditionalRequestConflict (a conditional write of
+        the key in flight: retry), 404 when ``expected`` names an object that is gone. The token is
+        the ETag (the MD5 of the bytes on AWS without KMS: equal content, equal token)."""
         name = self._name(key)
         condition = {"IfNoneMatch": "*"} if expected is None else {"IfMatch": expected}
         try:

@@ -258,3 +258,27 @@ def test_s3_remote(tmp_path: Path, s3_url: str) -> None:
     origin.pull()
     assert_states_equal(origin.checkout("main"), _state(9))
     origin.close()
+
+
+def test_every_read_of_a_lazy_clone_fetches_and_keeps(tmp_path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    origin, states = _origin(tmp_path / "a", commits=3)
+    origin.add_remote("origin", str(tmp_path / "remote"))
+    origin.push()
+    head, first, middle = origin.resolve("main"), origin.resolve("main~2"), origin.resolve("main~1")
+    with ckptrepo.Repo.clone(str(tmp_path / "remote"), tmp_path / "b") as clone:
+        assert clone.get_commit(head).tiers == ("origin",)
+        w = clone.load_tensor(head, "model/w")
+        assert torch.equal(w, states[head]["model"]["w"])
+        assert clone.get_commit(head).tiers == ("origin",)  # its other tensor is still on the remote only
+        exact = clone.diff(first, head, exact=True)
+        assert exact.tensors and clone.get_commit(first).tiers == ("local", "origin")
+        into = {"model": {"w": torch.zeros_like(states[head]["model"]["w"]), "b": torch.zeros(8, dtype=torch.int64)}}
+        dcp.load(into, storage_reader=clone.dcp_reader(middle))
+        assert_states_equal(into["model"], states[middle]["model"])
+        assert clone.get_commit(middle).tiers == ("local", "origin")
+    (tmp_path / "remote").rename(tmp_path / "gone")  # kept: no remote needed for what was read
+    with ckptrepo.Repo.open(tmp_path / "b") as clone:
+        for cid in (head, first, middle):
+            assert_states_equal(clone.checkout(cid), states[cid])
