@@ -765,7 +765,8 @@ class LineageGraph:
 
     ``nodes``: oldest first (by generation, then time, then id), so a commit comes after all
     its parents. ``edges``: every edge between two of them, by child then position. ``refs``:
-    every branch, then every tag, by name (including refs at commits outside ``nodes``).
+    every branch, then every tag, then every remote-tracking ref, by name (including refs at
+    commits outside ``nodes``).
     """
 
     nodes: tuple[GraphNode, ...]

@@ -133,7 +133,7 @@ def lineage_graph(sessions: Sessions, rev: str | None = None) -> LineageGraph:
         conn = s.connection()
         node_rows = fetch_tuples(conn, _GRAPH_NODES)
         edge_rows = fetch_tuples(conn, _GRAPH_EDGES.order_by(Edge.child_id, Edge.position))
-        ref_rows = refs.listing(s, "branch") + refs.listing(s, "tag")
+        ref_rows = refs.listing(s, "branch") + refs.listing(s, "tag") + refs.listing(s, "remote")
     if within is not None:
         node_rows = [r for r in node_rows if r[0] in within]
         edge_rows = [r for r in edge_rows if r[0] in within]

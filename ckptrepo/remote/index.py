@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from ckptrepo.chunks.pack import read_index
 from ckptrepo.db.engine import insert_tuples, write_transaction
 from ckptrepo.db.models import RemoteChunk, RemoteCommit, RemotePack
 from ckptrepo.errors import CkptError
@@ -36,6 +35,7 @@ def _batches(items: list[str]) -> Iterable[list[str]]:
 def refresh(sessions: sessionmaker[Session], backend: Backend, remote: str) -> tuple[int, list[str]]:
     """Read the footers of the remote's packs not read before and record them; returns how many
     packs were read and what could not be used (a damaged or foreign footer), each with why."""
+    from ckptrepo.chunks.pack import read_index  # numpy: loaded when a remote is read
     listed = [(m.group(2), key, size) for key, size in backend.list_sized("packs/")
               if (m := PACK_KEY.fullmatch(key)) is not None and m.group(2).startswith(m.group(1))]
     with sessions() as s:

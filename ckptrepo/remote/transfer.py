@@ -19,7 +19,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ckptrepo.chunks.pack import PackWriter, pack_key
 from ckptrepo.locations import ChunkLocation
 from ckptrepo.storage.base import Backend
 
@@ -80,6 +79,8 @@ def _ranges(locs: list[ChunkLocation]) -> Iterator[tuple[str, int, int, list[Chu
 
 def payloads(source: Backend, locs: Iterable[ChunkLocation], meter: Meter) -> Iterator[tuple[ChunkLocation, bytes]]:
     """Each location with its encoded payload read from ``source``, a few ranges in flight."""
+    from ckptrepo.chunks.pack import pack_key  # numpy: loaded when chunks move
+
     todo = list(_ranges(list(locs)))
 
     def read(item: tuple[str, int, int, list[ChunkLocation]]) -> tuple[bytes, int, list[ChunkLocation]]:
@@ -99,6 +100,8 @@ def copy(source: Backend, locs: Iterable[ChunkLocation], dest: Backend, pack_tar
     """Write the payloads of ``locs`` (read from ``source``) into new packs stored in ``dest``;
     returns each pack as ``(pack id, size, entries located in it)`` once every one is durable
     there. On failure no pack is left half-written (a stored one is a leftover for gc)."""
+    from ckptrepo.chunks.pack import PackWriter, pack_key
+
     stored: list[tuple[str, int, list[ChunkLocation]]] = []
     pending: list[Future[None]] = []
     writer: PackWriter | None = None
@@ -154,6 +157,8 @@ def copy_whole(source: Backend, packs: Mapping[str, list[ChunkLocation]], dest: 
     """Store each of ``packs`` (pack id -> its index entries) in ``dest`` as it is: packs every
     chunk of which the destination needs, so nothing else travels with them, and the pack keeps
     its id on both sides. Returns ``(pack id, size, entries)`` once every one is durable there."""
+
+    from ckptrepo.chunks.pack import pack_key
 
     def one(item: tuple[str, list[ChunkLocation]]) -> tuple[str, int, list[ChunkLocation]]:
         pid, entries = item

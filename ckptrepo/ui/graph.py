@@ -147,13 +147,13 @@ def _pack(chains: list[_Chain]) -> int:
 def payload(placed: Layout, *, head: str | None = None) -> dict[str, Any]:
     """The JSON of ``/api/graph``: ``nodes`` (oldest first: ``id``, ``short``, ``message`` (first
     line), ``step``, ``branch``, ``created_at``, ``pruned``, ``damaged``, ``x`` (lane), ``y`` (row, 0 at the
-    bottom), ``refs`` (branch names, tags as ``tag:NAME``)), ``edges`` (``child``, ``parent``,
+    bottom), ``refs`` (branch and remote-tracking names, tags as ``tag:NAME``)), ``edges`` (``child``, ``parent``,
     ``kind``, ``via``), ``branches`` and ``tags`` (``name``, ``commit_id``), ``lanes``, ``rows``,
     and ``head``: the commit a filtered graph ends at (None: every commit)."""
     graph = placed.graph
     at: dict[str, list[str]] = {}
     for r in graph.refs:
-        at.setdefault(r.commit_id, []).append(r.name if r.kind == "branch" else f"tag:{r.name}")
+        at.setdefault(r.commit_id, []).append(f"tag:{r.name}" if r.kind == "tag" else r.name)
     nodes = [{"id": n.id, "short": n.short_id, "message": n.title, "step": n.step, "branch": n.branch,
               "created_at": n.created_at.isoformat(), "pruned": n.pruned, "damaged": n.damaged, "x": placed.lanes[i],
               "y": placed.rows[i], "refs": at.get(n.id, [])}
