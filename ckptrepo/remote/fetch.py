@@ -96,11 +96,13 @@ class CountingBackend:
         return got
 
 
-def remote_heads(store: RemoteStore, backend: Backend) -> tuple[dict[tuple[str, str], str], dict[str, dict[str, Any]]]:
+def remote_heads(store: RemoteStore, backend: Backend, damaged: dict[tuple[str, str], str]
+                 ) -> tuple[dict[tuple[str, str], str], dict[str, dict[str, Any]]]:
     """The remote's refs ``{(kind, name): commit id}``, and the manifests read to find them (the
-    store of a working repository: all of them, by id)."""
+    store of a working repository: all of them, by id). A damaged ref object is left out, and
+    put in ``damaged`` with why."""
     if not store.working and refs.is_remote(backend):
-        return refs.heads(refs.read_all(backend)), {}
+        return refs.heads(refs.read_all(backend, damaged)), {}
     bodies: dict[str, dict[str, Any]] = {}
     for cid in manifest.stored_ids(backend):
         try:
@@ -199,7 +201,9 @@ def fetch(sessions: sessionmaker[Session], reading: Sessions, local: Backend, st
     if owner is not None and owner != repo_id:
         raise StoreInUse(url=backend.url, found=owner, expected=repo_id)
     out = Fetched()
-    heads, cached = remote_heads(store, backend)
+    bad_refs: dict[tuple[str, str], str] = {}
+    heads, cached = remote_heads(store, backend, bad_refs)
+    out.problems.extend(bad_refs.values())
     bodies, lost = _walk(reading, backend, set(heads.values()), cached, out.problems)
     read, problems = index.refresh(sessions, backend, name)
     out.packs_indexed = read
@@ -246,7 +250,7 @@ def fetch(sessions: sessionmaker[Session], reading: Sessions, local: Backend, st
         for cid, why in {**{c: w for c, w in unreadable.items() if c not in pruned}, **damaged}.items():
             if cid in ids:
                 s.execute(update(Commit).where(Commit.id == cid).values(damage=why))
-        out.refs = _update_refs(s, name, heads, now)
+        out.refs = _update_refs(s, name, heads, now, keep={branch for kind, branch in bad_refs if kind == "branch"})
         index.record_commits(s, name, ids)
         index.record_commits(s, name, heads.values())
         faults.point("fetch.before_commit")
@@ -255,9 +259,11 @@ def fetch(sessions: sessionmaker[Session], reading: Sessions, local: Backend, st
     return out
 
 
-def _update_refs(s: Session, name: str, heads: dict[tuple[str, str], str], now: datetime) -> list[RefUpdate]:
-    """Set ``name/BRANCH`` for every remote branch (deleting those the remote no longer has) and
-    create the remote's tags that do not exist here (a local tag of the same name is kept)."""
+def _update_refs(s: Session, name: str, heads: dict[tuple[str, str], str], now: datetime,
+                 keep: set[str]) -> list[RefUpdate]:
+    """Set ``name/BRANCH`` for every remote branch (deleting those the remote no longer has, but
+    ``keep``: branches whose ref object could not be read) and create the remote's tags that do
+    not exist here (a local tag of the same name is kept)."""
     moved: list[RefUpdate] = []
     prefix = f"{name}/"
     mine = {r.name: r for r in s.scalars(select(Ref).where(Ref.kind == "remote", Ref.name.startswith(prefix)))}
@@ -272,7 +278,7 @@ def _update_refs(s: Session, name: str, heads: dict[tuple[str, str], str], now: 
             ahead = s.scalar(select(reach.c.id).where(reach.c.id == old.commit_id)) is not None
             moved.append(RefUpdate("remote", ref_name, old.commit_id, cid, forced=not ahead))
             old.commit_id, old.updated_at = cid, now
-    for ref_name in sorted(mine.keys() - wanted.keys()):
+    for ref_name in sorted(mine.keys() - wanted.keys() - {f"{prefix}{b}" for b in keep}):
         moved.append(RefUpdate("remote", ref_name, mine[ref_name].commit_id, None))
         s.execute(delete(Ref).where(Ref.kind == "remote", Ref.name == ref_name))
     tags = {r for r in s.scalars(select(Ref.name).where(Ref.kind == "tag"))}

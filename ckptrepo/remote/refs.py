@@ -126,15 +126,24 @@ def read(backend: Backend, kind: str, name: str) -> RemoteRef | None:
     return None if got is None else _ref_of(key, *got)
 
 
-def read_all(backend: Backend) -> dict[tuple[str, str], RemoteRef]:
-    """Every ref object of the remote (tombstones included) by ``(kind, name)``."""
+def read_all(backend: Backend, damaged: dict[tuple[str, str], str] | None = None
+             ) -> dict[tuple[str, str], RemoteRef]:
+    """Every ref object of the remote (tombstones included) by ``(kind, name)``. IntegrityError
+    for a damaged one; with ``damaged``, that one is left out and why is put there by ``(kind,
+    name)``."""
     found: dict[tuple[str, str], RemoteRef] = {}
     for key in backend.list(PREFIX):
         kind, _, rest = key[len(PREFIX):].partition("/")
         if kind not in KINDS or not rest.endswith(".json"):
             continue
         name = unquote(rest[: -len(".json")])
-        ref = read(backend, kind, name)
+        try:
+            ref = read(backend, kind, name)
+        except IntegrityError as exc:
+            if damaged is None:
+                raise
+            damaged[(kind, name)] = exc.message
+            continue
         if ref is not None:
             found[(kind, name)] = ref
     return found

@@ -134,7 +134,8 @@ import os, sys, time
 from pathlib import Path
 from ckptrepo.storage import LocalBackend
 store = LocalBackend(Path(sys.argv[1]))
-store._cas_locked().__enter__()
+held = store._cas_locked()  # kept referenced: a collected one would release the lock
+held.__enter__()
 child = os.fork()
 if child == 0:
     time.sleep(60)
