@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 import time
 from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -92,6 +93,7 @@ class Repo(Sync):
             pending.reading, self._sessions, defers=self._engine.dialect.name == "sqlite")
         self._retention = AutoRetention(self._sessions, self._reading, self._backend)  # the setting, after commits
         self._pool = ThreadPoolExecutor(max_workers=knobs.workers(), thread_name_prefix="ckpt")
+        self._stores, self._stores_lock = {}, threading.Lock()
         self._replicator = self._make_replicator()
         if self._read_only is None:
             self._record_replica()
@@ -231,6 +233,7 @@ class Repo(Sync):
         self._retention.close()  # after the writer: the last commit's run has been queued
         if self._replicator is not None:
             self._replicator.close()
+        self._close_remotes()
         self._pool.shutdown(wait=True)
         if self._copies is not None:
             self._copies.close()

@@ -5,6 +5,7 @@ arguments, opens the remote, delegates, and returns a typed result (``types.Push
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING
@@ -37,6 +38,8 @@ class Sync(Reads):
     """Remotes and the calls that move commits between this repository and them."""
 
     _replicator: Replicator | None  # the background push to the replica remote (Repo.__init__)
+    _stores: dict[str, tuple[str, RemoteStore]]  # open remotes by name, with the URL they were opened at
+    _stores_lock: threading.Lock
 
     if TYPE_CHECKING:  # Repo's
         def _check_writable(self, what: str) -> None: ...
@@ -202,11 +205,26 @@ class Sync(Reads):
             return bool(s.scalar(select(exists().where(Pack.remote == name, Chunk.pack_id == Pack.id))))
 
     def _remote(self, name: str | None) -> tuple[t.RemoteInfo, RemoteStore]:
+        """Remote ``name`` (default: ``origin``, or the only one) and its store, opened once per
+        ``Repo`` (an S3 client costs a tenth of a second to make) and kept until ``close``."""
         remotes = remote_config.load(self.repo_dir)
         if name is None:
             name = DEFAULT_REMOTE if DEFAULT_REMOTE in remotes or len(remotes) != 1 else next(iter(remotes))
         info = remote_config.get(remotes, name)
-        return info, open_remote(info.url)
+        with self._stores_lock:
+            cached = self._stores.get(info.name)
+            if cached is None or cached[0] != info.url:
+                if cached is not None:
+                    cached[1].close()
+                cached = self._stores[info.name] = (info.url, open_remote(info.url))
+        return info, cached[1]
+
+    def _close_remotes(self) -> None:
+        """Release the remotes' stores (``Repo.close``)."""
+        with self._stores_lock:
+            stores, self._stores = list(self._stores.values()), {}
+        for _, store in stores:
+            store.close()
 
     # -- moving commits ------------------------------------------------------------------------
 
@@ -244,11 +262,8 @@ class Sync(Reads):
         targets = [Target(kind, name, cid) for kind, name, cid in names]
         info, store = self._remote(remote)
         started, meter = time.perf_counter(), Meter()
-        try:
-            done = push(self._sessions, self._reading, self._backend, store, info.name, self._repo_id(),
-                        self.config, targets, force=force, meter=meter, refresh=refresh)
-        finally:
-            store.close()
+        done = push(self._sessions, self._reading, self._backend, store, info.name, self._repo_id(),
+                    self.config, targets, force=force, meter=meter, refresh=refresh)
         return t.PushResult(remote=info.name, commits=done.commits, packs=done.packs, chunks=done.chunks,
                             bytes_uploaded=meter.bytes_written, refs=tuple(done.refs),
                             seconds=time.perf_counter() - started)
@@ -264,10 +279,7 @@ class Sync(Reads):
         self._settle()
         info, store = self._remote(remote)
         started, meter = time.perf_counter(), Meter()
-        try:
-            done = fetch(self._sessions, self._reading, self._backend, store, info.name, self._repo_id(), meter)
-        finally:
-            store.close()
+        done = fetch(self._sessions, self._reading, self._backend, store, info.name, self._repo_id(), meter)
         chunks = self._keep_revs(None if data is True else list(data), meter) if data else 0
         return t.FetchResult(remote=info.name, commits=done.commits, packs_indexed=done.packs_indexed,
                              bytes_downloaded=meter.bytes_read, refs=tuple(done.refs), pruned=done.pruned,

@@ -75,13 +75,17 @@ class Replicator:
             try:
                 self._push_all()
                 self.pushes += 1
+                if self.last_error is not None:
+                    log.warning("replication to remote %r works again", self.remote)
                 self.last_error = None
                 pause = MIN_PAUSE_S
             except Exception as exc:  # the training loop goes on; the next round retries
                 self.failures += 1
+                # One warning per outage (then debug lines), and one line when it ends.
+                report = log.warning if self.last_error is None else log.debug
                 self.last_error = exc
-                log.warning("replication to remote %r failed (commits stay on the local tier and are pushed "
-                            "when it is reachable again): %s", self.remote, exc)
+                report("replication to remote %r failed (commits stay on the local tier and are pushed when it is "
+                       "reachable again; retrying): %s", self.remote, exc)
                 with self._cond:
                     self._dirty = True
                     self._running = False
