@@ -45,6 +45,15 @@ class CommitHandle:
         """True once the commit is durable or has failed."""
         return self._future.done()
 
+    def add_done_callback(self, fn: Callable[[Commit], None]) -> None:
+        """Call ``fn(commit)`` once the commit is durable and visible (on the thread that finished
+        it, or at once if it has); not called when the commit fails."""
+        def done(future: Future[Commit]) -> None:
+            if not future.cancelled() and future.exception() is None:
+                fn(future.result())
+
+        self._future.add_done_callback(done)
+
     def wait(self, timeout: float | None = None) -> Commit:
         """The durable commit; re-raises a background failure; UsageError on timeout;
         ForkedProcess in a forked child while the commit is still in flight there."""

@@ -330,6 +330,12 @@ class Repo(Sync):
             fields = self._writer.collective_fields(meta, branch=branch or self.head)
             handle = native.commit(self._writer, scope.unwrapped(state), fields, group=group, blocking=blocking,
                                    entered=entered, allow_pickle=allow_pickle)
+            replicator = self._replicator
+            if replicator is not None:
+                import torch.distributed as dist
+
+                if dist.get_rank(group) == 0:  # the coordinator replicates the job's commit
+                    handle.add_done_callback(lambda commit: replicator.after_commit(commit.id))
         self._retention.track(handle)
         if wait_remote:
             self.wait_replicated(handle.wait().id)

@@ -101,8 +101,37 @@ def readme_block(kind: str, path: Path) -> None:
             (path / f"alone-{kind}.txt").write_text(alone.id)
 
 
+def replicated(path: Path) -> None:
+    """Commits of every rank to a repository that replicates: the coordinator's replicator pushes
+    them in the background, and rank 0 waits until the remote holds the last one."""
+    import ckptrepo
+
+    model, optim = make_model("ddp", 1)
+    with ckptrepo.Repo.open(path) as repo:
+        for step in range(1, STEPS + 1):
+            model(torch.randn(8, 64)).sum().backward()
+            optim.step()
+            optim.zero_grad()
+            last = repo.commit({"model": model, "optim": optim}, step=step).wait().id
+        if dist.get_rank() == 0:
+            repo.wait_replicated(last, timeout=60)
+            (path / "replicated.txt").write_text(last)
+
+
 def main() -> None:
     kind, path = sys.argv[1], Path(sys.argv[2])
+    if kind == "replicate":
+        os.environ.setdefault("CKPT_IDLE_REPACK", "0")
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+        try:
+            replicated(path)
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     os.environ.setdefault("CKPT_IDLE_REPACK", "0")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))

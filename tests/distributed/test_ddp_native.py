@@ -132,3 +132,16 @@ def test_optimizer_keys_are_mended_only_where_the_params_are_positions() -> None
     assert int_keys(by_name) is by_name
     other = {"state": {"0": 1}, "param_groups": []}
     assert int_keys(other) is other and int_keys([by_name, 3]) is not None
+
+
+def test_a_job_of_two_ranks_replicates_its_commits(tmp_path: Path) -> None:
+    """Commits made on every rank of a job are pushed to the replica by the coordinator, in the
+    background; a clone of the remote restores the last one bit-exactly."""
+    remote = tmp_path / "remote"
+    ckptrepo.Repo.init(tmp_path / "job", chunk_size=CHUNK, replicate_to=str(remote)).close()
+    _torchrun("replicate", tmp_path / "job")
+    last = (tmp_path / "job" / "replicated.txt").read_text()
+    with ckptrepo.Repo.open(tmp_path / "job") as repo, ckptrepo.Repo.clone(str(remote), tmp_path / "clone") as clone:
+        assert clone.resolve("main") == last == repo.resolve("main")
+        assert len(clone.log("main")) == len(repo.log("main"))
+        assert_states_equal(clone.checkout(last), repo.checkout(last))
