@@ -257,6 +257,14 @@ class ReplicationBacklog(CkptError):
             "the backlog and the last error. Commit again once it shrinks, or raise CKPT_REPLICATION_BACKLOG.")
 
 
+class ReplicaWaiting(CkptError):
+    """{chunks} chunks of the commits to replicate are on another node's store, not yet on remote {remote!r}."""
+
+    exit_code = 7
+    hint = ("Each node uploads its own packs (CKPT_NODE_STORE); the commit is published on the remote once "
+            "all of them are there. Replication retries by itself.")
+
+
 class NoPath(CkptError):
     """No lineage path between {a} and {b}: they share no ancestor."""
 

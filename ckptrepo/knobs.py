@@ -76,6 +76,9 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     # transaction ends; only a writer that died on another host leaves one this old.
     Knob("LEASE_TTL", 6 * 3600, "Seconds after which gc ignores (and deletes) a writer's lease it never released.",
          "21600 (6 h)"),
+    Knob("NODE_STORE", "", "A folder on this node's own disk where this process writes packs (a node-local "
+         "tier; ranks of one node share it); what it lacks is read from the repository's store and its remotes.",
+         "unset"),
     Knob("REPLICATION_BACKLOG", 0, "Bytes of commits not yet on the replica remote beyond which a new commit is "
          "refused (ReplicationBacklog); 0: no limit.", "0 (no limit)"),
     Knob("AUTHOR", _login_name, "The author recorded on commits.", "the login name"),

@@ -80,7 +80,9 @@ class Repo(Sync):
         try:
             if check_schema:
                 migrate.check_schema(self._engine)
-            self._backend = over_remotes(open_backend(config.store_url, repo_dir / "store"), repo_dir)
+            node = knobs.get_str("NODE_STORE") if self._read_only is None else None
+            self._backend = over_remotes(open_backend(config.store_url, repo_dir / "store"), repo_dir,
+                                         Path(node) if node else None)
         except BaseException:
             self._engine.dispose()
             raise
@@ -334,7 +336,13 @@ class Repo(Sync):
             if replicator is not None:
                 import torch.distributed as dist
 
-                if dist.get_rank(group) == 0:  # the coordinator replicates the job's commit
+                from ckptrepo.remote.tiered import TieredBackend
+
+                # The coordinator replicates the job's commit; over node-local stores, every rank
+                # uploads its node's packs and the coordinator publishes once all are there.
+                coordinator = dist.get_rank(group) == 0
+                if coordinator or (isinstance(self._backend, TieredBackend) and self._backend.node_local):
+                    replicator.publishes = coordinator
                     handle.add_done_callback(lambda commit: replicator.after_commit(commit.id))
         self._retention.track(handle)
         if wait_remote:

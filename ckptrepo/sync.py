@@ -133,11 +133,57 @@ class Sync(Reads):
 
     def _replicate(self, name: str) -> None:
         """One round of background replication: every branch and tag, without reading the remote's
-        other packs first (``remote.push`` ``refresh``)."""
+        other packs first (``remote.push`` ``refresh``). Over a node-local store
+        (``CKPT_NODE_STORE``), first this node's own packs the remote lacks, whole; then, by the
+        process that publishes (a job's coordinator), the commits, once every node's packs are
+        there (``ReplicaWaiting`` until then)."""
+        from ckptrepo.remote.tiered import TieredBackend
+
+        backend, replicator = self._backend, self._replicator
+        node = isinstance(backend, TieredBackend) and backend.node_local
+        if node:
+            self._upload_node_packs(name)
+            if replicator is not None and not replicator.publishes:
+                return
         with self._sessions() as s:
             names = self._all_refs(s)
         if names:
-            self._push(name, names, refresh=False)
+            self._push(name, names, refresh=False, waiting=node)
+
+    def _upload_node_packs(self, name: str) -> int:
+        """Upload, whole, the packs of this node's store that rows name and the remote lacks (as
+        far as this repository knows); returns how many."""
+        from sqlalchemy import select
+
+        from ckptrepo.chunks.pack import read_index
+        from ckptrepo.db.models import Pack, RemotePack
+        from ckptrepo.remote.index import PACK_KEY, record_pushed
+        from ckptrepo.remote.tiered import TieredBackend
+        from ckptrepo.remote.transfer import copy_whole
+
+        backend = self._backend
+        assert isinstance(backend, TieredBackend)
+        here = {m.group(2): (key, size) for key, size in backend.local.list_sized("packs/")
+                if (m := PACK_KEY.fullmatch(key)) is not None}
+        if not here:
+            return 0
+        with self._sessions() as s:
+            ids = sorted(here)
+            named = set(s.scalars(select(Pack.id).where(Pack.id.in_(ids), Pack.remote.is_(None))))
+            held = set(s.scalars(select(RemotePack.pack_id).where(RemotePack.remote == name,
+                                                                 RemotePack.pack_id.in_(ids))))
+        todo = {pid: read_index(backend.local, here[pid][0], pack_id=pid, size=here[pid][1])
+                for pid in sorted(named - held)}
+        if not todo:
+            return 0
+        from ckptrepo.remote.push import prepare
+
+        _, store = self._remote(name)
+        prepare(store.backend, store, self._repo_id(), self.config)
+        packs = copy_whole(backend.local, todo, store.backend, Meter())
+        with write_transaction(self._sessions) as s:
+            record_pushed(s, name, packs)
+        return len(packs)
 
     def _remote_holds(self, name: str, commit_id: str) -> bool:
         with self._sessions() as s:
@@ -256,14 +302,14 @@ class Sync(Reads):
                 if not r.name.startswith("conflicts/")]
 
     def _push(self, remote: str | None, names: Sequence[tuple[str, str, str]], *, force: bool = False,
-              refresh: bool = True) -> t.PushResult:
+              refresh: bool = True, waiting: bool = False) -> t.PushResult:
         from ckptrepo.remote.push import Target, push
 
         targets = [Target(kind, name, cid) for kind, name, cid in names]
         info, store = self._remote(remote)
         started, meter = time.perf_counter(), Meter()
         done = push(self._sessions, self._reading, self._backend, store, info.name, self._repo_id(),
-                    self.config, targets, force=force, meter=meter, refresh=refresh)
+                    self.config, targets, force=force, meter=meter, refresh=refresh, waiting=waiting)
         return t.PushResult(remote=info.name, commits=done.commits, packs=done.packs, chunks=done.chunks,
                             bytes_uploaded=meter.bytes_written, refs=tuple(done.refs),
                             seconds=time.perf_counter() - started)

@@ -33,12 +33,13 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from ckptrepo import faults
+from ckptrepo.chunks.pack import pack_key
 from ckptrepo.config import RepoConfig
 from ckptrepo.db import catalog
 from ckptrepo.db.engine import Sessions, write_transaction
 from ckptrepo.db.models import Chunk, Commit, Pack, Ref
 from ckptrepo.db.refs import reachable_from
-from ckptrepo.errors import IntegrityError, PushRejected, RemoteNotBare, StorageError, StoreInUse
+from ckptrepo.errors import IntegrityError, PushRejected, RemoteNotBare, ReplicaWaiting, StorageError, StoreInUse
 from ckptrepo.ids import short
 from ckptrepo.ledger import identity, journal, manifest
 from ckptrepo.ledger.leases import Lease
@@ -73,7 +74,9 @@ class Target:
     commit_id: str
 
 
-def _prepare(backend: Backend, store: RemoteStore, repo_id: str, config: RepoConfig) -> None:
+def prepare(backend: Backend, store: RemoteStore, repo_id: str, config: RepoConfig) -> None:
+    """Step 0: refuse a working repository's store or another repository's; claim and mark an
+    empty one (``remote.refs``)."""
     if store.working:
         raise RemoteNotBare(url=backend.url)
     owner = identity.read(backend)
@@ -184,12 +187,15 @@ def _split(reading: Sessions, locs: dict[str, ChunkLocation]) -> tuple[dict[str,
 
 def push(sessions: sessionmaker[Session], reading: Sessions, local: Backend, store: RemoteStore, name: str,
          repo_id: str, config: RepoConfig, targets: Sequence[Target], *, force: bool, meter: Meter,
-         refresh: bool = True) -> Pushed:
+         refresh: bool = True, waiting: bool = False) -> Pushed:
     """Push ``targets`` to remote ``name`` (``store``) in the order of the module docstring.
     ``refresh``: read the footers of remote packs this repository has not seen first (others'
-    pushes); without it (background replication), chunks another writer stored may be sent again."""
+    pushes); without it (background replication), chunks another writer stored may be sent again.
+    ``waiting``: the commits' chunks may be on other nodes' stores (``CKPT_NODE_STORE``), each
+    node uploading its own: ReplicaWaiting, before anything is uploaded, while some are neither
+    here nor on the remote."""
     backend = store.backend
-    _prepare(backend, store, repo_id, config)
+    prepare(backend, store, repo_id, config)
     out = Pushed()
     lease = Lease(backend, "push")
     lease.take()
@@ -216,6 +222,10 @@ def push(sessions: sessionmaker[Session], reading: Sessions, local: Backend, sto
             found = closure(lacking, lambda ids: catalog.chunks_by_id(s, sorted(ids)))
             bases = index.held(s, name, found.keys() - lacking)
             locs = {c: loc for c, loc in found.items() if c not in bases}
+        if waiting:  # node-local stores: publish once every node's own upload is on the remote
+            elsewhere = sum(1 for loc in locs.values() if not local.exists(pack_key(loc.pack_id)))
+            if elsewhere:
+                raise ReplicaWaiting(chunks=elsewhere, remote=name)
         whole, loose = _split(reading, locs)
         packs = copy_whole(local, whole, backend, meter) + copy(local, loose, backend, config.pack_target, meter)
         faults.point("push.after_packs")

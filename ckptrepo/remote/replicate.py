@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ckptrepo.errors import CkptError
+from ckptrepo.errors import CkptError, ReplicaWaiting
 
 log = logging.getLogger("ckptrepo")
 MIN_PAUSE_S = 0.5
@@ -45,6 +45,9 @@ class Replicator:
         self.last_error: CkptError | Exception | None = None
         self.pushes = 0
         self.failures = 0
+        self.publishes = True
+        """False: only this node's own packs go up (a rank of a job over node-local stores that is not
+        its coordinator); the coordinator's rounds publish the commits."""
 
     def after_commit(self, commit_id: str) -> None:
         """The commit engine's hook: mark work and wake the thread (never blocks, never raises)."""
@@ -74,11 +77,10 @@ class Replicator:
                 self._running = True
             try:
                 self._push_all()
-                self.pushes += 1
-                if self.last_error is not None:
-                    log.warning("replication to remote %r works again", self.remote)
-                self.last_error = None
-                pause = MIN_PAUSE_S
+            except ReplicaWaiting:  # other nodes' packs are on their way up: look again soon
+                if not self._again(MIN_PAUSE_S / 5):
+                    return
+                continue
             except Exception as exc:  # the training loop goes on; the next round retries
                 self.failures += 1
                 # One warning per outage (then debug lines), and one line when it ends.
@@ -86,18 +88,29 @@ class Replicator:
                 self.last_error = exc
                 report("replication to remote %r failed (commits stay on the local tier and are pushed when it is "
                        "reachable again; retrying): %s", self.remote, exc)
-                with self._cond:
-                    self._dirty = True
-                    self._running = False
-                    self._cond.notify_all()
-                    if self._closed:
-                        return
-                    self._cond.wait(pause)
+                if not self._again(pause):
+                    return
                 pause = min(pause * 2, MAX_PAUSE_S)
                 continue
+            self.pushes += 1
+            if self.last_error is not None:
+                log.warning("replication to remote %r works again", self.remote)
+            self.last_error = None
+            pause = MIN_PAUSE_S
             with self._cond:
                 self._running = False
                 self._cond.notify_all()
+
+    def _again(self, pause: float) -> bool:
+        """Mark the round to be run again after ``pause`` seconds; False once closed (stop)."""
+        with self._cond:
+            self._dirty = True
+            self._running = False
+            self._cond.notify_all()
+            if self._closed:
+                return False
+            self._cond.wait(pause)
+        return True
 
     def wait(self, commit_id: str, timeout: float | None = None) -> None:
         """Block until the remote holds ``commit_id``; after ``timeout`` seconds, raise the last

@@ -20,6 +20,7 @@ from ckptrepo.locations import ChunkLocation
 from ckptrepo.storage.base import Backend
 
 _PACKS = "packs/"
+SHARED = ".store"  # the name reads of the repository's own store go by, under a node-local store
 
 
 class TieredBackend:
@@ -29,11 +30,13 @@ class TieredBackend:
     first use). ``remotes``: a fixed list of ``(name, opener)`` instead (tests)."""
 
     def __init__(self, local: Backend, repo_dir: Path | None = None,
-                 remotes: list[tuple[str, Callable[[], Backend]]] | None = None) -> None:
+                 remotes: list[tuple[str, Callable[[], Backend]]] | None = None,
+                 shared: Backend | None = None) -> None:
         self.local = local
         self.url = local.url
         self._repo_dir = repo_dir
         self._fixed = remotes
+        self.shared = shared  # the repository's own store, under a node-local one (CKPT_NODE_STORE)
         self._stamp: float | None = None
         self.names: list[str] = []
         self._openers: dict[str, Callable[[], Backend]] = {}
@@ -68,6 +71,10 @@ class TieredBackend:
 
         self.names = [r.name for r in remotes]
         self._openers = {r.name: opener(r.url) for r in remotes}
+        if self.shared is not None:
+            shared = self.shared
+            self.names.insert(0, SHARED)
+            self._openers[SHARED] = lambda: shared
         self._where.clear()
         for name in list(self._open):
             if name not in self._openers:
@@ -185,13 +192,27 @@ class TieredBackend:
     def close(self) -> None:
         self.local.close()
         with self._lock:
-            for store in self._open.values():
-                store.close()
+            for name, store in self._open.items():
+                if name != SHARED:
+                    store.close()
+        if self.shared is not None:
+            self.shared.close()
+
+    @property
+    def node_local(self) -> bool:
+        """Whether ``local`` is a node-local store (``CKPT_NODE_STORE``) over the repository's."""
+        return self.shared is not None
 
 
-def over_remotes(local: Backend, repo_dir: Path) -> Backend:
-    """The store of the repository in ``repo_dir``: ``local``, read through to its remotes."""
-    return TieredBackend(local, repo_dir)
+def over_remotes(local: Backend, repo_dir: Path, node: Path | None = None) -> TieredBackend:
+    """The store of the repository in ``repo_dir``: ``local`` (its store), read through to its
+    remotes; with ``node`` (``CKPT_NODE_STORE``), that folder, read through to ``local`` first."""
+    if node is None:
+        return TieredBackend(local, repo_dir)
+    from ckptrepo.storage import LocalBackend
+
+    # This process's fast tier; every node's packs reach the others through a remote (``Sync._replicate``).
+    return TieredBackend(LocalBackend(node), repo_dir, shared=local)
 
 
 class RemoteCopy:

@@ -101,11 +101,14 @@ def readme_block(kind: str, path: Path) -> None:
             (path / f"alone-{kind}.txt").write_text(alone.id)
 
 
-def replicated(path: Path) -> None:
+def replicated(path: Path, nodes: bool = False) -> None:
     """Commits of every rank to a repository that replicates: the coordinator's replicator pushes
-    them in the background, and rank 0 waits until the remote holds the last one."""
+    them in the background, and rank 0 waits until the remote holds the last one. ``nodes``: each
+    rank is a node of its own, writing to a node-local store (``CKPT_NODE_STORE``)."""
     import ckptrepo
 
+    if nodes:
+        os.environ["CKPT_NODE_STORE"] = str(path / f"node{dist.get_rank()}")
     model, optim = make_model("ddp", 1)
     with ckptrepo.Repo.open(path) as repo:
         for step in range(1, STEPS + 1):
@@ -116,16 +119,17 @@ def replicated(path: Path) -> None:
         if dist.get_rank() == 0:
             repo.wait_replicated(last, timeout=60)
             (path / "replicated.txt").write_text(last)
+            torch.save(model.module.state_dict(), path / "replicated-model.pt")
 
 
 def main() -> None:
     kind, path = sys.argv[1], Path(sys.argv[2])
-    if kind == "replicate":
+    if kind in ("replicate", "nodes"):
         os.environ.setdefault("CKPT_IDLE_REPACK", "0")
         torch.set_num_threads(1)
         dist.init_process_group("gloo", timeout=timedelta(seconds=60))
         try:
-            replicated(path)
+            replicated(path, nodes=kind == "nodes")
             dist.barrier()
         finally:
             dist.destroy_process_group()

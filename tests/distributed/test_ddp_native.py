@@ -145,3 +145,26 @@ def test_a_job_of_two_ranks_replicates_its_commits(tmp_path: Path) -> None:
         assert clone.resolve("main") == last == repo.resolve("main")
         assert len(clone.log("main")) == len(repo.log("main"))
         assert_states_equal(clone.checkout(last), repo.checkout(last))
+
+
+def test_node_local_stores_each_upload_their_own_packs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ranks as two nodes, each writing to a store of its own (``CKPT_NODE_STORE``): each uploads
+    its own packs, the coordinator publishes once both are on the remote; with one node's store
+    lost, the commit restores from the remote, through a clone and through the job's repository."""
+    remote, job = tmp_path / "remote", tmp_path / "job"
+    ckptrepo.Repo.init(job, chunk_size=CHUNK, replicate_to=str(remote)).close()
+    _torchrun("nodes", job)
+    last = (job / "replicated.txt").read_text()
+    for node in ("node0", "node1"):
+        assert list((job / node / "packs").rglob("*.pack")), node  # each node wrote its share there
+    assert not list((job / ".ckpt" / "store").rglob("*.pack"))  # nothing went to the shared store
+    trained = torch.load(job / "replicated-model.pt", weights_only=True)
+    import shutil
+
+    shutil.rmtree(job / "node1")  # one node's disk is lost
+    with ckptrepo.Repo.clone(str(remote), tmp_path / "clone") as clone:
+        assert clone.resolve("main") == last
+        assert_states_equal(clone.checkout(last, part="model"), dict(trained))
+    monkeypatch.setenv("CKPT_NODE_STORE", str(job / "node0"))
+    with ckptrepo.Repo.open(job) as repo:
+        assert_states_equal(repo.checkout(last, part="model"), dict(trained))
