@@ -38,6 +38,7 @@ from ckptrepo.db.models import Commit, Pack, Ref, RemotePack
 from ckptrepo.db.refs import check_ref_name, reachable_from
 from ckptrepo.errors import CkptError, InvalidRefName, StoreInUse
 from ckptrepo.ledger import identity, journal, manifest
+from ckptrepo.ledger.leases import Lease
 from ckptrepo.locations import ChunkLocation
 from ckptrepo.maintenance.rebuild import in_order, placeholder, record_bodies
 from ckptrepo.maintenance.replay import replay_refs
@@ -229,31 +230,45 @@ def fetch(sessions: sessionmaker[Session], reading: Sessions, local: Backend, st
         pack_ids = sorted({loc.pack_id for loc in fetched.values()})
         pack_rows = {r.pack_id: r for r in s.scalars(select(RemotePack).where(
             RemotePack.remote == name, RemotePack.pack_id.in_(pack_ids)))} if pack_ids else {}
-    # 4. Manifests into the local store, verbatim, before the transaction names them.
-    with ThreadPoolExecutor(_READERS, thread_name_prefix="ckpt-fetch") as pool:
-        list(pool.map(lambda b: manifest.write(local, b), [b for b in order if b["id"] not in lost]))
-    pruned = _remote_pruned(backend) if order else set()
-    now = datetime.now(timezone.utc)
-    with write_transaction(sessions) as s:
-        conn = s.connection()
-        present = set(s.scalars(select(Pack.id).where(Pack.id.in_(pack_ids)))) if pack_ids else set()
-        insert_tuples(conn, Pack, ("id", "size", "n_chunks", "deferred", "created_at", "remote"),
-                      sorted((p, pack_rows[p].size, pack_rows[p].n_chunks, False, now, name)
-                             for p in pack_ids if p not in present and p in pack_rows))
-        catalog.insert_chunks(s, [loc for loc in fetched.values()
-                                  if loc.pack_id in pack_rows or loc.pack_id in present])
-        unreadable = record_bodies(s, order, sizes)
+    # 4. Manifests into the local store, verbatim, before the transaction names them; a lease in
+    # the local store from before them until the transaction ended (a gc meanwhile keeps them).
+    lease = Lease(local, "fetch")
+    lease.take()
+    mark_key: str | None = None
+    try:
+        with ThreadPoolExecutor(_READERS, thread_name_prefix="ckpt-fetch") as pool:
+            list(pool.map(lambda b: manifest.write(local, b), [b for b in order if b["id"] not in lost]))
+        pruned = _remote_pruned(backend) if order else set()
         ids = [b["id"] for b in order]
         marked = sorted(pruned & set(ids))
-        for cid in marked:
-            s.execute(update(Commit).where(Commit.id == cid).values(pruned=True))
-        for cid, why in {**{c: w for c, w in unreadable.items() if c not in pruned}, **damaged}.items():
-            if cid in ids:
-                s.execute(update(Commit).where(Commit.id == cid).values(damage=why))
-        out.refs = _update_refs(s, name, heads, now, keep={branch for kind, branch in bad_refs if kind == "branch"})
-        index.record_commits(s, name, ids)
-        index.record_commits(s, name, heads.values())
-        faults.point("fetch.before_commit")
+        now = datetime.now(timezone.utc)
+        # The remote's prune marks on what is fetched go to this store's journal too (a rebuild).
+        mark_key = journal.append(local, {"op": "prune", "commits": marked}) if marked else None
+        with write_transaction(sessions) as s:
+            conn = s.connection()
+            present = set(s.scalars(select(Pack.id).where(Pack.id.in_(pack_ids)))) if pack_ids else set()
+            insert_tuples(conn, Pack, ("id", "size", "n_chunks", "deferred", "created_at", "remote"),
+                          sorted((p, pack_rows[p].size, pack_rows[p].n_chunks, False, now, name)
+                                 for p in pack_ids if p not in present and p in pack_rows))
+            catalog.insert_chunks(s, [loc for loc in fetched.values()
+                                      if loc.pack_id in pack_rows or loc.pack_id in present])
+            unreadable = record_bodies(s, order, sizes)
+            if mark_key is not None:
+                catalog.record_journal_key(s, mark_key)
+            for cid in marked:
+                s.execute(update(Commit).where(Commit.id == cid).values(pruned=True))
+            for cid, why in {**{c: w for c, w in unreadable.items() if c not in pruned}, **damaged}.items():
+                if cid in ids:
+                    s.execute(update(Commit).where(Commit.id == cid).values(damage=why))
+            out.refs = _update_refs(s, name, heads, now, keep={branch for kind, branch in bad_refs if kind == "branch"})
+            index.record_commits(s, name, ids)
+            index.record_commits(s, name, heads.values())
+            faults.point("fetch.before_commit")
+    except BaseException:
+        journal.discard(local, mark_key)  # the change did not happen
+        raise
+    finally:
+        lease.release()
     faults.point("fetch.after_commit")
     out.commits, out.pruned, out.new_ids = len(order), len(marked), ids
     return out
