@@ -111,11 +111,12 @@ class TieredBackend:
         return self.remote_store(name)
 
     def is_local(self, key: str) -> bool:
-        """Whether the local store holds ``key`` (packs found once are remembered)."""
+        """Whether the local store holds ``key`` (packs, immutable, found once are remembered)."""
         if key in self._here:
             return True
         if self.local.exists(key):
-            self._here.add(key)
+            if key.startswith(_PACKS):
+                self._here.add(key)
             return True
         return False
 
@@ -123,6 +124,7 @@ class TieredBackend:
         if not key.startswith(_PACKS) or self.is_local(key):
             return self.local
         return self._remote_for(key)
+
 
     def _read(self, key: str, read: Callable[[Backend], object]) -> object:
         source = self._source(key)
@@ -152,10 +154,10 @@ class TieredBackend:
         return self._read(key, lambda b: b.mtime(key))  # type: ignore[return-value]
 
     def exists(self, key: str) -> bool:
+        if not key.startswith(_PACKS):
+            return self.local.exists(key)
         if self.is_local(key):
             return True
-        if not key.startswith(_PACKS):
-            return False
         try:
             self._remote_for(key)
             return True

@@ -50,7 +50,7 @@ def test_gc_with_grace_0_keeps_every_ranks_packs_until_the_commit_is_recorded(tm
     waiter.start()
     pid_file = tmp_path / "rank0.pid"
     end = time.monotonic() + 180
-    while not (pid_file.exists() and _stopped(int(pid_file.read_text()))):
+    while not (pid_file.exists() and pid_file.read_text().strip() and _stopped(int(pid_file.read_text()))):
         assert time.monotonic() < end and waiter.is_alive(), f"the coordinator never stopped: {joined}"
         time.sleep(0.02)
     try:

@@ -39,7 +39,7 @@ def _objects(url: str) -> list[str]:
 
 def test_repo_on_s3_commit_checkout_verify_gc(tmp_path: Path, s3_url: str) -> None:
     with Repo.init(tmp_path / "work", store_url=s3_url, chunk_size=16 << 10) as repo:
-        assert isinstance(parts(repo).backend, S3Backend)
+        assert isinstance(parts(repo).backend.local, S3Backend)  # under the read-through to remotes
         first = repo.commit(_state(1), step=1, blocking=True).wait()
         assert _objects(s3_url) and all(key.startswith(("repo/store/packs/", "repo/store/manifests/"))
                                         or key == "repo/store/repository.json" for key in _objects(s3_url))
