@@ -24,7 +24,7 @@ import shutil
 import tempfile
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import suppress
 from pathlib import Path
 from typing import Any, NoReturn
@@ -230,14 +230,9 @@ class S3Backend:
     def read_versioned(self, key: str) -> tuple[bytes, str] | None:
         """The bytes and a token: the object's ETag."""
         name = self._name(key)
-        try:
-            response: dict[str, Any] = self._client.get_object(Bucket=self.bucket, Key=name)
-        except ClientError as exc:
-            if _code(exc) in _MISSING_CODES:
-                return None
-            self._fail(exc, "read", key)
-        except BotoCoreError as exc:
-            self._fail(exc, "read", key)
+        response = self._or_none(key, lambda: self._client.get_object(Bucket=self.bucket, Key=name))
+        if response is None:
+            return None
         body = response["Body"]
         try:
             data: bytes = body.read()
@@ -268,18 +263,22 @@ class S3Backend:
             self._fail(exc, "store", key)
         return str(response["ETag"])
 
-    def _head(self, key: str) -> dict[str, Any] | None:
-        """The object's HEAD response, or None if there is no such object."""
-        name = self._name(key)
+    def _or_none(self, key: str, request: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+        """The response of a read ``request`` of ``key``, or None when there is no such object
+        (other failures: ``_fail``)."""
         try:
-            head: dict[str, Any] = self._client.head_object(Bucket=self.bucket, Key=name)
+            return request()
         except ClientError as exc:
             if _code(exc) in _MISSING_CODES:
                 return None
             self._fail(exc, "read", key)
         except BotoCoreError as exc:
             self._fail(exc, "read", key)
-        return head
+
+    def _head(self, key: str) -> dict[str, Any] | None:
+        """The object's HEAD response, or None if there is no such object."""
+        name = self._name(key)
+        return self._or_none(key, lambda: self._client.head_object(Bucket=self.bucket, Key=name))
 
     def _stat(self, key: str) -> dict[str, Any]:
         head = self._head(key)
