@@ -408,6 +408,16 @@ class RemoteChunk(Base):
     base_id: Mapped[str | None] = mapped_column(Id, default=None)
 
 
+class RemoteBundle(Base):
+    """A bundle of remote ``remote`` this repository has read or written (``remote.bundles``);
+    ``covered``: a later bundle repeats its items."""
+
+    __tablename__ = "remote_bundles"
+    remote: Mapped[str] = mapped_column(String(80), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    covered: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+
+
 class RemoteCommit(Base):
     """Remote ``remote`` holds commit ``commit_id``'s manifest (and so its data, which a push
     uploads first): the commit's tier state."""

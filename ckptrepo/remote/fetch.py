@@ -7,7 +7,8 @@ Order (nothing is visible before the last step):
 2. The manifests of the commits those heads reach that this repository lacks, walking parents,
    each checked through the manifest chain (``ledger.manifest``); a commit whose manifest is
    missing or refused becomes a damaged lineage node, as in a rebuild.
-3. The footers of the remote's packs not seen before (``remote.index``).
+3. The remote's bundles not read before (``remote.bundles``: the pack indexes and manifests of
+   a push in one object), then the footers of the packs no bundle described (``remote.index``).
 4. The manifests are stored in this repository's store, verbatim (durable before the
    transaction, as a commit's own are: a rebuild from the local store finds them).
 5. One transaction: the rows of the chunks this repository lacks, pointing at the remote's packs
@@ -205,9 +206,12 @@ def fetch(sessions: sessionmaker[Session], reading: Sessions, local: Backend, st
     bad_refs: dict[tuple[str, str], str] = {}
     heads, cached = remote_heads(store, backend, bad_refs)
     out.problems.extend(bad_refs.values())
+    in_bundles, bundle_packs, problems = index.read_bundles(sessions, backend, name)  # a few objects per push
+    out.problems.extend(problems)
+    cached = {**in_bundles, **cached}
     bodies, lost = _walk(reading, backend, set(heads.values()), cached, out.problems)
-    read, problems = index.refresh(sessions, backend, name)
-    out.packs_indexed = read
+    read, problems = index.refresh(sessions, backend, name)  # the footers of packs no bundle described
+    out.packs_indexed = read + bundle_packs
     out.problems.extend(problems)
     # Lost commits become damaged nodes (their children are kept), dated by their oldest child.
     damaged: dict[str, str] = dict(lost)

@@ -12,12 +12,13 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from ckptrepo.db.engine import insert_tuples, write_transaction
-from ckptrepo.db.models import RemoteChunk, RemoteCommit, RemotePack
+from ckptrepo.db.models import RemoteBundle, RemoteChunk, RemoteCommit, RemotePack
 from ckptrepo.errors import CkptError
 from ckptrepo.locations import ChunkLocation
 from ckptrepo.storage.base import Backend
@@ -36,6 +37,7 @@ def refresh(sessions: sessionmaker[Session], backend: Backend, remote: str) -> t
     """Read the footers of the remote's packs not read before and record them; returns how many
     packs were read and what could not be used (a damaged or foreign footer), each with why."""
     from ckptrepo.chunks.pack import read_index  # numpy: loaded when a remote is read
+
     listed = [(m.group(2), key, size) for key, size in backend.list_sized("packs/")
               if (m := PACK_KEY.fullmatch(key)) is not None and m.group(2).startswith(m.group(1))]
     with sessions() as s:
@@ -53,27 +55,17 @@ def refresh(sessions: sessionmaker[Session], backend: Backend, remote: str) -> t
     read = 0
     with ThreadPoolExecutor(_READERS, thread_name_prefix="ckpt-remote") as pool:
         results = list(pool.map(one, todo))
-    packs: list[tuple[str, str, int, int]] = []
-    chunks: dict[str, ChunkLocation] = {}
+    packs: dict[str, tuple[int, list[ChunkLocation]]] = {}
     for got in results:
         if isinstance(got, str):
             problems.append(got)
             continue
         pid, size, entries = got
         read += 1
-        packs.append((remote, pid, size, len(entries)))
-        for loc in entries:
-            have = chunks.get(loc.chunk_id)
-            if have is None or loc.depth < have.depth:
-                chunks[loc.chunk_id] = loc
+        packs[pid] = (size, entries)
     if packs:
         with write_transaction(sessions) as s:
-            conn = s.connection()
-            insert_tuples(conn, RemotePack, ("remote", "pack_id", "size", "n_chunks"), sorted(packs), ignore=True)
-            rows = sorted((remote, c.chunk_id, c.pack_id, c.offset, c.length, c.raw_length, c.encoding, c.depth,
-                           c.base_id) for c in chunks.values())
-            insert_tuples(conn, RemoteChunk, ("remote", "chunk_id", "pack_id", "offset", "length", "raw_length",
-                                              "encoding", "depth", "base_id"), rows, ignore=True)
+            _record_read(s, remote, packs)
     return read, problems
 
 
@@ -125,5 +117,87 @@ def commits_held(s: Session, remote: str) -> set[str]:
 
 def forget(s: Session, remote: str) -> None:
     """Drop everything cached about ``remote`` (it was removed), in ``s``'s transaction."""
-    for model in (RemoteChunk, RemotePack, RemoteCommit):
+    for model in (RemoteChunk, RemotePack, RemoteCommit, RemoteBundle):
         s.execute(delete(model).where(model.remote == remote))
+
+
+def read_bundles(sessions: sessionmaker[Session], backend: Backend, remote: str
+                 ) -> tuple[dict[str, Any], int, list[str]]:
+    """Read the remote's bundles this repository has not seen (newest first; one a read bundle
+    covers is skipped), record their packs as read footers are, and mark them seen; returns the
+    manifests they hold (checked) by commit id, how many packs they described, and what in them
+    failed its checks."""
+    from ckptrepo.remote import bundles
+
+    listed = sorted((key for key in backend.list(bundles.PREFIX) if bundles.is_key(key)), reverse=True)
+    with sessions() as s:
+        seen = {key: covered for key, covered in s.execute(
+            select(RemoteBundle.key, RemoteBundle.covered).where(RemoteBundle.remote == remote))}
+    manifests: dict[str, Any] = {}
+    problems: list[str] = []
+    found: list[tuple[str, bundles.Bundle]] = []
+    skip = {key for key, covered in seen.items() if covered}
+    for key in listed:
+        if key in seen or key in skip:
+            continue
+        try:
+            got = bundles.read(backend.get(key), key)
+        except CkptError as exc:
+            problems.append(str(exc))
+            continue
+        found.append((key, got))
+        skip.update(got.covers)
+        problems.extend(got.problems)
+        for cid, body in got.manifests.items():
+            manifests.setdefault(cid, body)
+    packs = {pid: item for _, got in found for pid, item in got.packs.items()}
+    with write_transaction(sessions) as s:
+        _record_read(s, remote, packs)
+        rows = sorted({(remote, key, False) for key, _ in found} | {(remote, key, True) for key in skip
+                                                                   if key not in seen or not seen[key]})
+        if rows:
+            insert_tuples(s.connection(), RemoteBundle, ("remote", "key", "covered"), rows, ignore=True)
+            covered = sorted({key for _, key, c in rows if c})
+            for start in range(0, len(covered), _BATCH):
+                s.execute(update(RemoteBundle).where(RemoteBundle.remote == remote, RemoteBundle.key.in_(
+                    covered[start : start + _BATCH])).values(covered=True))
+    return manifests, len(packs), problems
+
+
+def _record_read(s: Session, remote: str, packs: dict[str, tuple[int, list[ChunkLocation]]]) -> None:
+    """Record packs whose index was read (``(size, entries)`` by id), in ``s``'s transaction."""
+    if not packs:
+        return
+    conn = s.connection()
+    insert_tuples(conn, RemotePack, ("remote", "pack_id", "size", "n_chunks"),
+                  sorted((remote, pid, size, len(entries)) for pid, (size, entries) in packs.items()), ignore=True)
+    chunks: dict[str, ChunkLocation] = {}
+    for _, entries in packs.values():
+        for loc in entries:
+            have = chunks.get(loc.chunk_id)
+            if have is None or loc.depth < have.depth:
+                chunks[loc.chunk_id] = loc
+    insert_tuples(conn, RemoteChunk, ("remote", "chunk_id", "pack_id", "offset", "length", "raw_length", "encoding",
+                                      "depth", "base_id"),
+                  sorted((remote, c.chunk_id, c.pack_id, c.offset, c.length, c.raw_length, c.encoding, c.depth,
+                          c.base_id) for c in chunks.values()), ignore=True)
+
+
+def bundles_to_fold(s: Session, remote: str, listed: list[str]) -> list[str]:
+    """Of the remote's bundles ``listed``, those no bundle covers (as far as this repository
+    knows), when there are enough to fold into the next one (``bundles.FOLD_AT``); else none."""
+    from ckptrepo.remote import bundles
+
+    covered = set(s.scalars(select(RemoteBundle.key).where(RemoteBundle.remote == remote,
+                                                            RemoteBundle.covered.is_(True))))
+    open_ = [key for key in listed if key not in covered]
+    return open_ if len(open_) >= bundles.FOLD_AT else []
+
+
+def record_bundle(s: Session, remote: str, key: str, covers: list[str]) -> None:
+    """Record a bundle this repository wrote and those it covers, in ``s``'s transaction."""
+    insert_tuples(s.connection(), RemoteBundle, ("remote", "key", "covered"),
+                  sorted({(remote, key, False), *((remote, c, True) for c in covers)}), ignore=True)
+    for start in range(0, len(covers), _BATCH):
+        s.execute(update(RemoteBundle).where(RemoteBundle.remote == remote, RemoteBundle.key.in_(
+            covers[start : start + _BATCH])).values(covered=True))

@@ -11,8 +11,9 @@ last step, and every step before it is safe to repeat or to abandon:
 2. Packs: the chunks the commits to send need (their tensors' and, transitively, the delta bases)
    that the remote does not hold (``remote.index``, refreshed from its footers first), packed
    anew (``remote.transfer``): never whole local packs with other data in them.
-3. Manifests of the commits the remote lacks, verbatim; a journal entry with the prune marks of
-   the pruned ones among them.
+3. Manifests of the commits the remote lacks, verbatim; a bundle describing this push's packs and
+   manifests in one object (``remote.bundles``; many earlier ones folded in); a journal entry
+   with the prune marks of the pruned ones among them.
 4. Refs, one compare-and-swap each (``remote.refs.swap``), against the version read in step 1: a
    ref that moved meanwhile is refused (``PushRejected``), and what was uploaded for it stays
    invisible (a fetch follows refs only).
@@ -39,12 +40,20 @@ from ckptrepo.db import catalog
 from ckptrepo.db.engine import Sessions, write_transaction
 from ckptrepo.db.models import Chunk, Commit, Pack, Ref
 from ckptrepo.db.refs import reachable_from
-from ckptrepo.errors import IntegrityError, PushRejected, RemoteNotBare, ReplicaWaiting, StorageError, StoreInUse
+from ckptrepo.errors import (
+    CkptError,
+    IntegrityError,
+    PushRejected,
+    RemoteNotBare,
+    ReplicaWaiting,
+    StorageError,
+    StoreInUse,
+)
 from ckptrepo.ids import short
 from ckptrepo.ledger import identity, journal, manifest
 from ckptrepo.ledger.leases import Lease
 from ckptrepo.locations import ChunkLocation
-from ckptrepo.remote import index, refs
+from ckptrepo.remote import bundles, index, refs
 from ckptrepo.remote.stores import RemoteStore
 from ckptrepo.remote.transfer import Meter, closure, copy, copy_whole
 from ckptrepo.storage.base import Backend
@@ -185,6 +194,31 @@ def _split(reading: Sessions, locs: dict[str, ChunkLocation]) -> tuple[dict[str,
     return whole, loose
 
 
+def _bundle(sessions: sessionmaker[Session], reading: Sessions, backend: Backend, name: str,
+            packs: Sequence[tuple[str, int, list[ChunkLocation]]], sent: Sequence[tuple[str, str, bytes]],
+            meter: Meter) -> None:
+    """Step 3b: one bundle of the packs and manifests this push stored (``remote.bundles``), with
+    the remote's uncovered bundles folded in once there are many."""
+    tails = [(pid, size, tail) for pid, size, entries in packs
+             if (tail := bundles.tail_of(pid, size, entries)) is not None]
+    if not tails and not sent:
+        return
+    listed = [key for key in backend.list(bundles.PREFIX) if bundles.is_key(key)]
+    with reading() as s:
+        fold = index.bundles_to_fold(s, name, listed)
+    folded, covers = [], []
+    for key in fold:
+        try:
+            folded.append(bundles.read(backend.get(key), key))
+            covers.append(key)
+        except CkptError:
+            continue  # a damaged one stays uncovered: readers report it
+    key, size = bundles.write(backend, tails, sent, fold=folded, covers=covers)
+    meter.wrote(size)
+    with write_transaction(sessions) as s:
+        index.record_bundle(s, name, key, covers)
+
+
 def push(sessions: sessionmaker[Session], reading: Sessions, local: Backend, store: RemoteStore, name: str,
          repo_id: str, config: RepoConfig, targets: Sequence[Target], *, force: bool, meter: Meter,
          refresh: bool = True, waiting: bool = False) -> Pushed:
@@ -233,21 +267,23 @@ def push(sessions: sessionmaker[Session], reading: Sessions, local: Backend, sto
             index.record_pushed(s, name, packs)
         out.packs, out.chunks = len(packs), sum(len(e) for _, _, e in packs)
         # 3. Manifests, then the prune marks of those sent.
-        def put_manifest(cid: str) -> None:
+        def put_manifest(cid: str) -> tuple[str, str, bytes] | None:
             try:
                 key = manifest.stored_key(local, cid)
                 data = local.get(key)
             except StorageError as exc:
                 if states.get(cid, (False, None))[1] is not None:
-                    return  # a damaged commit's manifest is lost here too: its children carry the lineage
+                    return None  # a damaged commit's manifest is lost here too: its children carry the lineage
                 raise IntegrityError(
                     f"commit {short(cid)} has no manifest in this repository's store",
                     hint="Run `ckpt db manifests` to write the missing ones, then push again.") from exc
             backend.put_bytes(key, data)
             meter.wrote(len(data))
+            return cid, key, data
 
         with ThreadPoolExecutor(_WRITERS, thread_name_prefix="ckpt-push") as pool:
-            list(pool.map(put_manifest, send))
+            sent = [m for m in pool.map(put_manifest, send) if m is not None]
+        _bundle(sessions, reading, backend, name, packs, sent, meter)
         pruned = sorted(cid for cid in send if states.get(cid, (False, None))[0])
         if pruned:
             journal.append(backend, {"op": "prune", "commits": pruned})

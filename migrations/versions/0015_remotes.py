@@ -14,6 +14,8 @@ footers, manifests and ref objects say what it holds.
   ``push`` sends only chunks without such a row.
 - ``remote_commits (remote, commit_id)``: commits whose manifest the remote holds (a commit's
   tier state).
+- ``remote_bundles (remote, key)``: the remote's bundles this repository has read (or wrote), and
+  whether a later bundle covers them (``remote.bundles``).
 
 ``packs.remote``: NULL for a pack in this repository's store, else the remote whose pack a row
 names (chunks fetched and not read yet: a lazy clone reads them through that remote).
@@ -61,6 +63,13 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("remote", "chunk_id", name="pk_remote_chunks"),
     )
     op.create_table(
+        "remote_bundles",
+        sa.Column("remote", sa.String(80), nullable=False),
+        sa.Column("key", sa.String(255), nullable=False),
+        sa.Column("covered", sa.Boolean(), nullable=False, server_default=sa.false()),
+        sa.PrimaryKeyConstraint("remote", "key", name="pk_remote_bundles"),
+    )
+    op.create_table(
         "remote_commits",
         sa.Column("remote", sa.String(80), nullable=False),
         sa.Column("commit_id", _ID, nullable=False),
@@ -71,6 +80,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.execute(sa.text("DELETE FROM refs WHERE kind = 'remote'"))
     op.drop_table("remote_commits")
+    op.drop_table("remote_bundles")
     op.drop_table("remote_chunks")
     op.drop_table("remote_packs")
     bind = op.get_bind()

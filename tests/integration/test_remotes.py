@@ -223,6 +223,11 @@ def test_damage_on_the_remote_never_reads_back_as_data(tmp_path: Path) -> None:
     data = bytearray(key.read_bytes())
     data[len(data) // 2] ^= 1
     key.write_bytes(bytes(data))
+    with ckptrepo.Repo.clone(str(remote), tmp_path / "b0") as clone:  # the push's bundle has a good copy
+        assert clone.fetched is not None and clone.fetched.ok
+        _check_all(clone, states)
+    bundles = remote / "bundles"
+    bundles.rename(tmp_path / "bundles-away")  # without it, the manifest itself is read
     with ckptrepo.Repo.clone(str(remote), tmp_path / "b") as clone:
         assert clone.fetched is not None and not clone.fetched.ok
         assert any(victim[:10] in why for why in clone.fetched.skipped)
