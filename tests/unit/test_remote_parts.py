@@ -124,3 +124,47 @@ def test_the_tiered_store_reads_through_and_writes_here() -> None:
     assert list(store.list("packs/")) == ["packs/aa/x.pack"] and list(remote.list("packs/")) == ["packs/aa/x.pack"]
     with pytest.raises(StorageError):
         store.get("packs/bb/none.pack")
+
+
+def _pack(tmp_path: Path) -> tuple[str, int, list[ChunkLocation], bytes]:
+    from ckptrepo.chunks.pack import PackWriter
+    from ckptrepo.ids import hash_bytes
+
+    writer = PackWriter(tmp_path)
+    for i in range(3):
+        payload = bytes([i]) * 100
+        writer.add(hash_bytes(payload), 0, payload, 100)
+    pid, path, entries = writer.finish()
+    return pid, path.stat().st_size, entries, path.read_bytes()
+
+
+def test_a_bundle_carries_pack_indexes_and_manifests_each_checked(tmp_path: Path) -> None:
+    import base64
+
+    from ckptrepo.remote import bundles
+
+    pid, size, entries, data = _pack(tmp_path)
+    tail = bundles.tail_of(pid, size, entries)
+    assert tail is not None and data.endswith(tail)
+    assert bundles.tail_of(pid, size, entries[:2]) is None  # not that pack's rows
+    store = MemoryBackend()
+    key, _ = bundles.write(store, [(pid, size, tail)], [])
+    assert bundles.is_key(key)
+    got = bundles.read(store.get(key), key)
+    assert got.packs == {pid: (size, entries)} and not got.problems
+    # An index that does not hash to its pack's id is refused, the rest of the bundle kept.
+    other = bytearray(tail)
+    other[5] ^= 1
+    key2, _ = bundles.write(store, [(pid, size, bytes(other)), ("ab" * 32, size, tail)], [])
+    got = bundles.read(store.get(key2), key2)
+    assert got.packs == {} and len(got.problems) == 2
+    # A damaged frame is one IntegrityError naming the bundle.
+    with pytest.raises(IntegrityError) as caught:
+        bundles.read(store.get(key)[:-3], key)
+    assert key in caught.value.message
+    # Folding: the new bundle repeats the old one's items and says it covers it.
+    folded = bundles.read(store.get(key), key)
+    key3, _ = bundles.write(store, [], [], fold=[folded], covers=[key])
+    got = bundles.read(store.get(key3), key3)
+    assert got.covers == [key] and pid in got.packs
+    assert base64.b64decode(got.tails[pid][1]) == tail
