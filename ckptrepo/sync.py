@@ -109,12 +109,15 @@ class Sync(Reads):
         repository is read-only). At most one remote replicates."""
         from ckptrepo.remote.replicate import Replicator
 
-        chosen = [r for r in remote_config.load(self.repo_dir).values() if r.replicate]
+        chosen = sorted((r for r in remote_config.load(self.repo_dir).values() if r.replicate), key=lambda r: r.name)
         if not chosen or self._read_only is not None:
             return None
-        if len(chosen) > 1:
-            raise UsageError(f"remotes {', '.join(r.name for r in chosen)} are all marked to replicate",
-                             hint="Keep one: `ckpt remote remove NAME` and add it again without --replicate.")
+        if len(chosen) > 1:  # only an edited remotes.json has two; the repository must still open
+            import logging
+
+            logging.getLogger("ckptrepo").warning(
+                "remotes %s are all marked to replicate; only %r does (`ckpt remote remove` the others and add them "
+                "again without --replicate)", ", ".join(r.name for r in chosen), chosen[0].name)
         name = chosen[0].name
         replicator = Replicator(name, lambda: self._replicate(name), lambda cid: self._remote_holds(name, cid))
         return replicator
@@ -186,8 +189,10 @@ class Sync(Reads):
         return len(packs)
 
     def _remote_holds(self, name: str, commit_id: str) -> bool:
+        from ckptrepo.db import tiers
+
         with self._sessions() as s:
-            return commit_id in index.commits_held(s, name) if commit_id else True
+            return tiers.holds(s, name, commit_id) if commit_id else True
 
     @property
     def replica(self) -> str | None:

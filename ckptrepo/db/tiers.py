@@ -45,6 +45,16 @@ def _held(remote: str) -> CTE:
     return held.union(select(Edge.parent_id.label("id")).where(Edge.child_id == held.c.id))
 
 
+def holds(s: Session, remote: str, commit_id: str) -> bool:
+    """Whether ``remote`` holds commit ``commit_id`` (its manifest, or a commit it holds descends
+    from it)."""
+    if s.scalar(select(RemoteCommit.commit_id).where(RemoteCommit.remote == remote,
+                                                     RemoteCommit.commit_id == commit_id)) is not None:
+        return True
+    held = _held(remote)
+    return s.scalar(select(held.c.id).where(held.c.id == commit_id)) is not None
+
+
 def _local() -> CTE:
     """A recursive CTE of the commits this repository's branches and tags reach."""
     roots = select(Ref.commit_id.label("id")).where(Ref.kind.in_(("branch", "tag")),
