@@ -209,7 +209,8 @@ class Repo(Sync):
         folder.check_writable(repo_dir, config, "rebuild the database")
         backend = open_backend(config.store_url, repo_dir / "store")
         try:
-            return rebuild(repo_dir, config, backend, replace=replace)
+            return rebuild(repo_dir, config, backend, replace=replace,
+                           remote_packs=lambda: _remote_packs(repo_dir))
         finally:
             backend.close()
 
@@ -558,3 +559,28 @@ class Repo(Sync):
 
         self._settle()
         return verify_repository(self._reading, self._backend, self._reader, full=full)
+
+
+def _remote_packs(repo_dir: Path) -> tuple[list[Any], list[str]]:
+    """The packs of the repository's remotes, for a rebuild (``maintenance.rebuild``): a lazy
+    clone's commits read their bytes there. A remote that cannot be read is reported."""
+    from ckptrepo.errors import CkptError
+    from ckptrepo.remote import config as remote_config
+    from ckptrepo.remote.index import scan_remote
+    from ckptrepo.remote.stores import open_remote
+
+    packs: list[Any] = []
+    problems: list[str] = []
+    for info in sorted(remote_config.load(repo_dir).values(), key=lambda r: (not r.lazy, r.name)):
+        try:
+            store = open_remote(info.url)
+            try:
+                got, why = scan_remote(store.backend, info.name)
+            finally:
+                store.close()
+        except CkptError as exc:
+            problems.append(f"remote {info.name}: {exc}")
+            continue
+        packs += got
+        problems += why
+    return packs, problems

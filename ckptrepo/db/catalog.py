@@ -539,13 +539,16 @@ def tiers_of(session: Session, commit_ids: Sequence[str]) -> dict[str, tuple[str
                 RemoteCommit.commit_id.in_(batch)).order_by(RemoteCommit.remote)):
             held.setdefault(cid, []).append(remote)
         if session.scalar(select(exists().where(Pack.remote.is_not(None)))):
-            remote_only.update(session.scalars(
-                select(Entry.commit_id).distinct()
-                .join(TensorChunk, TensorChunk.tensor_key == Entry.tensor_key)
-                .join(Chunk, Chunk.key == TensorChunk.chunk_key)
-                .join(Pack, Pack.id == Chunk.pack_id)
-                .where(Entry.commit_id.in_(batch), Pack.remote.is_not(None))))
-    return {cid: (*(() if cid in remote_only else ("local",)), *held.get(cid, ()))
+            for cid, where in session.execute(
+                    select(Entry.commit_id, Pack.remote).distinct()
+                    .join(TensorChunk, TensorChunk.tensor_key == Entry.tensor_key)
+                    .join(Chunk, Chunk.key == TensorChunk.chunk_key)
+                    .join(Pack, Pack.id == Chunk.pack_id)
+                    .where(Entry.commit_id.in_(batch), Pack.remote.is_not(None))):
+                remote_only.add(cid)
+                if where is not None and where not in held.setdefault(cid, []):  # its bytes are there
+                    held[cid].append(where)
+    return {cid: (*(() if cid in remote_only else ("local",)), *sorted(held.get(cid, ())))
             for cid in set(held) | remote_only}
 
 

@@ -42,7 +42,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -60,6 +60,7 @@ from ckptrepo.db.models import Commit, JournalKey, Pack, Ref, RepoMeta, Tensor, 
 from ckptrepo.errors import IntegrityError, RepositoryExists, StoreInUse
 from ckptrepo.ids import short
 from ckptrepo.ledger import identity, manifest
+from ckptrepo.locations import ChunkLocation
 from ckptrepo.maintenance import backfill, scan
 from ckptrepo.maintenance.replay import replay_refs
 from ckptrepo.rows import TensorRow
@@ -230,6 +231,8 @@ class _Counts:
 def _write(s: Session, found: scan.Scan, plan: _Plan) -> _Counts:
     conn = s.connection()
     insert_tuples(conn, Pack, ("id", "size", "n_chunks", "deferred", "created_at"), sorted(found.packs))
+    insert_tuples(conn, Pack, ("id", "size", "n_chunks", "deferred", "created_at", "remote"),
+                  sorted(found.remote_packs))
     chunks = scan.decodable(found.chunks, found.skipped)
     catalog.insert_chunks(s, chunks)
     unreadable = record_bodies(s, plan.order, {c.chunk_id: c.raw_length for c in chunks})
@@ -285,11 +288,15 @@ def _recover(url: str, found: scan.Scan) -> list[str]:
     return recovered
 
 
-def rebuild(repo_dir: Path, config: RepoConfig, backend: Backend, *, replace: bool = False) -> RebuildReport:
+def rebuild(repo_dir: Path, config: RepoConfig, backend: Backend, *, replace: bool = False,
+            remote_packs: Callable[[], tuple[list[tuple[str, str, int, list[ChunkLocation]]], list[str]]]
+            | None = None) -> RebuildReport:
     """Recreate the database of the repository in ``repo_dir`` from its store (``backend``);
     see the module docstring. RepositoryExists when its database holds a repository already,
     unless ``replace`` (SQLite: the old file is kept beside the new one); StoreInUse when the
-    store belongs to another repository."""
+    store belongs to another repository. ``remote_packs``: the packs of the repository's remotes
+    (``(remote, pack id, size, index entries)``, and what could not be read), whose chunks the
+    store lacks: a lazy clone's commits read them through their remote."""
     started = time.perf_counter()
     damage: list[str] = []
     try:
@@ -324,6 +331,8 @@ def rebuild(repo_dir: Path, config: RepoConfig, backend: Backend, *, replace: bo
             url = database_url(f"sqlite:///{built}", repo_dir)
         found = scan.scan(backend, compression=config.compression)
         found.skipped[:0] = damage
+        if remote_packs is not None:
+            scan.add_remote_packs(found, *remote_packs())
         recovered: list[str] = []
         if had_repository and replace:
             recovered = _recover(old_url, found)

@@ -36,7 +36,8 @@ class Scan:
     ``chunks``: each chunk id at its shallowest stored encoding; ``manifests``: the commits'
     checked manifests by id; ``lost``: commits whose manifest is stored but refused, by id, with
     why; ``journal``: the entries that pass their checks, oldest first, as ``(key, entry)``;
-    ``skipped``: everything not used, each with why."""
+    ``skipped``: everything not used, each with why; ``remote_packs``: packs of the repository's
+    remotes whose chunks the store lacks (``add_remote_packs``), with the remote's name."""
 
     packs: list[tuple[str, int, int, bool, datetime]] = field(default_factory=list)
     chunks: dict[str, ChunkLocation] = field(default_factory=dict)
@@ -45,6 +46,7 @@ class Scan:
     lost: dict[str, str] = field(default_factory=dict)
     journal: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    remote_packs: list[tuple[str, int, int, bool, datetime, str]] = field(default_factory=list)
 
 
 def scan(backend: Backend, *, compression: bool) -> Scan:
@@ -132,3 +134,22 @@ def decodable(chunks: dict[str, ChunkLocation], skipped: list[str]) -> list[Chun
     if len(out) < len(chunks):
         skipped.append(f"{len(chunks) - len(out)} chunk(s) whose delta base is stored nowhere")
     return out
+
+
+def add_remote_packs(found: Scan, packs: list[tuple[str, str, int, list[ChunkLocation]]], problems: list[str]) -> None:
+    """Add the chunks of remotes' packs (``(remote, pack id, size, index entries)``) that the store
+    holds nowhere, and their packs, to ``found``; ``problems``: what could not be read there."""
+    local = {p[0] for p in found.packs}
+    now = datetime.now(timezone.utc)
+    for remote, pid, size, entries in packs:
+        if pid in local:
+            continue
+        added = False
+        for loc in entries:
+            if loc.chunk_id not in found.chunks:
+                found.chunks[loc.chunk_id] = loc
+                added = True
+        if added:
+            local.add(pid)
+            found.remote_packs.append((pid, size, len(entries), False, now, remote))
+    found.skipped.extend(problems)

@@ -201,3 +201,41 @@ def record_bundle(s: Session, remote: str, key: str, covers: list[str]) -> None:
     for start in range(0, len(covers), _BATCH):
         s.execute(update(RemoteBundle).where(RemoteBundle.remote == remote, RemoteBundle.key.in_(
             covers[start : start + _BATCH])).values(covered=True))
+
+
+def scan_remote(backend: Backend, remote: str) -> tuple[list[tuple[str, str, int, list[ChunkLocation]]], list[str]]:
+    """Every pack of a remote with its index entries (from its bundles, else its footer), without
+    a database (a rebuild); returns ``(remote, pack id, size, entries)`` and what could not be read."""
+    from ckptrepo.chunks.pack import read_index
+    from ckptrepo.remote import bundles
+
+    packs: dict[str, tuple[int, list[ChunkLocation]]] = {}
+    problems: list[str] = []
+    skip: set[str] = set()
+    for key in sorted((k for k in backend.list(bundles.PREFIX) if bundles.is_key(k)), reverse=True):
+        if key in skip:
+            continue
+        try:
+            got = bundles.read(backend.get(key), key)
+        except CkptError as exc:
+            problems.append(str(exc))
+            continue
+        skip.update(got.covers)
+        packs.update(got.packs)
+    listed = [(m.group(2), key, size) for key, size in backend.list_sized("packs/")
+              if (m := PACK_KEY.fullmatch(key)) is not None and m.group(2) not in packs]
+
+    def one(item: tuple[str, str, int]) -> tuple[str, int, list[ChunkLocation]] | str:
+        pid, key, size = item
+        try:
+            return pid, size, read_index(backend, key, pack_id=pid, named=True, size=size)
+        except CkptError as exc:
+            return f"pack {pid} of remote {remote}: {exc}"
+
+    with ThreadPoolExecutor(_READERS, thread_name_prefix="ckpt-remote") as pool:
+        for got_one in pool.map(one, listed):
+            if isinstance(got_one, str):
+                problems.append(got_one)
+            else:
+                packs[got_one[0]] = (got_one[1], got_one[2])
+    return [(remote, pid, size, entries) for pid, (size, entries) in sorted(packs.items())], problems

@@ -287,3 +287,21 @@ def test_every_read_of_a_lazy_clone_fetches_and_keeps(tmp_path: Path) -> None:
     with ckptrepo.Repo.open(tmp_path / "b") as clone:
         for cid in (head, first, middle):
             assert_states_equal(clone.checkout(cid), states[cid])
+
+
+def test_a_lazy_clone_rebuilds_its_database_with_its_remotes_packs(tmp_path: Path) -> None:
+    origin, states = _origin(tmp_path / "a", commits=3)
+    origin.add_remote("origin", str(tmp_path / "remote"))
+    origin.push()
+    with ckptrepo.Repo.clone(str(tmp_path / "remote"), tmp_path / "b") as clone:
+        head = clone.resolve("main")
+        assert_states_equal(clone.checkout(head), states[head])  # this one's bytes are kept here
+        before = [(c.id, c.tiers) for c in clone.log("main")]
+    (tmp_path / "b" / ".ckpt" / "db.sqlite").unlink()
+    report = ckptrepo.Repo.rebuild_database(tmp_path / "b")
+    assert report.ok and report.damaged == 0, report
+    with ckptrepo.Repo.open(tmp_path / "b") as clone:
+        assert [c.id for c in clone.log("main")] == [cid for cid, _ in before]
+        assert clone.get_commit(clone.resolve("main~1")).tiers[0] != "local"  # still read through origin
+        _check_all(clone, states)
+    origin.close()
