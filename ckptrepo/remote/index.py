@@ -36,33 +36,13 @@ def _batches(items: list[str]) -> Iterable[list[str]]:
 def refresh(sessions: sessionmaker[Session], backend: Backend, remote: str) -> tuple[int, list[str]]:
     """Read the footers of the remote's packs not read before and record them; returns how many
     packs were read and what could not be used (a damaged or foreign footer), each with why."""
-    from ckptrepo.chunks.pack import read_index  # numpy: loaded when a remote is read
-
     listed = [(m.group(2), key, size) for key, size in backend.list_sized("packs/")
               if (m := PACK_KEY.fullmatch(key)) is not None and m.group(2).startswith(m.group(1))]
     with sessions() as s:
         known = set(s.scalars(select(RemotePack.pack_id).where(RemotePack.remote == remote)))
     todo = [item for item in listed if item[0] not in known]
-    problems: list[str] = []
-
-    def one(item: tuple[str, str, int]) -> tuple[str, int, list[ChunkLocation]] | str:
-        pid, key, size = item
-        try:  # one ranged read: the size is the listing's
-            return pid, size, read_index(backend, key, pack_id=pid, named=True, size=size)
-        except CkptError as exc:
-            return f"pack {pid} of remote {remote}: {exc}"
-
-    read = 0
-    with ThreadPoolExecutor(_READERS, thread_name_prefix="ckpt-remote") as pool:
-        results = list(pool.map(one, todo))
-    packs: dict[str, tuple[int, list[ChunkLocation]]] = {}
-    for got in results:
-        if isinstance(got, str):
-            problems.append(got)
-            continue
-        pid, size, entries = got
-        read += 1
-        packs[pid] = (size, entries)
+    packs, problems = _read_footers(backend, remote, todo)
+    read = len(packs)
     if packs:
         with write_transaction(sessions) as s:
             _record_read(s, remote, packs)
@@ -127,34 +107,21 @@ def read_bundles(sessions: sessionmaker[Session], backend: Backend, remote: str
     covers is skipped), record their packs as read footers are, and mark them seen; returns the
     manifests they hold (checked) by commit id, how many packs they described, and what in them
     failed its checks."""
-    from ckptrepo.remote import bundles
-
-    listed = sorted((key for key in backend.list(bundles.PREFIX) if bundles.is_key(key)), reverse=True)
     with sessions() as s:
         seen = {key: covered for key, covered in s.execute(
             select(RemoteBundle.key, RemoteBundle.covered).where(RemoteBundle.remote == remote))}
+    skip = set(seen)
+    found, problems = _read_bundles(backend, skip)
     manifests: dict[str, Any] = {}
-    problems: list[str] = []
-    found: list[tuple[str, bundles.Bundle]] = []
-    skip = {key for key, covered in seen.items() if covered}
-    for key in listed:
-        if key in seen or key in skip:
-            continue
-        try:
-            got = bundles.read(backend.get(key), key)
-        except CkptError as exc:
-            problems.append(str(exc))
-            continue
-        found.append((key, got))
-        skip.update(got.covers)
-        problems.extend(got.problems)
+    for _, got in found:
         for cid, body in got.manifests.items():
             manifests.setdefault(cid, body)
     packs = {pid: item for _, got in found for pid, item in got.packs.items()}
     with write_transaction(sessions) as s:
         _record_read(s, remote, packs)
-        rows = sorted({(remote, key, False) for key, _ in found} | {(remote, key, True) for key in skip
-                                                                   if key not in seen or not seen[key]})
+        covers = {c for _, got in found for c in got.covers}
+        rows = sorted({(remote, key, False) for key, _ in found if key not in covers}
+                      | {(remote, key, True) for key in covers if not seen.get(key)})
         if rows:
             insert_tuples(s.connection(), RemoteBundle, ("remote", "key", "covered"), rows, ignore=True)
             covered = sorted({key for _, key, c in rows if c})
@@ -206,12 +173,22 @@ def record_bundle(s: Session, remote: str, key: str, covers: list[str]) -> None:
 def scan_remote(backend: Backend, remote: str) -> tuple[list[tuple[str, str, int, list[ChunkLocation]]], list[str]]:
     """Every pack of a remote with its index entries (from its bundles, else its footer), without
     a database (a rebuild); returns ``(remote, pack id, size, entries)`` and what could not be read."""
-    from ckptrepo.chunks.pack import read_index
+    found, problems = _read_bundles(backend, set())
+    packs = {pid: item for _, got in found for pid, item in got.packs.items()}
+    listed = [(m.group(2), key, size) for key, size in backend.list_sized("packs/")
+              if (m := PACK_KEY.fullmatch(key)) is not None and m.group(2) not in packs]
+    more, why = _read_footers(backend, remote, listed)
+    packs.update(more)
+    return [(remote, pid, size, entries) for pid, (size, entries) in sorted(packs.items())], problems + why
+
+
+def _read_bundles(backend: Backend, skip: set[str]) -> tuple[list[tuple[str, Any]], list[str]]:
+    """The remote's bundles but ``skip``, newest first, each read and checked (``remote.bundles``),
+    with what they cover added to ``skip`` as they are read; and what could not be used."""
     from ckptrepo.remote import bundles
 
-    packs: dict[str, tuple[int, list[ChunkLocation]]] = {}
+    found: list[tuple[str, bundles.Bundle]] = []
     problems: list[str] = []
-    skip: set[str] = set()
     for key in sorted((k for k in backend.list(bundles.PREFIX) if bundles.is_key(k)), reverse=True):
         if key in skip:
             continue
@@ -220,10 +197,17 @@ def scan_remote(backend: Backend, remote: str) -> tuple[list[tuple[str, str, int
         except CkptError as exc:
             problems.append(str(exc))
             continue
+        found.append((key, got))
         skip.update(got.covers)
-        packs.update(got.packs)
-    listed = [(m.group(2), key, size) for key, size in backend.list_sized("packs/")
-              if (m := PACK_KEY.fullmatch(key)) is not None and m.group(2) not in packs]
+        problems.extend(got.problems)
+    return found, problems
+
+
+def _read_footers(backend: Backend, remote: str, items: list[tuple[str, str, int]]
+                  ) -> tuple[dict[str, tuple[int, list[ChunkLocation]]], list[str]]:
+    """The index entries of packs ``(id, key, size)``, one ranged read each (the sizes are a
+    listing's), by id; and the packs whose footer fails its checks, with why."""
+    from ckptrepo.chunks.pack import read_index  # numpy: loaded when a remote is read
 
     def one(item: tuple[str, str, int]) -> tuple[str, int, list[ChunkLocation]] | str:
         pid, key, size = item
@@ -232,10 +216,12 @@ def scan_remote(backend: Backend, remote: str) -> tuple[list[tuple[str, str, int
         except CkptError as exc:
             return f"pack {pid} of remote {remote}: {exc}"
 
+    packs: dict[str, tuple[int, list[ChunkLocation]]] = {}
+    problems: list[str] = []
     with ThreadPoolExecutor(_READERS, thread_name_prefix="ckpt-remote") as pool:
-        for got_one in pool.map(one, listed):
-            if isinstance(got_one, str):
-                problems.append(got_one)
+        for got in pool.map(one, items):
+            if isinstance(got, str):
+                problems.append(got)
             else:
-                packs[got_one[0]] = (got_one[1], got_one[2])
-    return [(remote, pid, size, entries) for pid, (size, entries) in sorted(packs.items())], problems
+                packs[got[0]] = (got[1], got[2])
+    return packs, problems

@@ -305,3 +305,31 @@ def test_a_lazy_clone_rebuilds_its_database_with_its_remotes_packs(tmp_path: Pat
         assert clone.get_commit(clone.resolve("main~1")).tiers[0] != "local"  # still read through origin
         _check_all(clone, states)
     origin.close()
+
+
+def test_bundles_fold_as_pushes_pile_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ckptrepo.remote import bundles
+
+    monkeypatch.setattr(bundles, "FOLD_AT", 3)
+    remote = tmp_path / "remote"
+    repo = ckptrepo.Repo.init(tmp_path / "a", chunk_size=CHUNK)
+    repo.add_remote("origin", str(remote))
+    states = {}
+    follower = None
+    for i in range(8):  # one push per commit, as replication makes them
+        states[repo.commit(_state(i), step=i).wait().id] = _state(i)
+        repo.push()
+        if i == 2:
+            follower = ckptrepo.Repo.clone(str(remote), tmp_path / "f")
+    keys = sorted(p.name for p in (remote / "bundles").iterdir())
+    newest = bundles.read((remote / "bundles" / keys[-1]).read_bytes(), f"bundles/{keys[-1]}")
+    folded = [bundles.read((remote / "bundles" / k).read_bytes(), f"bundles/{k}").covers for k in keys]
+    assert any(folded) and len(keys) == 8
+    assert newest.manifests or newest.covers
+    with ckptrepo.Repo.clone(str(remote), tmp_path / "b") as clone:
+        _check_all(clone, states)
+    assert follower is not None
+    follower.pull()  # an earlier clone catches up through the folded bundles
+    _check_all(follower, states)
+    follower.close()
+    repo.close()
