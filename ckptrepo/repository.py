@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import threading
 import time
 from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -40,9 +39,11 @@ from ckptrepo.ledger import identity, journal
 from ckptrepo.lineage import revparse
 from ckptrepo.maintenance import DEFAULT_GRACE_S
 from ckptrepo.maintenance.autoprune import AutoRetention
+from ckptrepo.remote import config as remote_config
+from ckptrepo.remote.stores import normalize
 from ckptrepo.remote.tiered import over_remotes
 from ckptrepo.storage import open_backend
-from ckptrepo.sync import Sync
+from ckptrepo.sync import DEFAULT_REMOTE, Sync, remote_packs_of
 
 if TYPE_CHECKING:  # imported where used: reading the lineage needs neither the engine nor numpy
     from torch.distributed import ProcessGroup
@@ -95,10 +96,7 @@ class Repo(Sync):
             pending.reading, self._sessions, defers=self._engine.dialect.name == "sqlite")
         self._retention = AutoRetention(self._sessions, self._reading, self._backend)  # the setting, after commits
         self._pool = ThreadPoolExecutor(max_workers=knobs.workers(), thread_name_prefix="ckpt")
-        self._stores, self._stores_lock = {}, threading.Lock()
-        self._replicator = self._make_replicator()
-        if self._read_only is None:
-            self._record_replica()
+        self._start_remotes()
         if writer_options and self._read_only is None:
             self._writer.check_usable()  # options are checked now, not at the first commit
 
@@ -137,10 +135,7 @@ class Repo(Sync):
                                pack_target=pack_target, encode=encode)
         repo_dir = folder.create(path, config)
         if replicate_to is not None:
-            from ckptrepo.remote import config as remote_config
-            from ckptrepo.remote.stores import normalize
-
-            remote_config.add(repo_dir, t.RemoteInfo(name="origin", url=normalize(replicate_to), replicate=True))
+            remote_config.add(repo_dir, t.RemoteInfo(name=DEFAULT_REMOTE, url=normalize(replicate_to), replicate=True))
         return cls(repo_dir, config, **options)
 
     @classmethod
@@ -158,45 +153,6 @@ class Repo(Sync):
         return cls.open(start, search_parents=True, read_only=read_only, **options)
 
     @classmethod
-    def clone(cls, url: str, path: str | Path, *, data: str = "lazy", remote: str = "origin",
-              db_url: str | None = None, **options: Unpack[WriterOptions]) -> Repo:
-        """A new repository at ``path`` holding the lineage of the remote at ``url`` (a folder, a
-        repository folder, or ``s3://BUCKET/PREFIX``): every commit its branches and tags reach,
-        with ``remote`` (default ``origin``) as its remote, remote-tracking refs, and a local branch
-        for the remote's default one (``main``, else the first), which becomes the current branch.
-        ``data="lazy"``: tensor bytes are read from the remote at their first read and kept;
-        ``"full"``: all downloaded now. The clone has the remote's repository id and settings. The
-        fetch that made it is ``repo.fetched``. RepositoryExists when ``path`` holds one;
-        UsageError when ``url`` holds no repository. ``db_url``: the clone's database (default its
-        SQLite file)."""
-        from ckptrepo.remote import config as remote_config
-        from ckptrepo.remote.clone import settings_of
-
-        if data not in ("lazy", "full"):
-            raise UsageError(f"clone data {data!r} is neither 'lazy' nor 'full'")
-        remote_config.check_name(remote)
-        info, settings = settings_of(url, remote)
-        target = folder.repo_dir_of(path).parent
-        there = Path(info.url) if "://" not in info.url else None
-        if there is not None and (target == there or there in target.parents):
-            raise UsageError(f"cannot clone {info.url} into itself ({target})",
-                             hint="Give another folder: a clone beside the remote, not inside it.")
-        repo_dir = folder.create(path, RepoConfig.of(**settings, db_url=db_url))
-        remote_config.add(repo_dir, info)
-        repo = cls(repo_dir, RepoConfig.load(repo_dir), **options)
-        try:
-            repo.fetched = repo.fetch(remote, data=data == "full")
-            heads = {r.name.removeprefix(f"{remote}/"): r.commit_id for r in repo._remote_refs(remote)}
-            if heads:
-                branch = DEFAULT_BRANCH if DEFAULT_BRANCH in heads else sorted(heads)[0]
-                repo._fast_forward(branch, None, heads[branch])
-                refs.write_head(repo.repo_dir, branch)
-        except BaseException:
-            repo.close()
-            raise
-        return repo
-
-    @classmethod
     def rebuild_database(cls, path: str | Path = ".", *, replace: bool = False) -> t.RebuildReport:
         """Recreate the database of the repository at ``path`` from its store alone: packs, commit
         manifests and the journal (``maintenance.rebuild``), in one transaction. RepositoryExists
@@ -210,7 +166,7 @@ class Repo(Sync):
         backend = open_backend(config.store_url, repo_dir / "store")
         try:
             return rebuild(repo_dir, config, backend, replace=replace,
-                           remote_packs=lambda: _remote_packs(repo_dir))
+                           remote_packs=lambda: remote_packs_of(repo_dir))
         finally:
             backend.close()
 
@@ -333,18 +289,7 @@ class Repo(Sync):
             fields = self._writer.collective_fields(meta, branch=branch or self.head)
             handle = native.commit(self._writer, scope.unwrapped(state), fields, group=group, blocking=blocking,
                                    entered=entered, allow_pickle=allow_pickle)
-            replicator = self._replicator
-            if replicator is not None:
-                import torch.distributed as dist
-
-                from ckptrepo.remote.tiered import TieredBackend
-
-                # The coordinator replicates the job's commit; over node-local stores, every rank
-                # uploads its node's packs and the coordinator publishes once all are there.
-                coordinator = dist.get_rank(group) == 0
-                if coordinator or (isinstance(self._backend, TieredBackend) and self._backend.node_local):
-                    replicator.publishes = coordinator
-                    handle.add_done_callback(lambda commit: replicator.after_commit(commit.id))
+            self._replicate_job_commit(handle, group)
         self._retention.track(handle)
         if wait_remote:
             self.wait_replicated(handle.wait().id)
@@ -438,27 +383,6 @@ class Repo(Sync):
         if self._readable_head() == old:
             refs.write_head(self.repo_dir, new)
         return renamed
-
-    def _fast_forward(self, branch: str, old: str | None, new: str) -> None:
-        """Move ``branch`` from ``old`` to ``new`` (a pull), journalled; RefConflict when it moved
-        meanwhile."""
-        from datetime import datetime, timezone
-
-        from ckptrepo.errors import RefConflict
-
-        self._check_writable("move a branch")
-        self._own_store()
-        with journal.entry(self._backend, {"op": "ref", "kind": "branch", "name": branch, "to": new,
-                                           "from": old}) as key, write_transaction(self._sessions) as s:
-            catalog.record_journal_key(s, key)
-            actual = refs.move_branch(s, branch, new, old, datetime.now(timezone.utc))
-            if actual is not None:
-                raise RefConflict(branch=branch, actual=actual[:10] or "deleted", expected=(old or "absent")[:10])
-
-    def _repo_id(self) -> str:
-        with self._sessions() as s:
-            found = s.get(RepoMeta, "repo_id")
-        return found.value if found is not None else self.config.repo_id
 
     def _readable_head(self) -> str | None:
         """``head``, or None when ``.ckpt/HEAD`` holds no branch name (``switch`` rewrites it)."""
@@ -560,27 +484,3 @@ class Repo(Sync):
         self._settle()
         return verify_repository(self._reading, self._backend, self._reader, full=full)
 
-
-def _remote_packs(repo_dir: Path) -> tuple[list[Any], list[str]]:
-    """The packs of the repository's remotes, for a rebuild (``maintenance.rebuild``): a lazy
-    clone's commits read their bytes there. A remote that cannot be read is reported."""
-    from ckptrepo.errors import CkptError
-    from ckptrepo.remote import config as remote_config
-    from ckptrepo.remote.index import scan_remote
-    from ckptrepo.remote.stores import open_remote
-
-    packs: list[Any] = []
-    problems: list[str] = []
-    for info in sorted(remote_config.load(repo_dir).values(), key=lambda r: (not r.lazy, r.name)):
-        try:
-            store = open_remote(info.url)
-            try:
-                got, why = scan_remote(store.backend, info.name)
-            finally:
-                store.close()
-        except CkptError as exc:
-            problems.append(f"remote {info.name}: {exc}")
-            continue
-        packs += got
-        problems += why
-    return packs, problems

@@ -8,7 +8,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ckptrepo import types as t
 from ckptrepo.db import catalog, refs
@@ -25,27 +26,84 @@ from ckptrepo.remote.transfer import Meter
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
+    from torch.distributed import ProcessGroup
+    from typing_extensions import Self, Unpack
 
     from ckptrepo.chunks.store import OtherCopy
+    from ckptrepo.config import RepoConfig
+    from ckptrepo.handle import CommitHandle
+    from ckptrepo.ingest.writer import WriterOptions
     from ckptrepo.locations import ChunkLocation
     from ckptrepo.remote.replicate import Replicator
     from ckptrepo.remote.stores import RemoteStore
 
 DEFAULT_REMOTE = "origin"
+_BACKLOG_FRESH_S = 1.0  # how long a backlog found under the limit lets commits pass unlooked
 
 
 class Sync(Reads):
     """Remotes and the calls that move commits between this repository and them."""
 
+    fetched: t.FetchResult | None  # the fetch that made a clone (``clone``)
     _replicator: Replicator | None  # the background push to the replica remote (Repo.__init__)
     _stores: dict[str, tuple[str, RemoteStore]]  # open remotes by name, with the URL they were opened at
     _stores_lock: threading.Lock
+    _backlog_ok_until: float
 
     if TYPE_CHECKING:  # Repo's
+        def __init__(self, repo_dir: Path, config: RepoConfig, **options: Unpack[WriterOptions]) -> None: ...
         def _check_writable(self, what: str) -> None: ...
         def _settle(self) -> None: ...
-        def _repo_id(self) -> str: ...
-        def _fast_forward(self, branch: str, old: str | None, new: str) -> None: ...
+        def _own_store(self) -> None: ...
+        def close(self) -> None: ...
+
+    def _start_remotes(self) -> None:
+        """The open remotes' cache and the replicator (``Repo.__init__``)."""
+        self._stores, self._stores_lock = {}, threading.Lock()
+        self._backlog_ok_until = 0.0  # until when a backlog under the limit is trusted (``_check_backlog``)
+        self._replicator = self._make_replicator()
+        if self._read_only is None:
+            self._record_replica()
+
+    @classmethod
+    def clone(cls, url: str, path: str | Path, *, data: str = "lazy", remote: str = "origin",
+              db_url: str | None = None, **options: Unpack[WriterOptions]) -> Self:
+        """A new repository at ``path`` holding the lineage of the remote at ``url`` (a folder, a
+        repository folder, or ``s3://BUCKET/PREFIX``): every commit its branches and tags reach,
+        with ``remote`` (default ``origin``) as its remote, remote-tracking refs, and a local branch
+        for the remote's default one (``main``, else the first), which becomes the current branch.
+        ``data="lazy"``: tensor bytes are read from the remote at their first read and kept;
+        ``"full"``: all downloaded now. The clone has the remote's repository id and settings. The
+        fetch that made it is ``repo.fetched``. RepositoryExists when ``path`` holds one;
+        UsageError when ``url`` holds no repository. ``db_url``: the clone's database (default its
+        SQLite file)."""
+        from ckptrepo import folder
+        from ckptrepo.config import RepoConfig
+        from ckptrepo.remote.clone import settings_of
+
+        if data not in ("lazy", "full"):
+            raise UsageError(f"clone data {data!r} is neither 'lazy' nor 'full'")
+        remote_config.check_name(remote)
+        info, settings = settings_of(url, remote)
+        target = folder.repo_dir_of(path).parent
+        there = Path(info.url) if "://" not in info.url else None
+        if there is not None and (target == there or there in target.parents):
+            raise UsageError(f"cannot clone {info.url} into itself ({target})",
+                             hint="Give another folder: a clone beside the remote, not inside it.")
+        repo_dir = folder.create(path, RepoConfig.of(**settings, db_url=db_url))
+        remote_config.add(repo_dir, info)
+        repo = cls(repo_dir, RepoConfig.load(repo_dir), **options)
+        try:
+            repo.fetched = repo.fetch(remote, data=data == "full")
+            heads = {r.name.removeprefix(f"{remote}/"): r.commit_id for r in repo._remote_refs(remote)}
+            if heads:
+                branch = refs.DEFAULT_BRANCH if refs.DEFAULT_BRANCH in heads else sorted(heads)[0]
+                repo._fast_forward(branch, None, heads[branch])
+                refs.write_head(repo.repo_dir, branch)
+        except BaseException:
+            repo.close()
+            raise
+        return repo
 
     # -- the list of remotes -------------------------------------------------------------------
 
@@ -103,6 +161,23 @@ class Sync(Reads):
             return refs.listing(s, "remote")
 
     # -- tiers: background replication ---------------------------------------------------------
+
+    def _replicate_job_commit(self, handle: CommitHandle, group: ProcessGroup) -> None:
+        """Replicate a commit of every rank of ``group`` once it lands: by the coordinator; over
+        node-local stores every rank uploads its node's packs and the coordinator publishes once
+        all are there (``_replicate``)."""
+        replicator = self._replicator
+        if replicator is None:
+            return
+        import torch.distributed as dist
+
+        from ckptrepo.remote.tiered import TieredBackend
+
+        coordinator = dist.get_rank(group) == 0
+        if coordinator or (isinstance(self._backend, TieredBackend) and self._backend.node_local):
+            replicator.publishes = coordinator
+            handle.add_done_callback(lambda commit: replicator.after_commit(commit.id))
+
 
     def _make_replicator(self) -> Replicator | None:
         """The replicator for the remote marked ``replicate`` (None: there is none, or this
@@ -231,18 +306,23 @@ class Sync(Reads):
                                    points=tuple(points), last_error=None if error is None else str(error))
 
     def _check_backlog(self) -> None:
-        """Refuse a commit while the backlog exceeds ``CKPT_REPLICATION_BACKLOG`` (nonzero)."""
+        """Refuse a commit while the backlog exceeds ``CKPT_REPLICATION_BACKLOG`` (nonzero). On the
+        caller's thread: a backlog found under the limit is trusted for ``_BACKLOG_FRESH_S`` (one
+        walk of the lineage per second at most, not one per commit); one over it is looked at
+        again at every commit."""
         from ckptrepo import knobs
         from ckptrepo.db import tiers
         from ckptrepo.errors import ReplicationBacklog
 
         replicator = self._replicator
         limit = knobs.get_int("REPLICATION_BACKLOG")
-        if replicator is None or limit <= 0:
+        if replicator is None or limit <= 0 or time.monotonic() < self._backlog_ok_until:
             return
         with self._sessions() as s:
             commits, nbytes = tiers.backlog(s, replicator.remote)
-        if nbytes > limit:
+        if nbytes <= limit:
+            self._backlog_ok_until = time.monotonic() + _BACKLOG_FRESH_S
+        else:
             replicator.kick()
             raise ReplicationBacklog(commits=commits, nbytes=nbytes, remote=replicator.remote, limit=limit)
 
@@ -276,6 +356,31 @@ class Sync(Reads):
             stores, self._stores = list(self._stores.values()), {}
         for _, store in stores:
             store.close()
+
+    def _fast_forward(self, branch: str, old: str | None, new: str) -> None:
+        """Move ``branch`` from ``old`` to ``new`` (a pull), journalled; RefConflict when it moved
+        meanwhile."""
+        from datetime import datetime, timezone
+
+        from ckptrepo.errors import RefConflict
+        from ckptrepo.ledger import journal
+
+        self._check_writable("move a branch")
+        self._own_store()
+        with journal.entry(self._backend, {"op": "ref", "kind": "branch", "name": branch, "to": new,
+                                           "from": old}) as key, write_transaction(self._sessions) as s:
+            catalog.record_journal_key(s, key)
+            actual = refs.move_branch(s, branch, new, old, datetime.now(timezone.utc))
+            if actual is not None:
+                raise RefConflict(branch=branch, actual=actual[:10] or "deleted", expected=(old or "absent")[:10])
+
+    def _repo_id(self) -> str:
+        """This repository's id (its database's; the settings' for one made before)."""
+        from ckptrepo.db.models import RepoMeta
+
+        with self._sessions() as s:
+            found = s.get(RepoMeta, "repo_id")
+        return found.value if found is not None else self.config.repo_id
 
     # -- moving commits ------------------------------------------------------------------------
 
@@ -425,3 +530,27 @@ class Sync(Reads):
                             Meter()) > 0
         return False
 
+
+def remote_packs_of(repo_dir: Path) -> tuple[list[Any], list[str]]:
+    """The packs of the repository's remotes, for a rebuild (``maintenance.rebuild``): a lazy
+    clone's commits read their bytes there. A remote that cannot be read is reported."""
+    from ckptrepo.errors import CkptError
+    from ckptrepo.remote import config as remote_config
+    from ckptrepo.remote.index import scan_remote
+    from ckptrepo.remote.stores import open_remote
+
+    packs: list[Any] = []
+    problems: list[str] = []
+    for info in sorted(remote_config.load(repo_dir).values(), key=lambda r: (not r.lazy, r.name)):
+        try:
+            store = open_remote(info.url)
+            try:
+                got, why = scan_remote(store.backend, info.name)
+            finally:
+                store.close()
+        except CkptError as exc:
+            problems.append(f"remote {info.name}: {exc}")
+            continue
+        packs += got
+        problems += why
+    return packs, problems

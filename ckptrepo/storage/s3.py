@@ -233,14 +233,7 @@ class S3Backend:
         response = self._or_none(key, lambda: self._client.get_object(Bucket=self.bucket, Key=name))
         if response is None:
             return None
-        body = response["Body"]
-        try:
-            data: bytes = body.read()
-        except (BotoCoreError, OSError) as exc:
-            raise StorageError(detail=f"cannot read {key!r} from {self.url} ({exc})") from exc
-        finally:
-            body.close()
-        return data, str(response["ETag"])
+        return self._read_all(key, response["Body"]), str(response["ETag"])
 
     def put_if(self, key: str, data: bytes | memoryview, *, expected: str | None) -> str | None:
         """One conditional PUT (objects up to 5 GiB): ``If-None-Match: *`` (create) or
@@ -310,7 +303,10 @@ class S3Backend:
         return response["Body"]
 
     def get(self, key: str) -> bytes:
-        body = self._get_body(key, 0, None)
+        return self._read_all(key, self._get_body(key, 0, None))
+
+    def _read_all(self, key: str, body: Any) -> bytes:
+        """A response body's bytes, the body closed (StorageError when the connection fails)."""
         try:
             data: bytes = body.read()
         except (BotoCoreError, OSError) as exc:
