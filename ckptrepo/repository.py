@@ -43,7 +43,8 @@ from ckptrepo.remote import config as remote_config
 from ckptrepo.remote.stores import normalize
 from ckptrepo.remote.tiered import over_remotes
 from ckptrepo.storage import open_backend
-from ckptrepo.sync import DEFAULT_REMOTE, Sync, remote_packs_of
+from ckptrepo.exploring import Exploring
+from ckptrepo.sync import DEFAULT_REMOTE, remote_packs_of
 
 if TYPE_CHECKING:  # imported where used: reading the lineage needs neither the engine nor numpy
     from torch.distributed import ProcessGroup
@@ -56,7 +57,7 @@ if TYPE_CHECKING:  # imported where used: reading the lineage needs neither the 
 DEFAULT_BRANCH = refs.DEFAULT_BRANCH
 
 
-class Repo(Sync):
+class Repo(Exploring):
     """A checkpoint repository. Use ``Repo.init`` / ``Repo.open`` / ``Repo.discover``, whose
     ``options`` tune commits (``ingest.writer.WriterOptions``: ``max_inflight``, ``staging_budget``,
     ``background_priority``, ``idle_repack``). ``close()`` (or leaving a ``with`` block) waits for

@@ -47,7 +47,10 @@ class Commit:
     but its state can no longer be read (``CommitPruned``). ``damage``: why the commit is
     damaged, else None: a database rebuild found its data or its manifest missing or corrupt in
     the store; it stays in the lineage but its state cannot be read (``CommitDamaged``), and
-    ``verify`` fails until it is pruned (``Repo.prune(damaged=True)``). ``tiers``: where the
+    ``verify`` fails until it is pruned (``Repo.prune(damaged=True)``). ``metrics``: what the
+    commit recorded when it was made (part of its id); ``annotations``: the current value of each
+    result attached later (``Repo.annotate``; its history: ``Repo.annotations``), usable wherever
+    metrics are (``where``, ``best``, ``history``). ``tiers``: where the
     commit is durable: ``"local"`` (this repository's store holds its data) and the name of each
     remote known to hold it (pushed there, or fetched from it); a commit fetched but not read
     yet is on its remote only.
@@ -77,6 +80,7 @@ class Commit:
     pruned: bool = False
     damage: str | None = None
     tiers: tuple[str, ...] = ("local",)
+    annotations: dict[str, float] = field(default_factory=dict)
 
     @property
     def short_id(self) -> str:
@@ -642,6 +646,28 @@ class Diff:
         shown = [t for t in self.tensors if not (changed_only and t.status == "unchanged")]
         return {"a": self.a, "b": self.b, "exact": self.exact, "counts": self.counts,
                 "tensors": [t.to_json() for t in shown]}
+
+
+@dataclass(frozen=True)
+class Annotation:
+    """A result attached to a commit after it was made (``Repo.annotate``), like a git note: a
+    metric's value (``name`` and ``value``) or a note (``name`` None, ``note`` set), with where it
+    came from (``source``: ``ckpt eval``'s command, a user's label) and when. A newer value for the
+    same metric supersedes an older one (``current`` False) without removing it."""
+
+    commit_id: str
+    name: str | None
+    value: float | None
+    note: str | None
+    source: str | None
+    at: datetime
+    current: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-serialisable dict (the time as ISO 8601)."""
+        data = asdict(self)
+        data["at"] = self.at.isoformat()
+        return data
 
 
 @dataclass(frozen=True)
