@@ -422,7 +422,7 @@ class Sync(Reads):
                     self.config, targets, force=force, meter=meter, refresh=refresh, waiting=waiting)
         return t.PushResult(remote=info.name, commits=done.commits, packs=done.packs, chunks=done.chunks,
                             bytes_uploaded=meter.bytes_written, refs=tuple(done.refs),
-                            seconds=time.perf_counter() - started)
+                            seconds=time.perf_counter() - started, annotations=done.annotations)
 
     def fetch(self, remote: str | None = None, *, data: Sequence[str] | bool = False) -> t.FetchResult:
         """Bring the commits of ``remote``'s branches and tags that this repository lacks (their
@@ -440,7 +440,8 @@ class Sync(Reads):
         return t.FetchResult(remote=info.name, commits=done.commits, packs_indexed=done.packs_indexed,
                              bytes_downloaded=meter.bytes_read, refs=tuple(done.refs), pruned=done.pruned,
                              data_chunks=chunks, data_bytes=meter.bytes_written,
-                             seconds=time.perf_counter() - started, skipped=tuple(done.problems))
+                             seconds=time.perf_counter() - started, skipped=tuple(done.problems),
+                             annotations=done.annotations)
 
     def pull(self, remote: str | None = None, branch: str | None = None) -> t.PullResult:
         """``fetch``, then fast-forward ``branch`` (default: the current one) to ``REMOTE/BRANCH``.

@@ -1,9 +1,20 @@
-"""Commands that read commits: ``log`` and ``show``."""
+"""Commands that read commits, ``log`` and ``show``, and ``annotate``, which attaches results to one."""
 
 from __future__ import annotations
 
 from . import render
-from .options import AllCommitsOpt, GraphOpt, JsonOpt, LimitOpt, OptionalRevArg, RevArg, WhereOpt
+from .options import (
+    AllCommitsOpt,
+    GraphOpt,
+    JsonOpt,
+    LimitOpt,
+    NoteOpt,
+    OptionalRevArg,
+    ResultOpt,
+    RevArg,
+    SourceOpt,
+    WhereOpt,
+)
 from .session import current, log_start
 
 
@@ -35,14 +46,43 @@ def log(
 
 
 def show(rev: RevArg, as_json: JsonOpt = False) -> None:
-    """Show one commit: its fields, parents, metrics, ingest figures and tensors."""
+    """Show one commit: its fields, parents, metrics, annotations, ingest figures and tensors."""
     with current().open() as repo:
         commit = repo.get_commit(rev)
+        notes = repo.annotations(commit.id)
         tensors = repo.tensors(commit.id)
     if as_json:
-        render.emit_json({**commit.to_json(), "tensors": [tensor.to_json() for tensor in tensors]})
+        render.emit_json({**commit.to_json(), "annotation_history": [a.to_json() for a in notes],
+                          "tensors": [tensor.to_json() for tensor in tensors]})
         return
     render.out.print(render.commit_fields(commit))
+    if notes:
+        render.out.print()
+        render.out.print(render.annotation_table(notes))
     if tensors:
         render.out.print()
         render.out.print(render.tensor_table(tensors))
+
+
+def annotate(rev: RevArg, metric: ResultOpt = None, note: NoteOpt = None, source: SourceOpt = None,
+             as_json: JsonOpt = False) -> None:
+    """Attach results to commit REV after the fact (like git notes): --metric NAME=NUMBER
+    (repeatable), --note TEXT, --source; with neither, list its annotations.
+
+    The commit's id does not change. A newer value for a name becomes current and the older one
+    stays in the history `ckpt show` lists. Annotated values work wherever metrics do (`log
+    --where`, `best`, `plot metrics`, the UI), marked as annotations; a name the commit logged
+    when it was made cannot be annotated. Pruned commits can be annotated."""
+    with current().open() as repo:
+        if metric or note is not None:
+            commit = repo.annotate(rev, metrics={m.name: m.value for m in metric or []}, note=note, source=source)
+        else:
+            commit = repo.get_commit(rev)
+        notes = repo.annotations(commit.id)
+    if as_json:
+        render.emit_json({"commit": commit.id, "annotations": commit.annotations,
+                          "history": [a.to_json() for a in notes]})
+    elif not notes:
+        render.err.print(f"no annotations on {commit.short_id}")
+    else:
+        render.out.print(render.annotation_table(notes))

@@ -107,7 +107,7 @@ def best(
     with current().open() as repo:
         found = repo.best(metric, maximize=maximize, branch=branch, subtree=subtree, limit=max_count)
     if as_json:
-        render.emit_json([{**c.to_json(), "value": c.metrics[metric]} for c in found])
+        render.emit_json([{**c.to_json(), "value": c.value(metric)} for c in found])
     elif not found:
         render.err.print(f"no commit in that scope records {metric}")
     else:

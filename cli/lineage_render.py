@@ -135,6 +135,6 @@ def best_table(commits: Sequence[Commit], metric: str) -> Table:
     table.add_column("branch", style="cyan")
     table.add_column("message")
     for rank, c in enumerate(commits, 1):
-        table.add_row(str(rank), c.short_id, f"{c.metrics[metric]:.6g}", render.optional(c.step),
+        table.add_row(str(rank), c.short_id, f"{c.value(metric):.6g}", render.optional(c.step),
                       render.plain(c.branch), render.plain(c.message))
     return table

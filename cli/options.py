@@ -272,6 +272,19 @@ MetricOpt = Annotated[
         show_default=False,
     ),
 ]
+ResultOpt = Annotated[
+    list[Metric] | None,
+    typer.Option(
+        "--metric",
+        metavar="NAME=NUMBER",
+        parser=parse_metric,
+        help="A result to attach, e.g. --metric eval/acc=0.91 (repeatable).",
+        show_default=False,
+    ),
+]
+NoteOpt = Annotated[str | None, typer.Option("--note", help="A note to attach (free text).", show_default=False)]
+SourceOpt = Annotated[str | None, typer.Option(
+    "--source", help="Where the results come from (a command, a dataset, a person).", show_default=False)]
 ParentOpt = Annotated[
     list[str] | None,
     typer.Option(

@@ -19,6 +19,7 @@ import typer
 from rich.text import Text
 
 from ckptrepo.types import (
+    Annotation,
     Commit,
     Diff,
     GcReport,
@@ -146,6 +147,8 @@ def log_line(commit: Commit) -> Text:
         line.append(f" step {commit.step}", style="bold")
     if commit.metrics:
         line.append("  " + metrics(commit.metrics), style="green")
+    if commit.annotations:
+        line.append("  [" + metrics(commit.annotations) + "]", style="blue")
     if commit.pruned:
         line.append(" (pruned)", style="dim red")
     if commit.damage is not None:
@@ -182,6 +185,7 @@ def commit_fields(commit: Commit) -> Table:
         rows.append((parent.kind, parent.id + mapped, ""))
     rows += [
         ("metrics", metrics(commit.metrics), ""),
+        ("annotated", metrics(commit.annotations), "blue"),
         ("config", "" if commit.config is None else json.dumps(commit.config, default=str), ""),
         ("tensors", str(commit.n_tensors), ""),
         (
@@ -206,6 +210,21 @@ def commit_fields(commit: Commit) -> Table:
         if value:  # the message keeps its line breaks; every other value is one line
             grid.add_row(label, Text(terminal.lines(value), style=style) if label == "message" else plain(value, style))
     return grid
+
+
+def annotation_table(notes: Sequence[Annotation]) -> Table:
+    """``ckpt show`` / ``ckpt annotate REV``: every annotation of a commit, oldest first; a value
+    a newer one superseded is marked."""
+    table = _table()
+    table.add_column("annotated at")
+    table.add_column("result", style="blue")
+    table.add_column("source")
+    table.add_column("")
+    for a in notes:
+        result = terminal.one_line(a.note or "") if a.name is None else f"{terminal.one_line(a.name)}={a.value:.6g}"
+        table.add_row(a.at.isoformat(sep=" ", timespec="seconds"), result, plain(a.source),
+                      "" if a.current else Text("superseded", style="dim"))
+    return table
 
 
 def tensor_table(tensors: Sequence[TensorInfo]) -> Table:

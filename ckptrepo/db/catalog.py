@@ -502,7 +502,7 @@ def parents_of(session: Session, commit_id: str) -> list[Edge]:
 
 
 _REFS_AT = select(Ref.commit_id, Ref.kind, Ref.name).where(Ref.commit_id.in_(_IDS)).order_by(Ref.kind, Ref.name)
-_METRICS_OF = select(Metric.commit_id, Metric.name, Metric.value).where(Metric.commit_id.in_(_IDS))
+_METRICS_OF = select(Metric.commit_id, Metric.name, Metric.value, Metric.annotated).where(Metric.commit_id.in_(_IDS))
 _EDGES_OF = (select(Edge.child_id, Edge.parent_id, Edge.kind, Edge.mapping)
              .where(Edge.child_id.in_(_IDS)).order_by(Edge.position))
 
@@ -553,13 +553,21 @@ def tiers_of(session: Session, commit_ids: Sequence[str]) -> dict[str, tuple[str
 
 
 def metrics_of(session: Session, commit_ids: Sequence[str]) -> dict[str, dict[str, float]]:
-    """Metrics per commit id."""
-    out: dict[str, dict[str, float]] = {}
+    """The metrics each commit logged when it was made (part of its id), per commit id."""
+    return metrics_and_annotations_of(session, commit_ids)[0]
+
+
+def metrics_and_annotations_of(session: Session, commit_ids: Sequence[str]
+                               ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """Per commit id: the metrics it logged, and the current values of its annotations
+    (``db.notes``)."""
+    logged: dict[str, dict[str, float]] = {}
+    annotated: dict[str, dict[str, float]] = {}
     for start in range(0, len(commit_ids), _IN_BATCH):
         batch = list(commit_ids[start : start + _IN_BATCH])
-        for cid, name, value in session.execute(_METRICS_OF, {"ids": batch}):
-            out.setdefault(cid, {})[name] = value
-    return out
+        for cid, name, value, later in session.execute(_METRICS_OF, {"ids": batch}):
+            (annotated if later else logged).setdefault(cid, {})[name] = value
+    return logged, annotated
 
 
 def edges_of(session: Session, commit_ids: Sequence[str]) -> dict[str, list[ParentEdge]]:

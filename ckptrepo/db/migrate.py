@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 # The head of the packaged migrations (a test checks it against the scripts): a database
 # stamped with it needs no Alembic to open.
-HEAD = "0015"
+HEAD = "0016"
 
 # Key of the PostgreSQL advisory lock that serializes concurrent migrations ("ckpt").
 _PG_MIGRATION_LOCK = 0x636B7074

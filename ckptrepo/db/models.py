@@ -373,12 +373,33 @@ class Ref(Base):
 
 
 class Metric(Base):
-    """A scalar metric recorded with a commit (``val_loss`` = 2.03)."""
+    """A scalar metric of a commit (``val_loss`` = 2.03): recorded with it (part of its id), or,
+    ``annotated`` (schema 0016), the current value of a result attached later (``annotations``),
+    so that every query over metrics (``where``, ``best``, ``history``) sees both alike."""
 
     __tablename__ = "metrics"
     commit_id: Mapped[str] = mapped_column(ForeignKey("commits.id"), primary_key=True)
     name: Mapped[str] = mapped_column(String(255), primary_key=True)
     value: Mapped[float] = mapped_column(Float)
+    annotated: Mapped[bool] = mapped_column(Boolean, server_default=false())
+
+
+class Annotation(Base):
+    """A result attached to a commit after it was made (schema 0016; ``db.notes``): a metric's
+    value (``name``, ``value``) or a note (``name`` NULL), its ``source`` and time, and the key of the
+    journal entry that holds it (``ledger.journal``, op ``annotate``; the same key on every store the
+    entry was copied to, so a fetch adds it once). Every value is kept; the newest per (commit,
+    name) is the current one, mirrored in ``metrics`` (``annotated``)."""
+
+    __tablename__ = "annotations"
+    key: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    commit_id: Mapped[str] = mapped_column(ForeignKey("commits.id"), index=True)
+    name: Mapped[str | None] = mapped_column(String(255), default=None)
+    value: Mapped[float | None] = mapped_column(Float, default=None)
+    note: Mapped[str | None] = mapped_column(Text, default=None)
+    source: Mapped[str | None] = mapped_column(Text, default=None)
+    at: Mapped[datetime] = mapped_column(UtcDateTime())
+    journal_key: Mapped[str | None] = mapped_column(String(255), index=True, default=None)
 
 
 class RemotePack(Base):

@@ -48,15 +48,16 @@ def commits(s: Session, rows: Sequence[Any]) -> list[t.Commit]:
     but the skeleton), in their order."""
     ids = [r.id for r in rows]
     edges = catalog.edges_of(s, ids)
-    metrics = catalog.metrics_of(s, ids)
+    metrics, annotations = catalog.metrics_and_annotations_of(s, ids)
     refs = catalog.refs_at(s, ids)
     tiers = catalog.tiers_of(s, ids)
     return [_commit(r, tuple(t.Parent(e.parent_id, e.kind, e.mapping) for e in edges.get(r.id, [])),
-                    metrics.get(r.id, {}), tuple(refs.get(r.id, [])), tiers.get(r.id, ("local",))) for r in rows]
+                    metrics.get(r.id, {}), tuple(refs.get(r.id, [])), tiers.get(r.id, ("local",)),
+                    annotations.get(r.id, {})) for r in rows]
 
 
 def _commit(r: Any, parents: tuple[t.Parent, ...], metrics: dict[str, float], refs: tuple[str, ...],
-            tiers: tuple[str, ...] = ("local",)) -> t.Commit:
+            tiers: tuple[str, ...] = ("local",), annotations: dict[str, float] | None = None) -> t.Commit:
     """A public commit from a row of ``commits`` (attribute access) and what other tables hold."""
     return t.Commit(
         id=r.id, message=r.message, created_at=aware(r.created_at), author=r.author, host=r.host,
@@ -64,6 +65,7 @@ def _commit(r: Any, parents: tuple[t.Parent, ...], metrics: dict[str, float], re
         code_version=r.code_version, n_tensors=r.n_tensors, logical_bytes=r.logical_bytes, new_bytes=r.new_bytes,
         stored_bytes=r.stored_bytes, stall_s=r.stall_s, wait_s=r.wait_s, persist_s=r.persist_s,
         nonfinite=r.nonfinite, refs=refs, pruned=bool(r.pruned), damage=getattr(r, "damage", None), tiers=tiers,
+        annotations=annotations or {},
     )
 
 

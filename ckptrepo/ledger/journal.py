@@ -8,6 +8,10 @@ Entries (JSON objects, ``op`` first):
   its manifest: ``manifest``.)
 - ``{"op": "prune", "commits": [ids]}``: commits whose data retention dropped.
 - ``{"op": "retention", "rules": {...}|None}``: the stored retention setting.
+- ``{"op": "annotate", "commit": id, "metrics": {name: number}, "note": str|None, "source":
+  str|None}``: results attached to a commit after it was made (``db.notes``). The entry's
+  key is the annotation's identity on every store: a push copies the object as it is, and a
+  fetch adds the annotations of an entry whose key it has not seen.
 
 Each entry is ``journal/<nanoseconds since the epoch, 20 digits>-<16 hex>.json``, so listing
 the prefix gives them in the order they were written (on one host's clock); ``at`` holds the
@@ -39,9 +43,11 @@ from ckptrepo.ledger import leases
 from ckptrepo.storage.base import Backend
 
 PREFIX = "journal/"
-OPS = ("ref", "prune", "retention")
+OPS = ("ref", "prune", "retention", "annotate")
 REF_KINDS = ("branch", "tag")
 _KEY = re.compile(r"journal/(\d{20})-[0-9a-f]{16}\.json")
+MAX_NAME = 255  # a metric name (``metrics.name``)
+MAX_NOTE = 64 << 10  # characters of an annotation's note or source
 MAX_BYTES = 64 << 20  # an entry names refs and commit ids: one far larger is not one ckptrepo wrote
 
 
@@ -124,6 +130,16 @@ def _check_fields(value: dict[str, Any]) -> None:
     elif op == "prune":
         for cid in f.need_list(f.need(value, "commits"), "its commits"):
             f.need_id(cid, "a pruned commit")
+    elif op == "annotate":
+        f.need_id(f.need(value, "commit"), "its commit")
+        for name, number in f.need_dict(f.need(value, "metrics"), "its metrics").items():
+            if not name or len(name) > MAX_NAME:
+                raise f.Invalid("a metric name is empty or too long")
+            f.need_finite(number, f"metric {name[:80]!r}")
+        note, source = f.need_str(value.get("note"), "its note", optional=True), f.need_str(
+            value.get("source"), "its source", optional=True)
+        if (note is not None and len(note) > MAX_NOTE) or (source is not None and len(source) > MAX_NOTE):
+            raise f.Invalid("its note or source is too long")
     elif value.get("rules") is not None:
         f.need_dict(value["rules"], "its rules")
 

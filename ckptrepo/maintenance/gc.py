@@ -14,7 +14,7 @@ Order (the write-ordering invariant run backwards):
 
 1. One write transaction indexes the pending layouts (``db.pending``: until then a commit's
    tensors and new chunks have no rows, and its packs look empty), then deletes the rows of
-   unreachable commits (metrics, entries, edges, commit), then tensors no reachable commit
+   unreachable commits (metrics, annotations, entries, edges, commit), then tensors no reachable commit
    names, the chunk lists of tensors only pruned commits name, chunks no live tensor or live
    delta needs, and packs left without chunk rows. On SQLite
    the transaction takes the write lock first, so commits of other processes wait for it or
@@ -76,7 +76,19 @@ from ckptrepo import faults
 from ckptrepo.chunks.pack import pack_key
 from ckptrepo.db import catalog, integers, pending
 from ckptrepo.db.engine import write_transaction
-from ckptrepo.db.models import Chunk, Commit, Edge, Entry, JournalKey, Metric, Pack, RepoMeta, Tensor, TensorChunk
+from ckptrepo.db.models import (
+    Annotation,
+    Chunk,
+    Commit,
+    Edge,
+    Entry,
+    JournalKey,
+    Metric,
+    Pack,
+    RepoMeta,
+    Tensor,
+    TensorChunk,
+)
 from ckptrepo.errors import CkptError, ConcurrentChange, DamagedCommits, UsageError
 from ckptrepo.ids import short
 from ckptrepo.ledger import journal, leases, manifest
@@ -139,6 +151,7 @@ class _Plan:
     def apply(self, s: Session) -> None:
         for ids in _batches(self.commits):
             s.execute(delete(Metric).where(Metric.commit_id.in_(ids)))
+            s.execute(delete(Annotation).where(Annotation.commit_id.in_(ids)))
             s.execute(delete(Entry).where(Entry.commit_id.in_(ids)))
             s.execute(delete(Edge).where(Edge.child_id.in_(ids)))
         for ids in _batches(self.commits):

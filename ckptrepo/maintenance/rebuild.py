@@ -19,8 +19,9 @@ checked as it is read (``maintenance.scan``) and nothing that fails a check is u
   journal says it was pruned (then gc dropped them: it is pruned). Damaged commits cannot be
   read (``CommitDamaged``), ``verify`` fails on them, and ``gc`` refuses to run while one is
   not pruned, so nothing they may still need is deleted.
-- ``pruned`` marks and the retention setting: the journal (``ledger.journal``); the keys of its
-  entries go to ``journal_keys``.
+- ``pruned`` marks, the retention setting and annotations (results attached to commits after
+  the fact, in the order they were written; ``db.notes``): the journal
+  (``ledger.journal``); the keys of its entries go to ``journal_keys``.
 - refs: replayed (``maintenance.replay``) from the commits' own branch moves and the journal's
   ref changes. A commit whose move never applies and that no ref reaches is kept on
   ``conflicts/<branch>/<short id>``, as a commit that lost its compare-and-swap is; a ref whose
@@ -54,7 +55,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from ckptrepo import faults
 from ckptrepo.atomic import atomic_build
 from ckptrepo.config import RepoConfig
-from ckptrepo.db import catalog, migrate, pending
+from ckptrepo.db import catalog, migrate, notes, pending
 from ckptrepo.db.engine import database_url, insert_tuples, make_engine
 from ckptrepo.db.models import Commit, JournalKey, Pack, Ref, RepoMeta, Tensor, TensorChunk
 from ckptrepo.errors import IntegrityError, RepositoryExists, StoreInUse
@@ -252,6 +253,10 @@ def _write(s: Session, found: scan.Scan, plan: _Plan) -> _Counts:
     now = datetime.now(timezone.utc)
     insert_tuples(conn, Ref, ("kind", "name", "commit_id", "updated_at"),
                   sorted((kind, name, cid, now) for (kind, name), cid in plan.refs.items()))
+    for key, e in found.journal:  # results attached later, in the order they were written
+        if e["op"] == "annotate" and e["commit"] in recorded:
+            notes.record(s, e["commit"], e["metrics"], e.get("note"), e.get("source"),
+                               datetime.fromtimestamp(e["at"], timezone.utc), key, strict=False)
     insert_tuples(conn, JournalKey, ("key",), sorted((key,) for key, _ in found.journal))
     s.execute(delete(RepoMeta).where(RepoMeta.key == "journal_keys_from"))  # every entry is recorded
     settings = [e for _, e in found.journal if e["op"] == "retention"]

@@ -157,9 +157,9 @@ class LedgerCheck:
                           f"rebuilt from the store would lose its record (it still restores); {_FIX_MANIFESTS}")
         for key in self.gone_entries:
             if key in still and not self.backend.exists(key):
-                self._add("missing_journal_entry", key, f"{key}: the database recorded this ref change, prune or "
-                          "setting, but the store lost it: a rebuild would not replay it (`ckpt db manifests` "
-                          "writes entries that pin today's refs)")
+                self._add("missing_journal_entry", key, f"{key}: the database recorded this ref change, prune, "
+                          "setting or annotation, but the store lost it: a rebuild would not replay it "
+                          "(`ckpt db manifests` writes entries that pin today's refs)")
 
 
 def _differs(stored: Mapping[str, Any], rebuilt: Mapping[str, Any]) -> str | None:

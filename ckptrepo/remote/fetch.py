@@ -16,6 +16,7 @@ Order (nothing is visible before the last step):
    remote's prune marks on the commits fetched, the remote-tracking refs (``REMOTE/BRANCH``, kind
    ``remote``; a branch deleted on the remote loses its ref) and the remote's tags that do not
    exist here.
+6. The remote's annotations this repository lacks, on the commits it has (``remote.notes``).
 
 Only commits a remote ref reaches are fetched: objects of a push whose ref move was refused stay
 invisible. Tensor bytes are not downloaded (``Repo.fetch(data=...)`` and a full clone fetch them).
@@ -43,7 +44,7 @@ from ckptrepo.ledger.leases import Lease
 from ckptrepo.locations import ChunkLocation
 from ckptrepo.maintenance.rebuild import in_order, placeholder, record_bodies
 from ckptrepo.maintenance.replay import replay_refs
-from ckptrepo.remote import index, refs
+from ckptrepo.remote import index, notes, refs
 from ckptrepo.remote.stores import RemoteStore
 from ckptrepo.remote.transfer import Meter, closure
 from ckptrepo.storage.base import Backend
@@ -62,6 +63,7 @@ class Fetched:
     packs_indexed: int = 0
     refs: list[RefUpdate] = field(default_factory=list)
     pruned: int = 0
+    annotations: int = 0
     problems: list[str] = field(default_factory=list)
     new_ids: list[str] = field(default_factory=list)
 
@@ -275,6 +277,7 @@ def fetch(sessions: sessionmaker[Session], reading: Sessions, local: Backend, st
         lease.release()
     faults.point("fetch.after_commit")
     out.commits, out.pruned, out.new_ids = len(order), len(marked), ids
+    out.annotations = notes.fetch(sessions, reading, local, backend, out.problems)
     return out
 
 

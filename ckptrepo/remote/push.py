@@ -13,7 +13,9 @@ last step, and every step before it is safe to repeat or to abandon:
    anew (``remote.transfer``): never whole local packs with other data in them.
 3. Manifests of the commits the remote lacks, verbatim; a bundle describing this push's packs and
    manifests in one object (``remote.bundles``; many earlier ones folded in); a journal entry
-   with the prune marks of the pruned ones among them.
+   with the prune marks of the pruned ones among them; the annotation entries (journal op
+   ``annotate``) of every commit the remote will hold that it lacks (``remote.notes``; also when
+   no ref moves).
 4. Refs, one compare-and-swap each (``remote.refs.swap``), against the version read in step 1: a
    ref that moved meanwhile is refused (``PushRejected``), and what was uploaded for it stays
    invisible (a fetch follows refs only).
@@ -53,7 +55,7 @@ from ckptrepo.ids import short
 from ckptrepo.ledger import identity, journal, manifest
 from ckptrepo.ledger.leases import Lease
 from ckptrepo.locations import ChunkLocation
-from ckptrepo.remote import bundles, index, refs
+from ckptrepo.remote import bundles, index, notes, refs
 from ckptrepo.remote.stores import RemoteStore
 from ckptrepo.remote.transfer import Meter, closure, copy, copy_whole
 from ckptrepo.storage.base import Backend
@@ -71,6 +73,7 @@ class Pushed:
     commits: int = 0
     packs: int = 0
     chunks: int = 0
+    annotations: int = 0
     refs: list[RefUpdate] = field(default_factory=list)
 
 
@@ -239,6 +242,9 @@ def push(sessions: sessionmaker[Session], reading: Sessions, local: Backend, sto
             todo = _check(s, name, targets, current, force)
         if not todo:
             _record(sessions, name, [], targets)
+            with reading() as s:
+                held = _held(s, name, current)
+            out.annotations = notes.push(reading, local, backend, held, meter)
             return out
         with reading() as s:
             held = _held(s, name, current)
@@ -288,6 +294,7 @@ def push(sessions: sessionmaker[Session], reading: Sessions, local: Backend, sto
         if pruned:
             journal.append(backend, {"op": "prune", "commits": pruned})
         out.commits = len(send)
+        out.annotations = notes.push(reading, local, backend, held | set(send), meter)
         faults.point("push.after_manifests")
         # 4. Refs, by compare-and-swap.
         for t, forced in todo:

@@ -32,7 +32,7 @@ from ckptrepo.db.models import Base, Chunk, Commit, Edge, Pack, RepoMeta, Tensor
 from ckptrepo.errors import FormatError, RepositoryExists, SchemaOutdated, SchemaTooNew, UsageError
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
-HEAD = "0015"  # the newest migration this code ships
+HEAD = "0016"  # the newest migration this code ships
 
 # A later schema as a future ckptrepo would ship it. Rebuilding ``packs`` (recreate on
 # SQLite), which ``chunks`` references, exercises the foreign-key handling of migrations.
@@ -126,7 +126,7 @@ def test_ids_compare_bytewise_on_postgresql(engine: Engine) -> None:
     # byte-ordered on PostgreSQL from 0006 on, and back to the default collation below it.
     id_columns = {(t.name, c.name) for t in schema_metadata().sorted_tables for c in t.columns
                   if isinstance(c.type, String) and c.type.length == 64 and t.name != "repo_meta"}
-    assert len(id_columns) == 20
+    assert len(id_columns) == 21
 
     def collations() -> dict[tuple[str, str], str | None]:
         with engine.connect() as conn:
