@@ -179,3 +179,35 @@ def test_cli_annotate_show_log_best(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert refused.exit_code != 0 and "logged" in refused.output
     listed = ckpt("annotate", ids[1][:10])
     assert listed.exit_code == 0 and "no annotations" in listed.output
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "rename"])
+def test_fetch_refuses_damaged_remote_annotations(tmp_path: Path, damage: str) -> None:
+    repo, ids = _repo(tmp_path / "r", None, n=2)
+    remote = tmp_path / "remote"
+    with repo:
+        repo.add_remote("origin", str(remote))
+        repo.push("origin", ["main"])
+        clone = ckptrepo.Repo.clone(str(remote), tmp_path / "clone")
+        repo.annotate(ids[0], metrics={"eval/acc": 0.5})
+        repo.annotate(ids[1], metrics={"eval/acc": 0.25})
+        repo.push("origin", ["main"])
+    keys = sorted(p for p in (remote / "journal").iterdir() if p.name.endswith(".json"))
+    target = next(p for p in keys if json.loads(p.read_bytes()).get("op") == "annotate")
+    data = target.read_bytes()
+    if damage == "flip":
+        at = data.index(b"0.5")
+        target.write_bytes(data[:at] + b"0.9" + data[at + 3:])
+    elif damage == "truncate":
+        target.write_bytes(data[: len(data) // 2])
+    else:  # another entry's bytes under this key
+        other = next(p for p in keys if p != target and json.loads(p.read_bytes()).get("op") == "annotate")
+        target.write_bytes(other.read_bytes())
+    with clone:
+        result = clone.fetch()
+        assert result.annotations == 1 and not result.ok
+        assert any(target.name in item for item in result.skipped)
+        values = {cid: clone.get_commit(cid).annotations for cid in ids}
+        assert values[ids[1]] == {"eval/acc": 0.25}
+        assert values[ids[0]] == {}  # never a damaged value
+        assert clone.verify().ok
