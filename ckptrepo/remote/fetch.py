@@ -193,8 +193,6 @@ def _walk(reading: Sessions, backend: Backend, heads: Collection[str], cached: d
     return bodies, lost
 
 
-def _remote_pruned(backend: Backend) -> set[str]:
-    return {cid for _, e in journal.read(backend).entries if e["op"] == "prune" for cid in e["commits"]}
 
 
 def fetch(sessions: sessionmaker[Session], reading: Sessions, local: Backend, store: RemoteStore, name: str,
@@ -225,6 +223,7 @@ def fetch(sessions: sessionmaker[Session], reading: Sessions, local: Backend, st
     order = in_order(bodies, skipped, damaged)
     out.problems.extend(skipped)
     wanted = {c for b in order for t in manifest.tensor_rows(b).values() for c in t.chunk_ids}
+    entries = notes.read_entries(reading, backend, out.problems)  # prune marks and annotations
     with reading() as s:
         have = catalog.chunks_by_id(s, sorted(wanted))
 
@@ -244,7 +243,7 @@ def fetch(sessions: sessionmaker[Session], reading: Sessions, local: Backend, st
     try:
         with ThreadPoolExecutor(_READERS, thread_name_prefix="ckpt-fetch") as pool:
             list(pool.map(lambda b: manifest.write(local, b), [b for b in order if b["id"] not in lost]))
-        pruned = _remote_pruned(backend) if order else set()
+        pruned = {cid for _, e, _ in entries if e["op"] == "prune" for cid in e["commits"]}
         ids = [b["id"] for b in order]
         marked = sorted(pruned & set(ids))
         now = datetime.now(timezone.utc)
@@ -277,7 +276,7 @@ def fetch(sessions: sessionmaker[Session], reading: Sessions, local: Backend, st
         lease.release()
     faults.point("fetch.after_commit")
     out.commits, out.pruned, out.new_ids = len(order), len(marked), ids
-    out.annotations = notes.fetch(sessions, reading, local, backend, out.problems)
+    out.annotations = notes.fetch(sessions, reading, local, entries)
     return out
 
 

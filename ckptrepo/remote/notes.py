@@ -58,13 +58,13 @@ def push(reading: Sessions, local: Backend, remote: Backend, held: Collection[st
     return sent
 
 
-def fetch(sessions: sessionmaker[Session], reading: Sessions, local: Backend, remote: Backend,
-          problems: list[str]) -> int:
-    """Record the remote's annotations this repository lacks, on the commits it has; returns how
-    many entries were applied. Damaged entries go to ``problems``."""
+def read_entries(reading: Sessions, remote: Backend, problems: list[str]) -> list[tuple[str, dict[str, Any], bytes]]:
+    """The remote's journal entries, checked (``journal.decode``), oldest first, with their bytes,
+    but for annotations this repository has recorded already (not read again). Damaged entries
+    go to ``problems``."""
     with reading() as s:
         known = rows.journal_keys(s)
-    new: list[tuple[str, dict[str, Any], bytes]] = []
+    found: list[tuple[str, dict[str, Any], bytes]] = []
     for key in remote.list(journal.PREFIX):
         if not key.endswith(".json") or key in known:
             continue
@@ -72,12 +72,19 @@ def fetch(sessions: sessionmaker[Session], reading: Sessions, local: Backend, re
             if remote.size(key) > journal.MAX_BYTES:
                 raise IntegrityError(f"journal entry {key} is damaged: larger than {journal.MAX_BYTES} bytes")
             data = remote.get(key)
-            entry = journal.decode(data, key)
+            found.append((key, journal.decode(data, key), data))
         except IntegrityError as exc:
             problems.append(exc.message)
-            continue
-        if entry["op"] == "annotate":
-            new.append((key, entry, data))
+    return found
+
+
+def fetch(sessions: sessionmaker[Session], reading: Sessions, local: Backend,
+          entries: list[tuple[str, dict[str, Any], bytes]]) -> int:
+    """Record the annotations among the remote's ``entries`` (``read_entries``) that this
+    repository lacks, on the commits it has; returns how many entries were applied."""
+    with reading() as s:
+        known = rows.journal_keys(s)
+    new = [(key, e, data) for key, e, data in entries if e["op"] == "annotate" and key not in known]
     if not new:
         return 0
     with reading() as s:
