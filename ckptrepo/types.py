@@ -90,6 +90,11 @@ class Commit:
     def parent_ids(self) -> list[str]:
         return [p.id for p in self.parents]
 
+    def value(self, name: str) -> float | None:
+        """The value of metric ``name``: logged with the commit, else annotated; None if neither."""
+        found = self.metrics.get(name)
+        return self.annotations.get(name) if found is None else found
+
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable dict (times as ISO 8601)."""
         data = asdict(self)
@@ -733,13 +738,16 @@ class HistoryPoint:
 
 @dataclass(frozen=True)
 class MetricPoint:
-    """The requested metrics a commit of a first-parent chain records (``depth`` 0 = head)."""
+    """The requested metrics a commit of a first-parent chain records (``depth`` 0 = head);
+    ``annotated``: those of ``values`` that are annotations (results attached later,
+    ``Repo.annotate``), not metrics logged with the commit."""
 
     commit_id: str
     step: int | None
     created_at: datetime
     depth: int
     values: dict[str, float]
+    annotated: frozenset[str] = frozenset()
 
 
 # -- the lineage graph -------------------------------------------------------------------------
@@ -893,7 +901,8 @@ class PushResult:
     """What ``Repo.push`` moved: ``commits`` whose manifests were uploaded, ``packs`` and
     ``chunks`` uploaded (only chunks the remote lacked, packed anew) and ``bytes_uploaded`` in all
     (packs, manifests, journal, refs); ``refs``: the remote refs moved (compare-and-swap, after
-    every object they need was durable on the remote)."""
+    every object they need was durable on the remote); ``annotations``: annotation entries
+    copied (``Repo.annotate``'s, of commits the remote holds, that it lacked)."""
 
     remote: str
     commits: int
@@ -902,6 +911,7 @@ class PushResult:
     bytes_uploaded: int
     refs: tuple[RefUpdate, ...]
     seconds: float
+    annotations: int = 0
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -915,7 +925,8 @@ class FetchResult:
     ``packs_indexed`` remote packs whose footers were read, ``bytes_downloaded`` in all (footers,
     manifests, journal, refs, and tensor bytes fetched with ``data``: ``data_chunks`` /
     ``data_bytes``); ``refs``: remote-tracking refs (``origin/main``) and tags moved; ``pruned``:
-    fetched commits the remote marks pruned; ``skipped``: what could not be used, each with why
+    fetched commits the remote marks pruned; ``annotations``: the remote's annotation entries
+    recorded here (on commits this repository has); ``skipped``: what could not be used, each with why
     (a damaged manifest: that commit is recorded as a damaged node, and its ancestors that
     nothing else reaches are not fetched; a damaged pack footer); ``ok``: nothing skipped."""
 
@@ -929,6 +940,7 @@ class FetchResult:
     data_bytes: int
     seconds: float
     skipped: tuple[str, ...] = ()
+    annotations: int = 0
 
     @property
     def ok(self) -> bool:
@@ -990,3 +1002,226 @@ class ReplicationStatus:
         data = asdict(self)
         data["points"] = [p.to_json() for p in self.points]
         return data
+
+
+# -- evaluation and bisect ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """One commit of an evaluation run (``Repo.evaluate``, ``Repo.evaluate_command``, ``ckpt eval``).
+
+    ``status``: ``ok`` (``metrics`` were recorded as annotations of the commit, with ``source``),
+    ``failed`` (``reason`` says why: the command's exit status, a timeout, a last line of stdout
+    that is no JSON object of numbers, an export that failed; ``stderr`` holds the end of the
+    command's stderr) or ``skipped`` (``reason``: the commit already has results from ``source``,
+    or its data is pruned or damaged). ``returncode``: the command's exit status (None: no command
+    ran, or it timed out). ``seconds``: the export, the run and the recording together."""
+
+    commit_id: str
+    step: int | None
+    status: str  # "ok" | "failed" | "skipped"
+    source: str
+    metrics: dict[str, float] = field(default_factory=dict)
+    reason: str | None = None
+    stderr: str = ""
+    returncode: int | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def short_id(self) -> str:
+        return short(self.commit_id)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["short_id"] = self.short_id
+        return _jsonable(data)  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class BisectStep:
+    """One commit ``Repo.bisect`` tested: its ``verdict`` (``good``: the predicate is false there,
+    ``bad``: true, ``skip``: it could not be tested) and ``detail`` (the command's exit status,
+    or why it was skipped). ``remaining``: commits left that could be the first bad one after it."""
+
+    commit_id: str
+    step: int | None
+    verdict: str  # "good" | "bad" | "skip"
+    detail: str | None = None
+    remaining: int = 0
+    seconds: float = 0.0
+
+    @property
+    def short_id(self) -> str:
+        return short(self.commit_id)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["short_id"] = self.short_id
+        return data
+
+
+@dataclass(frozen=True)
+class BisectResult:
+    """What ``Repo.bisect`` found on the first-parent line from ``good`` (exclusive) to ``bad``
+    (inclusive): ``first_bad``, the first commit where the predicate (``predicate``: how it was
+    given) turns true, whose first parent ``parent`` it is false at. Binary search assumes that the
+    predicate, once true, stays true; where it does not, ``first_bad`` is a commit where it turns
+    true. ``candidates``: the commits that may be the first bad one (``first_bad`` alone, unless
+    commits that could not be tested, ``skip``, leave several). ``commits``: how many the line
+    holds; ``tested``: each test, in order (the two ends first); ``changed``: the tensors whose
+    stored statistics changed most from ``parent`` to ``first_bad``, largest first (tensors that
+    gained NaN or Inf values first, then by the relative change of their L2 norm)."""
+
+    good: str
+    bad: str
+    predicate: str
+    first_bad: str
+    first_bad_step: int | None
+    parent: str
+    candidates: tuple[str, ...]
+    commits: int
+    tested: tuple[BisectStep, ...]
+    changed: tuple[TensorDelta, ...] = ()
+
+    @property
+    def steps(self) -> int:
+        """How many tests were made (the two ends included)."""
+        return len(self.tested)
+
+    @property
+    def found(self) -> bool:
+        """Whether one commit was pinned down (no untested commit left that could be it)."""
+        return len(self.candidates) == 1
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable({  # type: ignore[no-any-return]
+            "good": self.good, "bad": self.bad, "predicate": self.predicate, "first_bad": self.first_bad,
+            "first_bad_short_id": short(self.first_bad), "first_bad_step": self.first_bad_step,
+            "parent": self.parent, "candidates": list(self.candidates), "found": self.found,
+            "commits": self.commits, "steps": self.steps, "tested": [s.to_json() for s in self.tested],
+            "changed": [d.to_json() for d in self.changed],
+        })
+
+
+# -- lineage from the weights (Repo.similar, Repo.infer_parent, Repo.infer_lineage) -----------------
+
+
+@dataclass(frozen=True)
+class Similarity:
+    """A commit near a model (``Repo.similar``) and the evidence of each stage that looked at it:
+    ``shared_bytes`` of the model's distinct chunks the commit holds (``shared_fraction`` of them:
+    frozen or unchanged parts, copies); ``matched_tensors`` of the model's ``query_tensors`` weights
+    (floating-point tensors that are not optimizer state) the commit holds, by name and shape or as
+    identical content under another name; ``stat_distance``, a lower bound of the distance from
+    stored statistics alone; ``exact_distance``, the relative L2 distance over the model's weights,
+    ``sqrt(sum ||q_t - c_t||^2 + sum of ||q_t||^2 over weights the commit lacks) / ||q||`` (0: the
+    same weights; 1: the commit explains none of them), None when the exact stage did not reach
+    the commit; ``per_tensor``: each matched weight's own ``||q_t - c_t|| / ||q_t||`` (exact only).
+    ``score``: 1 - the distance (exact, else the bound), between 0 and 1."""
+
+    commit_id: str
+    score: float
+    shared_bytes: int
+    shared_fraction: float
+    matched_tensors: int
+    query_tensors: int
+    stat_distance: float
+    exact_distance: float | None
+    per_tensor: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        data = _jsonable(asdict(self))
+        data["short_id"] = short(self.commit_id)
+        return data  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class LineageEvidence:
+    """What a proposed edge ``source -> model`` rests on: ``distance`` (the exact relative L2
+    distance of ``Similarity``, from the source to the model), ``frozen_fraction`` (of the bytes of
+    the weights both hold, the share identical), the model's weights the source holds
+    (``matched_tensors``), lacks (``new_tensors``) and the source's the model lacks
+    (``dropped_tensors``), ``direction``: which cue oriented the edge (``steps``: training progress,
+    an optimizer step counter or the recorded step; ``names``: tensors dropped; ``tail``: the weights'
+    tail index, ``log(abs_max / std)``, which grows with training; ``none``), ``against``: that cue
+    opposes the edge (its cost carries a penalty), and ``mapping``: ``{model name: source name}`` of
+    weights taken under another name."""
+
+    distance: float
+    frozen_fraction: float
+    matched_tensors: int
+    new_tensors: int
+    dropped_tensors: int
+    direction: str
+    against: bool
+    mapping: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return _jsonable(asdict(self))  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class LineageCandidate:
+    """A possible source of a model: a commit id, or (``Repo.infer_lineage``) the path of another
+    model of the same set; ``kind`` ``parent`` or ``transfer``; ``score`` 1 - the edge's cost (its
+    distance, with the penalty of a direction cue that opposes it), between 0 and 1."""
+
+    source: str
+    kind: str
+    score: float
+    evidence: LineageEvidence
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "kind": self.kind, "score": _finite(self.score),
+                "evidence": self.evidence.to_json()}
+
+
+@dataclass(frozen=True)
+class LineageProposal:
+    """Where ``model`` (a checkpoint's path, or a commit id) most likely came from, from its weights
+    (``Repo.infer_parent``, ``Repo.infer_lineage``): ``kind`` ``parent`` (a fine-tune, a later
+    checkpoint, a fork) or ``transfer`` (a frozen body under new or renamed tensors: its ``mapping``
+    in ``evidence``), from ``parent`` (a commit id, or the path of another model of the same set);
+    ``kind`` and ``parent`` None when nothing explains it better than a new root would. ``score``: the
+    chosen edge's (``LineageCandidate``), 0 for a root; ``runner_up``: the next best source."""
+
+    model: str
+    kind: str | None
+    parent: str | None
+    score: float
+    runner_up: LineageCandidate | None
+    evidence: LineageEvidence | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "kind": self.kind, "parent": self.parent, "score": _finite(self.score),
+                "runner_up": self.runner_up.to_json() if self.runner_up is not None else None,
+                "evidence": self.evidence.to_json() if self.evidence is not None else None}
+
+
+@dataclass(frozen=True)
+class InterpolationPoint:
+    """One point of the straight line between two commits' weights (``Repo.interpolate``, ``ckpt
+    interpolate``): the state ``(1 - t) A + t B`` (never committed) and what evaluating it gave.
+    ``metrics``: name -> number (empty when the evaluation failed); ``error``: why it failed (the
+    command's exit status, a timeout, a last line of stdout that is no JSON object of numbers;
+    None: it did not); ``stderr``: the end of the command's stderr; ``seconds``: writing the state
+    and evaluating it."""
+
+    t: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+    stderr: str = ""
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"t": self.t, "metrics": dict(self.metrics), "error": self.error, "stderr": self.stderr,
+                "seconds": self.seconds}

@@ -130,7 +130,8 @@ def search(reading: Sessions, query: Model, load: Callable[[str], Model], pool: 
         for start in range(0, len(ids), _BATCH):
             readable.update(s.scalars(_READABLE, {"ids": ids[start:start + _BATCH]}))
     total = sum(mine.values()) if query.commit_id else sum((chunk_ids or {}).values())
-    by_bound = sorted(readable, key=lambda cid: (_probe_bound(query, probed.get(cid, {})), cid))
+    bound = _probe_bound(query)
+    by_bound = sorted(readable, key=lambda cid: (bound(probed.get(cid, {})), cid))
     by_shared = sorted((c for c in readable if shared.get(c)), key=lambda cid: (-shared[cid], cid))
     keep = list(dict.fromkeys(by_bound[:max(4 * n, 16)] + by_shared[:max(2 * n, 8)]))
     found = []
@@ -159,20 +160,25 @@ def measure(found: list[Found], query: Model, pool: Executor, *, n: int) -> None
         done.append(f.exact.distance)
 
 
-def _probe_bound(query: Model, theirs: Mapping[str, TensorSummary]) -> float:
-    """``D(commit -> query)``'s bound over the probed weights alone (a probe the commit lacks, or
-    holds at another shape, counts whole)."""
+def _probe_bound(query: Model) -> Callable[[Mapping[str, TensorSummary]], float]:
+    """``D(commit -> query)``'s bound over the probed weights alone, as a function of a commit's
+    probed rows (a probe the commit lacks, or holds at another shape, counts whole); the query's
+    side is computed once."""
     weights = query.weights()
     names = probes(query)
     total = math.fsum(weights[name].l2 ** 2 for name in names)
-    parts = []
-    for name in names:
-        mine, other = weights[name], theirs.get(name)
-        if other is None or other.shape != mine.shape:
-            parts.append(mine.l2 ** 2)
-        else:
-            parts.append(distance.tensor_bound(mine, other))
-    return math.sqrt(math.fsum(parts) / total) if total > 0 else 0.0
+
+    def bound(theirs: Mapping[str, TensorSummary]) -> float:
+        parts = []
+        for name in names:
+            mine, other = weights[name], theirs.get(name)
+            if other is None or other.shape != mine.shape:
+                parts.append(mine.l2 ** 2)
+            else:
+                parts.append(distance.tensor_bound(mine, other))
+        return math.sqrt(math.fsum(parts) / total) if total > 0 else 0.0
+
+    return bound
 
 
 def commit_rows(session: Session, commit_id: str) -> dict[str, tuple[str, Any, dict[str, Any], str]]:

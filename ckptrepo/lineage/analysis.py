@@ -497,18 +497,23 @@ def metrics_along(
     with sessions() as s:
         chain = _first_parent_chain(revparse.resolve(s, along), limit)
         q = (
-            select(chain.c.depth, chain.c.id, chain.c.step, chain.c.created_at, Metric.name, Metric.value)
+            select(chain.c.depth, chain.c.id, chain.c.step, chain.c.created_at, Metric.name, Metric.value,
+                   Metric.annotated)
             .select_from(chain)
             .outerjoin(Metric, and_(Metric.commit_id == chain.c.id, Metric.name.in_(list(names))))
             .order_by(chain.c.depth)
         )
         points: list[MetricPoint] = []
-        for depth, cid, step, created, metric, value in s.execute(q):
+        marked: list[set[str]] = []
+        for depth, cid, step, created, metric, value, annotated in s.execute(q):
             if not points or points[-1].depth != depth:
                 points.append(MetricPoint(cid, step, created, depth, {}))
+                marked.append(set())
             if metric is not None:
                 points[-1].values[metric] = value
-    return points
+                if annotated:
+                    marked[-1].add(metric)
+    return [replace(p, annotated=frozenset(m)) if m else p for p, m in zip(points, marked, strict=True)]
 
 
 def metric_names(sessions: Sessions) -> list[str]:

@@ -5,7 +5,8 @@ curves, a tensor's history, a diff) and the JSON API they read (``/api/...``), G
 only, every response with a strict Content-Security-Policy. It calls ``Repo`` methods that read
 the catalog only, none of which imports torch. The modules: ``app`` (routes, error handlers,
 headers), ``pages`` and ``api`` (the endpoints), ``graph`` (the graph's layout), ``data``
-(shaping results for both), ``templating``, ``urls``, ``params``, ``security``, ``failures``;
+(shaping results for both), ``explore`` (annotations, merges, similar commits), ``templating``,
+``urls``, ``params``, ``security``, ``failures``;
 ``templates/`` and ``static/`` (Jinja2 templates, vanilla JS and CSS) ship in the package.
 """
 

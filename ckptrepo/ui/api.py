@@ -2,7 +2,8 @@
 
 ``/api/graph?branch=``             the lineage graph, laid out (``graph.payload``)
 ``/api/commits?rev=&where=&limit=&offset=``  a log page: ``{"commits": [...], "limit", "offset"}``
-``/api/commits/{rev}``             a commit's ``to_json()`` plus ``tensors``
+``/api/commits/{rev}``             a commit's ``to_json()`` plus ``tensors``, ``annotation_history``, ``merge``
+``/api/similar/{rev}`` (or ``?rev=``)  the commits nearest to it, from the catalog (``explore.similar_json``)
 ``/api/history/{name}?along=&limit=`` (or ``?name=``)  a tensor along a first-parent chain
 ``/api/diff/{a}/{b}`` (or ``?a=&b=``)  per-tensor changes, largest first (``data.DIFF_ORDER``)
 ``/api/metrics?branch=&name=``     metric series (``data.metrics_json``)
@@ -21,7 +22,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route
 
 from ckptrepo import DEFAULT_BRANCH
-from ckptrepo.ui import data, graph, params
+from ckptrepo.ui import data, explore, graph, params
 from ckptrepo.ui.params import repo_of
 
 LOG_PAGE = 100
@@ -37,7 +38,9 @@ def graph_json(request: Request) -> JSONResponse:
     repo = repo_of(request)
     head = repo.resolve(branch) if branch is not None else None  # one commit, should the branch move meanwhile
     # JSON-safe by construction (strings, ints, booleans, lists): no pass over 10,000 nodes to check.
-    return JSONResponse(graph.payload(graph.layout(repo.graph(head), branch or DEFAULT_BRANCH), head=head))
+    lineage = repo.graph(head)
+    return JSONResponse(graph.payload(graph.layout(lineage, branch or DEFAULT_BRANCH), head=head,
+                                      merges=explore.merge_labels(repo, lineage)))
 
 
 def commits_json(request: Request) -> JSONResponse:
@@ -52,7 +55,13 @@ def commit_json(request: Request) -> JSONResponse:
     rev = request.path_params.get("rev") or params.required(request, "rev", "revision")
     repo = repo_of(request)
     commit = repo.get_commit(rev)
-    return _json(data.commit_json(commit, repo.tensors(commit.id)))
+    return _json(data.commit_json(commit, repo.tensors(commit.id), repo.annotations(commit.id)))
+
+
+def similar_json(request: Request) -> JSONResponse:
+    rev = request.path_params.get("rev") or params.required(request, "rev", "revision")
+    repo = repo_of(request)
+    return _json(explore.similar_json(repo, repo.resolve(rev)))
 
 
 def history_json(request: Request) -> JSONResponse:
@@ -93,6 +102,8 @@ def routes() -> list[BaseRoute]:
         Route("/api/graph", graph_json, methods=get),
         Route("/api/commits", commits_json, methods=get),
         Route("/api/commits/{rev:path}", commit_json, methods=get),
+        Route("/api/similar", similar_json, methods=get),
+        Route("/api/similar/{rev:path}", similar_json, methods=get),
         Route("/api/history", history_json, methods=get),
         Route("/api/history/{name:path}", history_json, methods=get),
         Route("/api/diff", diff_json, methods=get),

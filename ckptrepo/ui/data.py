@@ -15,7 +15,8 @@ from typing import Any
 
 from ckptrepo import DEFAULT_BRANCH, Commit, Repo
 from ckptrepo.errors import UsageError, did_you_mean
-from ckptrepo.types import Diff, HistoryPoint, MetricPoint, TensorDelta, TensorInfo
+from ckptrepo.types import Annotation, Diff, HistoryPoint, MetricPoint, TensorDelta, TensorInfo
+from ckptrepo.ui import explore
 
 #: How the diff is ordered, as the page and the API say it.
 DIFF_ORDER = ("largest change first: |Δ‖x‖₂| / max(‖a‖₂, ‖b‖₂) (1 for an added or removed tensor and for a "
@@ -107,19 +108,27 @@ def _x_axis(points: Sequence[HistoryPoint | MetricPoint]) -> str:
 
 def metrics_json(repo: Repo, choice: MetricChoice) -> dict[str, Any]:
     """One series per branch and metric, oldest first: ``{"x_axis": "step" | "order", "series":
-    [{"branch", "name", "points": [{"x", "y", "step", "commit"}]}]}``. ``x`` is the step when every
-    commit of every chosen branch has one, else the commit's first-parent position from its root
-    (0 = a root). UnknownRevision for a branch that names nothing."""
+    [{"branch", "name", "points": [{"x", "y", "step", "commit"}], "annotated": [i, ...]}],
+    "annotated_names": [...]}``. ``x`` is the step when every commit of every chosen branch has
+    one, else the commit's first-parent position from its root (0 = a root). ``annotated``: the
+    indices of the points whose value is an annotation (attached after the commit: ``Repo.annotate``,
+    ``ckpt eval``), not a metric logged with it; ``annotated_names``: the names with any such point.
+    UnknownRevision for a branch that names nothing."""
     chains = {b: repo.metrics_along(choice.names, along=b) for b in choice.branches}
     axis = "step" if all(_x_axis(p) == "step" for p in chains.values() if p) else "order"
+    annotated = {(p.commit_id, name) for points in chains.values() for p in points for name in p.annotated}
     series = []
     for branch, points in chains.items():
         length = len(points)
         for name in choice.names:
             shown = [{"x": p.step if axis == "step" else length - 1 - p.depth, "y": p.values[name], "step": p.step,
                       "commit": p.commit_id} for p in reversed(points) if name in p.values]
-            series.append({"branch": branch, "name": name, "points": shown})
-    return json_object({"branches": choice.branches, "names": choice.names, "x_axis": axis, "series": series})
+            marks = [i for i, p in enumerate(shown) if (p["commit"], name) in annotated] if annotated else []
+            series.append({"branch": branch, "name": name, "points": shown, "annotated": marks})
+    marked = {name for _, name in annotated}
+    names = [n for n in choice.names if n in marked]
+    return json_object({"branches": choice.branches, "names": choice.names, "x_axis": axis, "series": series,
+                        "annotated_names": names})
 
 
 # -- history -----------------------------------------------------------------------------------
@@ -156,6 +165,13 @@ def history_series(points: Sequence[HistoryPoint]) -> dict[str, Any]:
     return json_object({"x_axis": axis, **columns})
 
 
-def commit_json(commit: Commit, tensors: Sequence[TensorInfo]) -> dict[str, Any]:
-    """A commit's ``to_json()`` plus ``tensors`` (each ``TensorInfo.to_json()``), JSON-safe."""
-    return json_object({**commit.to_json(), "tensors": [t.to_json() for t in tensors]})
+def commit_json(commit: Commit, tensors: Sequence[TensorInfo],
+                annotations: Sequence[Annotation] = ()) -> dict[str, Any]:
+    """A commit's ``to_json()`` plus ``tensors`` (each ``TensorInfo.to_json()``),
+    ``annotation_history`` (every annotation, oldest first: ``Annotation.to_json()``; ``annotations``
+    holds the current values) and ``merge`` (``explore.Merge.to_json()`` of a merge ``ckpt merge``
+    made, else None), JSON-safe."""
+    merge = explore.merge_of(commit)
+    return json_object({**commit.to_json(), "tensors": [t.to_json() for t in tensors],
+                        "annotation_history": [a.to_json() for a in annotations],
+                        "merge": merge.to_json() if merge is not None else None})

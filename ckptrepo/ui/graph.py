@@ -27,7 +27,7 @@ Everything is a pure function of a ``LineageGraph``: nothing is cached between r
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,12 +144,13 @@ def _pack(chains: list[_Chain]) -> int:
     return lanes
 
 
-def payload(placed: Layout, *, head: str | None = None) -> dict[str, Any]:
+def payload(placed: Layout, *, head: str | None = None, merges: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The JSON of ``/api/graph``: ``nodes`` (oldest first: ``id``, ``short``, ``message`` (first
     line), ``step``, ``branch``, ``created_at``, ``pruned``, ``damaged``, ``x`` (lane), ``y`` (row, 0 at the
     bottom), ``refs`` (branch and remote-tracking names, tags as ``tag:NAME``)), ``edges`` (``child``, ``parent``,
     ``kind``, ``via``), ``branches`` and ``tags`` (``name``, ``commit_id``), ``lanes``, ``rows``,
-    and ``head``: the commit a filtered graph ends at (None: every commit)."""
+    ``head``: the commit a filtered graph ends at (None: every commit), and ``merges``: commit id ->
+    the method of each merge ``ckpt merge`` made (``explore.merge_labels``; empty when not given)."""
     graph = placed.graph
     at: dict[str, list[str]] = {}
     for r in graph.refs:
@@ -168,6 +169,7 @@ def payload(placed: Layout, *, head: str | None = None) -> dict[str, Any]:
         "lanes": placed.lane_count,
         "rows": placed.row_count,
         "head": head,
+        "merges": dict(merges or {}),
     }
 
 

@@ -2,8 +2,10 @@
 
 ``/``                        the lineage graph (``?branch=``: only that revision's ancestors) and
                              the list of every commit shown (``#commit-list``)
-``/commit/{rev}`` (or ``/commit?rev=``)  a commit: fields, parents, children, metrics, ingest
-                             figures, tensors with statistics
+``/commit/{rev}`` (or ``/commit?rev=``)  a commit: fields, parents, children, metrics, annotations
+                             (current values, notes, history), a merge's method, ingest figures,
+                             tensors with statistics, and the similar commits (its script reads
+                             ``/api/similar``)
 ``/metrics?branch=&name=``   metric curves of branches (the chart reads ``/api/metrics``)
 ``/tensor/{name}?along=`` (or ``/tensor?name=``)  a tensor's history: charts and a table
 ``/diff/{a}/{b}`` (or ``/diff?a=&b=``)  per-tensor changes, largest first
@@ -21,7 +23,7 @@ from starlette.responses import HTMLResponse
 from starlette.routing import BaseRoute, Route
 
 from ckptrepo import DEFAULT_BRANCH, Commit, Repo
-from ckptrepo.ui import data, graph, params, urls
+from ckptrepo.ui import data, explore, graph, params, urls
 from ckptrepo.ui.params import repo_of
 from ckptrepo.ui.templating import render
 
@@ -37,9 +39,11 @@ def graph_page(request: Request) -> HTMLResponse:
     branch = params.text(request, "branch")
     head = repo.resolve(branch) if branch is not None else None
     # The chosen branch's history goes first (lane 0), as the default branch's does unfiltered.
-    payload = graph.payload(graph.layout(repo.graph(head), branch or DEFAULT_BRANCH), head=head)
+    lineage = repo.graph(head)
+    payload = graph.payload(graph.layout(lineage, branch or DEFAULT_BRANCH), head=head,
+                            merges=explore.merge_labels(repo, lineage))
     return render("graph.html", {**_base(repo, "graph"), "payload": payload,
-                                 "nodes": graph.newest_first(payload["nodes"]),
+                                 "nodes": graph.newest_first(payload["nodes"]), "merges": payload["merges"],
                                  "branch_names": [b["name"] for b in payload["branches"]], "selected": branch})
 
 
@@ -54,7 +58,10 @@ def commit_page(request: Request) -> HTMLResponse:
     first_parent = next((p.id for p in commit.parents if p.kind == "parent"), None)
     return render("commit.html", {**_base(repo, "commit"), "rev": rev, "commit": commit, "tensors": tensors,
                                   "parents": [(p, known.get(p.id)) for p in commit.parents],
-                                  "children": child_edges, "first_parent": first_parent})
+                                  "children": child_edges, "first_parent": first_parent,
+                                  "annotations": explore.annotations_of(repo, commit.id),
+                                  "merge": explore.merge_of(commit), "similar_api": urls.api_similar(commit.id),
+                                  "similar_n": explore.SIMILAR})
 
 
 def metrics_page(request: Request) -> HTMLResponse:

@@ -74,3 +74,8 @@ def api_history(name: str, along: str | None = None, limit: int | None = None) -
 
 def api_metrics(branches: Iterable[str], names: Iterable[str]) -> str:
     return "/api/metrics" + _query([*(("branch", b) for b in branches), *(("name", n) for n in names)])
+
+
+def api_similar(rev: str) -> str:
+    """The commits nearest to ``rev`` (``/api/similar``), from the catalog."""
+    return "/api/similar" + _query([("rev", rev)])

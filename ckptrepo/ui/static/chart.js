@@ -4,8 +4,11 @@
  * ckpt.lineChart(container, {series, xLabel, yLabel, height, empty, yInclude}) draws into container
  * (replacing what it held) and redraws when the container is resized. Each series:
  * {label, points: [[x, y], ...] (y null or non-finite: a gap), commits: [id, ...] (optional,
- * parallel to points), color, dash}; yInclude: values the y axis always covers. DOM hooks: svg.line-chart, path.series[data-series],
- * ul.chart-legend li[data-series].
+ * parallel to points), color, dash, annotation}; yInclude: values the y axis always covers. A series with
+ * annotation true holds values attached after the commits (annotations, not metrics logged while
+ * training): drawn dotted with hollow diamond markers, in the legend too. DOM hooks: svg.line-chart,
+ * path.series[data-series] (path.series-annotation), path.marker-annotation, ul.chart-legend li[data-series]
+ * (li.legend-annotation).
  */
 (function () {
   "use strict";
@@ -14,6 +17,13 @@
     "#4b5563", "#65a30d"];
   const DASHES = ["", "6 4", "2 3", "10 3 2 3"];
   const MARGIN = { l: 64, r: 18, t: 14, b: 42 };
+  const ANNOTATION_DASH = "1.5 3.5";
+  const ANNOTATION_MARKERS = 2000; // an annotation series draws its markers up to this many points
+
+  /** A diamond centred on (x, y), as path data. */
+  function diamond(x, y, r) {
+    return "M" + x + " " + (y - r) + "L" + (x + r) + " " + y + "L" + x + " " + (y + r) + "L" + (x - r) + " " + y + "Z";
+  }
 
   function niceStep(range, count) {
     const raw = range / Math.max(1, count);
@@ -66,7 +76,8 @@
       const points = s.points.map((p, j) => [p[0], p[1], s.commits ? s.commits[j] : null]);
       const valid = points.filter((p) => finite(p[0]) && finite(p[1]));
       return { label: s.label, points: points, valid: valid, sorted: valid.slice().sort((a, b) => a[0] - b[0]),
-        color: s.color || PALETTE[i % PALETTE.length], dash: s.dash !== undefined ? s.dash : "" };
+        color: s.color || PALETTE[i % PALETTE.length], annotation: !!s.annotation,
+        dash: s.annotation ? ANNOTATION_DASH : s.dash !== undefined ? s.dash : "" };
     });
     const all = series.flatMap((s) => s.valid);
     if (!all.length) {
@@ -134,10 +145,15 @@
         d += (pen ? "L" : "M") + r1(X(p[0])) + " " + r1(Y(p[1]));
         pen = true;
       }
-      const attrs = { class: "series", d: d, stroke: s.color, "data-series": i };
+      const attrs = { class: s.annotation ? "series series-annotation" : "series", d: d, stroke: s.color, "data-series": i };
       if (s.dash) attrs["stroke-dasharray"] = s.dash;
       C.svg("path", attrs, lines);
-      if (s.valid.length <= 60) {
+      if (s.annotation && s.valid.length <= ANNOTATION_MARKERS) {
+        for (const p of s.valid) {
+          C.svg("path", { class: "marker marker-annotation", d: diamond(r1(X(p[0])), r1(Y(p[1])), 4), stroke: s.color,
+            "data-series": i }, lines);
+        }
+      } else if (s.valid.length <= 60) {
         for (const p of s.valid) C.svg("circle", { class: "marker", cx: r1(X(p[0])), cy: r1(Y(p[1])), r: 2.6, fill: s.color }, lines);
       }
     });
@@ -208,11 +224,13 @@
 
     const legend = C.el("ul", { class: "chart-legend" }, null, container);
     series.forEach(function (s, i) {
-      const li = C.el("li", { "data-series": i }, null, legend);
+      const li = C.el("li", s.annotation ? { "data-series": i, class: "legend-annotation" } : { "data-series": i }, null,
+        legend);
       const sw = C.svg("svg", { class: "swatch", viewBox: "0 0 28 10", "aria-hidden": "true" }, li);
       const line = { x1: 1, y1: 5, x2: 27, y2: 5, stroke: s.color, "stroke-width": 2.5 };
       if (s.dash) line["stroke-dasharray"] = s.dash;
       C.svg("line", line, sw);
+      if (s.annotation) C.svg("path", { class: "marker-annotation", d: diamond(14, 5, 3.5), stroke: s.color }, sw);
       C.el("span", null, s.label + (s.valid.length ? "" : " (no points)"), li);
     });
   }

@@ -66,7 +66,8 @@
       if (c !== undefined && p !== undefined && edgePaths[e.kind]) edges.push({ c: c, p: p, kind: e.kind, via: e.via });
     }
     G = { data: data, nodes: nodes, byId: byId, buckets: buckets, edges: edges,
-      maxRow: Math.max(0, data.rows - 1), lanes: Math.max(1, data.lanes) };
+      maxRow: Math.max(0, data.rows - 1), lanes: Math.max(1, data.lanes),
+      merges: new Map(Object.entries(data.merges || {})) }; // id -> method of a merge ckpt merge made
     highlighted = -1;
     if (empty) empty.hidden = nodes.length > 0;
     if (counts) {
@@ -342,6 +343,7 @@
     if (n.branch) facts.push(n.branch);
     facts.push(new Date(n.created_at).toLocaleString());
     lines.push(C.el("div", { class: "tt-facts" }, facts.join(" · ")));
+    if (G.merges.has(n.id)) lines.push(C.el("div", { class: "tt-merge" }, "merge: " + G.merges.get(n.id)));
     if (n.refs.length) lines.push(C.el("div", { class: "tt-refs" }, n.refs.join(", ")));
     tooltip.replaceChildren(...lines);
     tooltip.hidden = false;
@@ -468,6 +470,10 @@
     if (n.branch) {
       li.append(" ");
       C.el("span", { class: "branch" }, n.branch, li);
+    }
+    if (G.merges.has(n.id)) {
+      li.append(" ");
+      C.el("span", { class: "merge-method", title: "made by ckpt merge" }, "merge: " + G.merges.get(n.id), li);
     }
     if (n.refs.length) {
       li.append(" ");

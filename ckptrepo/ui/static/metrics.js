@@ -1,6 +1,8 @@
 /* ckpt ui, the metrics page: one chart of every chosen metric along every chosen branch, from
  * the JSON API (the URL is the chart container's data-api, made by the server). Colour tells
- * series apart; the dash pattern tells metrics apart. */
+ * series apart; the dash pattern tells metrics apart. Values that are annotations (the API's
+ * per-series "annotated" indices: attached after the commit, e.g. by ckpt eval) form a series of
+ * their own, labelled "(annotation)" and drawn dotted with hollow diamonds (chart.js). */
 (function () {
   "use strict";
   const C = window.ckpt;
@@ -12,14 +14,21 @@
   C.fetchJson(box.dataset.api)
     .then(function (data) {
       const names = new Map(data.names.map((n, i) => [n, i]));
-      const series = data.series.map(function (s, i) {
-        return {
-          label: s.branch + " · " + s.name,
-          points: s.points.map((p) => [p.x, p.y]),
-          commits: s.points.map((p) => p.commit),
-          color: C.PALETTE[i % C.PALETTE.length],
-          dash: C.DASHES[(names.get(s.name) || 0) % C.DASHES.length],
-        };
+      const series = [];
+      data.series.forEach(function (s, i) {
+        const marked = new Set(s.annotated || []);
+        const color = C.PALETTE[i % C.PALETTE.length];
+        const label = s.branch + " · " + s.name;
+        const logged = s.points.filter((p, j) => !marked.has(j));
+        const annotated = s.points.filter((p, j) => marked.has(j));
+        if (logged.length || !annotated.length) {
+          series.push({ label: label, points: logged.map((p) => [p.x, p.y]), commits: logged.map((p) => p.commit),
+            color: color, dash: C.DASHES[(names.get(s.name) || 0) % C.DASHES.length] });
+        }
+        if (annotated.length) {
+          series.push({ label: label + " (annotation)", points: annotated.map((p) => [p.x, p.y]),
+            commits: annotated.map((p) => p.commit), color: color, annotation: true });
+        }
       });
       C.lineChart(box, {
         series: series,
