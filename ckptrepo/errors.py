@@ -400,6 +400,50 @@ class RankFailed(CkptError):
             "reclaims them. Fix that rank and commit again.")
 
 
+# -- evaluation and bisect (explore.evaluate, explore.bisect) -----------------------------------
+
+
+class EvaluationFailed(CkptError):
+    """{failed} of {count} evaluation(s) failed."""
+
+    exit_code = 1
+    hint = ("Each failure is listed with the end of its stderr; the others were recorded. Fix the command and run "
+            "it again: commits that already have its results are skipped (--force runs them again).")
+
+
+class NotOnFirstParentLine(UsageError):
+    """{good} is not on the first-parent line of {bad}, before it."""
+
+    hint = ("Bisect searches the commits between GOOD and BAD along BAD's first parents: give as GOOD an older "
+            "commit of that line (`ckpt log BAD` lists it), not one of another branch or of a merge's other side.")
+
+
+class BisectEndpoint(UsageError):
+    """{message}"""
+
+    hint = ("Bisect needs the predicate false at GOOD and true at BAD. Check it (`ckpt log --where EXPR`, "
+            "`ckpt show REV`), or give other ends.")
+
+
+class BisectAborted(CkptError):
+    """Bisect stopped at {commit}: the command {why}."""
+
+    exit_code = 1
+    hint = ("A command that cannot start, times out or is killed decides nothing: fix it, or give it more "
+            "time (--timeout). Exit status 0 marks a commit good, 125 skips it, any other marks it bad.")
+
+
+# -- weight-space merges (explore.merging) -------------------------------------------------------
+
+
+class MergeMismatch(UsageError):
+    """Cannot merge: tensor {name!r} {why}."""
+
+    hint = ("Merged commits must hold the same tensors, each with one shape and dtype, and equal integer or bool "
+            "tensors (step counters, position ids); nothing was written. Merge commits of one architecture "
+            "(`ckpt diff A B` shows how two differ).")
+
+
 def did_you_mean(what: str, name: str, candidates: Iterable[str], listing: str) -> str:
     """A hint naming up to five close matches of ``name`` among ``candidates`` (those containing
     it first), else saying how to list them (``listing``: a command or call)."""
