@@ -33,6 +33,7 @@ from ckptrepo.errors import (
     UsageError,
     did_you_mean,
 )
+from ckptrepo.exploring import Exploring
 from ckptrepo.handle import CommitHandle
 from ckptrepo.ingest.request import prepare
 from ckptrepo.ledger import identity, journal
@@ -43,7 +44,6 @@ from ckptrepo.remote import config as remote_config
 from ckptrepo.remote.stores import normalize
 from ckptrepo.remote.tiered import over_remotes
 from ckptrepo.storage import open_backend
-from ckptrepo.exploring import Exploring
 from ckptrepo.sync import DEFAULT_REMOTE, remote_packs_of
 
 if TYPE_CHECKING:  # imported where used: reading the lineage needs neither the engine nor numpy

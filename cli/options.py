@@ -648,3 +648,17 @@ CloneDirArg = Annotated[
     Path | None, typer.Argument(metavar="DIR", help="Where (default: the URL's last part).", show_default=False)]
 CloneDataOpt = Annotated[str, typer.Option(
     "--data", help="lazy: read tensor bytes from the remote at first use (and keep them); full: download all now.")]
+
+# -- lineage from the weights (similar_commands; commit --infer-parent, import-run --infer-lineage) --
+SimilarArg = Annotated[
+    str, typer.Argument(metavar="REV|FILE", show_default=False,
+                        help="A commit (" + REV_HELP + ") or a checkpoint file or folder (read, hashed, not stored).")]
+NearestOpt = Annotated[int, typer.Option("-n", "--number", min=1, max=1000, help="How many commits to list.")]
+InferParentOpt = Annotated[bool, typer.Option(
+    "--infer-parent", help="Propose the commit this checkpoint came from (parent or transfer), from its weights; "
+    "nothing is committed without --accept.")]
+InferLineageOpt = Annotated[bool, typer.Option(
+    "--infer-lineage", help="Propose a tree over the run's checkpoints (any checkpoint files or folders in DIR) "
+    "from their weights: each one's parent or transfer source; nothing is committed without --accept.")]
+AcceptOpt = Annotated[bool, typer.Option(
+    "--accept", help="With --infer-parent / --infer-lineage: commit with the proposed edges.")]

@@ -13,12 +13,15 @@ from ckptrepo.types import short_id
 
 from . import render
 from .options import (
+    AcceptOpt,
     AllowPickleOpt,
     BranchOpt,
     CheckoutRevArg,
     EpochOpt,
     ExportForceOpt,
     FormatOpt,
+    InferLineageOpt,
+    InferParentOpt,
     InputArg,
     JsonOpt,
     MessageOpt,
@@ -49,6 +52,8 @@ def commit(
     parent: ParentOpt = None,
     transfer_from: TransferFromOpt = None,
     allow_pickle: AllowPickleOpt = False,
+    infer_parent: InferParentOpt = False,
+    accept: AcceptOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Commit checkpoint files or model folders on a branch (default: the current branch).
@@ -60,8 +65,21 @@ def commit(
     committed, and its name is its commit's message (after -m MSG if given). A commit
     becomes visible only once all its bytes are durable; if an input fails, the commits
     before it stay and the error names the input.
+
+    --infer-parent proposes the commit one input came from, from its weights (a parent, or a
+    transfer source: a frozen body under a new head), with a score and the runner-up; it
+    commits with that edge only with --accept.
     """
     _warn_if_pickle(allow_pickle)
+    if infer_parent or accept:
+        from .similar_commands import commit_inferred
+
+        _inferring("--infer-parent", infer_parent, accept, len(paths), {"--parent": parent,
+                                                                        "--transfer-from": transfer_from})
+        commit_inferred(paths[0], message=message, branch=branch, step=step, epoch=epoch,
+                        metrics={m.name: m.value for m in metric} if metric else None, accept=accept,
+                        allow_pickle=allow_pickle, as_json=as_json)
+        return
     if len(paths) > 1:
         _commit_many(paths, message, branch, as_json,
                      given={"--step": step, "--epoch": epoch, "--metric": metric, "--parent": parent,
@@ -153,6 +171,8 @@ def import_run(
     message: MessageOpt = None,
     branch: BranchOpt = None,
     allow_pickle: AllowPickleOpt = False,
+    infer_lineage: InferLineageOpt = False,
+    accept: AcceptOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Import a training run's checkpoints: one commit each, in step order.
@@ -169,10 +189,22 @@ def import_run(
     branch has, with the same tensors, is left out (each is read and hashed to tell; nothing
     is stored); one whose tensors differ from that commit's stops the import before anything
     is committed (the run changed: import it on another branch). --json lists the commits made.
+
+    --infer-lineage takes the folder's checkpoints in any order (any checkpoint files or model
+    folders) and proposes a tree over them from their weights: each one's parent or transfer
+    source among the others or the repository's commits, with scores and runners-up; it
+    commits them with those edges only with --accept (one line per branch).
     """
     from ckptrepo.formats import checkpoint_step, lightning_meta, read_state, run_checkpoints
 
     _warn_if_pickle(allow_pickle)
+    if infer_lineage or accept:
+        from .similar_commands import import_inferred
+
+        _inferring("--infer-lineage", infer_lineage, accept, 1, {})
+        import_inferred(run_dir, message=message, branch=branch, accept=accept, allow_pickle=allow_pickle,
+                        as_json=as_json)
+        return
     held: dict[Path, int | None] = {}
 
     def step_of(path: Path) -> int | None:  # read once: a file without step=S in its name is read for it
@@ -198,6 +230,18 @@ def import_run(
             render.emit_json([])
         return
     _commit_many(new, message, branch, as_json, given={}, allow_pickle=allow_pickle, steps=steps)
+
+
+def _inferring(flag: str, inferring: bool, accept: bool, inputs: int, given: Mapping[str, object]) -> None:
+    """UsageError for --accept without ``flag``, several inputs, or edges given as well as inferred."""
+    if not inferring:
+        raise errors.UsageError(f"--accept commits what {flag} proposes", hint=f"Add {flag}.")
+    if inputs != 1:
+        raise errors.UsageError(f"{flag} proposes the source of one checkpoint, and {inputs} were given",
+                                hint="Give one file, or use `ckpt import-run DIR --infer-lineage` for many.")
+    both = [opt for opt, value in given.items() if value]
+    if both:
+        raise errors.UsageError(f"{', '.join(both)} gives the edge that {flag} infers", hint="Give one or the other.")
 
 
 _RERUN = ("Fix that checkpoint or move it out of the folder, then run `ckpt import-run` again: it imports only the "
