@@ -232,9 +232,11 @@ class Exploring(Sync):
         "inputs": [ids], "base": id, parameters}}``; its skeleton is the first input's. Float
         tensors are merged in fp32 and cast back; a tensor every input (and the base) holds
         unchanged is copied and deduplicates; integer and bool tensors must be equal and are copied.
-        Before anything is written: UsageError for a bad method or parameter, a commit given
-        twice, a branch whose head is not among ``revs``; MergeMismatch naming the first tensor
-        missing from an input, of another dtype or shape, or an integer tensor that differs."""
+        Stored as an asynchronous commit is: with ``encode="auto"`` its new chunks go raw into packs
+        that this process's background repack (or ``repack``) encodes later. Before anything is
+        written: UsageError for a bad method or parameter, a commit given twice, a branch whose head
+        is not among ``revs``; MergeMismatch naming the first tensor missing from an input, of
+        another dtype or shape, or an integer tensor that differs."""
         import time
 
         from ckptrepo.db import refs

@@ -246,7 +246,7 @@ class ChunkReader:
         return bytes(out)
 
     def read_into(self, loc: ChunkLocation, out: memoryview, bases: Mapping[str, ChunkLocation] | None = None,
-                  *, verify: bool = True) -> None:
+                  *, verify: bool = True, known: Mapping[str, memoryview] | None = None) -> None:
         """Write the chunk's raw bytes into ``out`` (exactly ``loc.raw_length`` bytes), verified.
 
         RAW chunks are read straight into ``out``; others are fetched, then decoded into
@@ -254,12 +254,15 @@ class ChunkReader:
         ``verify=False`` skips the final hash check: only for bytes used as a delta base at
         ingest, where decoding is deterministic, so a delta taken against damaged base bytes
         still restores exactly (against the same bytes) and the restored chunk is verified.
+        ``known``: decoded bytes of chunks by id that the caller holds (read and verified
+        already: a merge reads a fine-tune's chunks after their keyframes), taken as delta
+        bases instead of decoding those again; the result is verified all the same.
         """
         target = _bytes_view(out)
         if len(target) != loc.raw_length:
             raise UsageError(f"output buffer is {len(target)} bytes, chunk {loc.chunk_id} has {loc.raw_length}")
         try:
-            self._materialize(loc, target, bases or {}, 0)
+            self._materialize(loc, target, bases or {}, 0, known)
             if verify:
                 self._verify(loc, target)
         except (IntegrityError, StorageError) as exc:
@@ -273,8 +276,8 @@ class ChunkReader:
                 raise exc from None
 
     def _materialize(self, loc: ChunkLocation, target: memoryview, bases: Mapping[str, ChunkLocation],
-                     level: int) -> None:
-        """Decode ``loc`` into ``target`` (unverified), walking its delta chain."""
+                     level: int, known: Mapping[str, memoryview] | None = None) -> None:
+        """Decode ``loc`` into ``target`` (unverified), walking its delta chain (down to a base in ``known``)."""
         key = pack_key(loc.pack_id)
         if loc.encoding == Encoding.RAW:
             if loc.length != loc.raw_length:
@@ -286,6 +289,10 @@ class ChunkReader:
             return
         if loc.base_id is None or level >= self._max_depth:
             raise self._corrupt(loc, "delta chunk without a base" if loc.base_id is None else "delta chain too long")
+        held = known.get(loc.base_id) if known else None
+        if held is not None and len(held) == loc.raw_length:
+            self._apply_delta(loc, key, level, held, target)
+            return
         base = bases.get(loc.base_id)
         if base is None and self._lookup is not None:
             base = self._lookup([loc.base_id]).get(loc.base_id)
@@ -294,7 +301,12 @@ class ChunkReader:
         if base.raw_length != loc.raw_length:
             raise self._corrupt(loc, f"its delta base {loc.base_id} is {base.raw_length} bytes")
         base_bytes = self._base_buffer(level, loc.raw_length)
-        self._materialize(base, base_bytes, bases, level + 1)
+        self._materialize(base, base_bytes, bases, level + 1, known)
+        self._apply_delta(loc, key, level, base_bytes, target)
+
+    def _apply_delta(self, loc: ChunkLocation, key: str, level: int, base_bytes: memoryview,
+                     target: memoryview) -> None:
+        """Fetch delta chunk ``loc``'s payload and decode it against ``base_bytes`` into ``target``."""
         payload = self._fetch(key, loc, level + 1)
         try:
             decode_delta(payload, base_bytes, target)

@@ -30,24 +30,28 @@ def _workers(pool: Executor) -> int:
 
 
 def _read_run(reader: ChunkReader, run: list[tuple[str, ChunkLocation, memoryview]], commit_id: str,
-              bases: Mapping[str, ChunkLocation]) -> None:
+              bases: Mapping[str, ChunkLocation], known: Mapping[str, memoryview] | None = None) -> None:
     for name, loc, out in run:
         try:
-            reader.read_into(loc, out, bases)
+            if known is None:
+                reader.read_into(loc, out, bases)
+            else:
+                reader.read_into(loc, out, bases, known=known)
         except IntegrityError as exc:
             detail = exc.fields.get("detail", exc.message)
             raise IntegrityError(detail=f"tensor {name!r} of commit {commit_id[:10]}: {detail}") from exc
 
 
 def read_runs(reader: ChunkReader, pool: Executor, work: Sequence[tuple[str, ChunkLocation, memoryview]], *,
-              commit_id: str, jobs_per_worker: int = 4) -> None:
+              commit_id: str, jobs_per_worker: int = 4, known: Mapping[str, memoryview] | None = None) -> None:
     """Decode every ``(tensor name, chunk location, output view)`` of ``work`` into its view, on
-    ``pool``, verified; return when all are done (IntegrityError naming commit and tensor)."""
+    ``pool``, verified; return when all are done (IntegrityError naming commit and tensor).
+    ``known``: verified bytes of chunks the caller holds, by id, as delta bases (``ChunkReader.read_into``)."""
     if not work:
         return
     bases = reader.bases_for(loc for _, loc, _ in work)  # delta chains' bases, one query per chain level
     per_job = max(1, -(-len(work) // (jobs_per_worker * _workers(pool))))
-    jobs = [pool.submit(_read_run, reader, list(work[i : i + per_job]), commit_id, bases)
+    jobs = [pool.submit(_read_run, reader, list(work[i : i + per_job]), commit_id, bases, known)
             for i in range(0, len(work), per_job)]
     try:
         for job in jobs:

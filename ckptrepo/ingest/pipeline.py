@@ -17,6 +17,10 @@ in memory) and are appended to packs, in order, on the calling thread. Window 6 
 measurement: the peak memory of a 1 GiB commit from a training loop then stays within the
 state's copy + 300 MiB. BLAKE3, zstd, numpy and the byte-plane kernels release the GIL.
 
+Lazy sources (``sources.LazySource``: computed tensors, a weight-space merge's) are hashed one
+at a time, and each one's chunks are written before the next is produced, so the bytes of one
+of them are in memory at once; eager sources go through as one run, as above.
+
 Delta encoding: ``DeltaPlan`` names, per tensor, the base tensor's chunks (the same
 name in the first parent, or the mapped tensor of a transfer source). A chunk whose
 base has the same length and a chain shorter than ``max_depth`` is also encoded as a difference
@@ -29,7 +33,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -41,7 +45,7 @@ from ckptrepo.chunks.store import ChunkReader, PackSink, SealedPack
 from ckptrepo.errors import CkptError, UsageError
 from ckptrepo.ids import hash_bytes, tensor_id
 from ckptrepo.ingest.basecache import BaseCache
-from ckptrepo.ingest.sources import Source
+from ckptrepo.ingest.sources import LazySource, Source
 from ckptrepo.ingest.stats import Moments, combine, merged, moments_of_bytes
 from ckptrepo.locations import ChunkLocation
 from ckptrepo.rows import TensorRow
@@ -131,7 +135,7 @@ class IngestOptions:
 
 
 def ingest(
-    sources: list[Source],
+    sources: Sequence[Source | LazySource],
     sink: PackSink,
     known: KnownFn,
     pool: Executor,
@@ -144,7 +148,9 @@ def ingest(
 ) -> IngestResult:
     """Store every tensor's chunks that the store lacks; return their records and packs.
 
-    ``sources`` are bytes nobody mutates until this returns (the caller's snapshot).
+    ``sources`` are bytes nobody mutates until this returns (the caller's snapshot), or
+    ``LazySource`` s, whose bytes are asked for when the ingest reaches each and dropped once its
+    chunks are written or found stored (one at a time: memory holds about one of them).
     ``likely_known`` (usually the parent commit's chunk ids) skips encoding of chunks that
     will deduplicate; ``known`` is asked about every other chunk before
     it is written. With ``delta``, chunks are also tried as deltas against their base
@@ -177,6 +183,29 @@ def ingest(
 _GROUP_BYTES = 4 << 20  # stage-1 jobs take consecutive chunks up to this many bytes ...
 _GROUP_CHUNKS = 16  # ... or this many chunks
 _AHEAD_LOOKUP = 256  # chunks per store lookup when a write-ahead already writes the new ones
+
+
+def _runs(sources: Sequence[Source | LazySource]) -> list[tuple[int, int]]:
+    """``[start, stop)`` of the runs ``_Ingest.run`` hashes in one go: consecutive eager sources
+    together, each lazy one alone (a list of eager sources is one run, as before lazy ones)."""
+    runs: list[tuple[int, int]] = []
+    for i, src in enumerate(sources):
+        if runs and not isinstance(src, LazySource) and not isinstance(sources[i - 1], LazySource):
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    return runs
+
+
+def _bytes_of(src: Source | LazySource) -> memoryview:
+    """A source's bytes: held by an eager one, made now by a lazy one (checked against its shape)."""
+    if isinstance(src, Source):
+        return src.data
+    view = src.produce()
+    expected = src.numel * dtypes.dtype(src.dtype).itemsize
+    if len(view) != expected:
+        raise ValueError(f"lazy source {src.name!r} produced {len(view)} bytes, not {expected}")
+    return view
 
 
 _NO_MOMENTS = Moments()  # a placeholder, replaced by each chunk's own (frozen: shared safely)
@@ -271,7 +300,8 @@ class _Ingest:
             ok = base is not None and base.dtype == dtype and base.chunk_size == self.opts.chunk_size
             self.bases.append(base if ok else None)
 
-    def run(self, sources: list[Source], summaries: list[Moments | None] | None = None) -> IngestResult:
+    def run(self, sources: Sequence[Source | LazySource],
+            summaries: list[Moments | None] | None = None) -> IngestResult:
         names = [s.name for s in sources]
         self.names, self.dtypes = names, [s.dtype for s in sources]
         known = self.known_hints
@@ -280,25 +310,16 @@ class _Ingest:
             if hint is None:
                 hint = known[name] = PlaneHint()
             self.hints.append(hint)
-        ids: list[list[str]] = []
-        parts: list[list[Moments]] = []
-        jobs: list[_Job] = []
+        ids: list[list[str]] = [[] for _ in sources]
+        parts: list[list[Moments]] = [[] for _ in sources]
+        sizes = [0] * len(sources)
         chunk = self.opts.chunk_size
-        self.starts = [0 if s.box is None else s.start for s in sources]
-        for i, src in enumerate(sources):
-            view = src.data
-            itemsize = dtypes.dtype(src.dtype).itemsize
-            if src.box is not None and src.start is not None:
-                spans = grid_spans(len(view), src.start, itemsize, chunk)
-            else:
-                spans = spans_of(len(view), itemsize, chunk)
-            ids.append([""] * len(spans))
-            parts.append([_NO_MOMENTS] * len(spans))
-            jobs.extend((i, seq, off, view[off : off + ln], src.dtype, None) for seq, (off, ln) in enumerate(spans))
-        if summaries is not None:
-            if len(summaries) != len(jobs):
-                raise ValueError(f"{len(summaries)} chunk summaries given for {len(jobs)} chunks")
-            jobs = [(*job[:5], m) for job, m in zip(jobs, summaries, strict=True)]
+        self.starts = [0 if isinstance(s, LazySource) or s.box is None else s.start for s in sources]
+        runs = _runs(sources)
+        if summaries is not None and len(runs) > 1:
+            raise ValueError("chunk summaries are taken by a staging copy: not for lazy sources")
+        if summaries and not runs:
+            raise ValueError(f"{len(summaries)} chunk summaries given for 0 chunks")
         result = IngestResult(tensors=[], packs=[], new_chunk_ids=self.queued)
         hashing = self.hashing
         batch: list[_Hashed] = []
@@ -332,16 +353,52 @@ class _Ingest:
                 for h in done:
                     take(h)
 
-        for job in jobs:
-            group.append(job)
-            size += len(job[3])
-            if size >= _GROUP_BYTES or len(group) >= _GROUP_CHUNKS:
+        def feed(jobs: list[_Job]) -> None:
+            nonlocal size
+            for job in jobs:
+                group.append(job)
+                size += len(job[3])
+                if size >= _GROUP_BYTES or len(group) >= _GROUP_CHUNKS:
+                    submit()
+            if group:
                 submit()
-        if group:
-            submit()
-        while hashing:
-            for h in hashing.popleft().result():
-                take(h)
+
+        def drain() -> None:
+            nonlocal in_flight
+            while hashing:
+                for h in hashing.popleft().result():
+                    take(h)
+            in_flight = 0
+
+        # Eager sources (their bytes held by the caller) are one run; each lazy source is a run of
+        # its own, whose bytes exist from its ``produce()`` until every chunk of it is written.
+        for first, stop in runs:
+            jobs: list[_Job] = []
+            for i in range(first, stop):
+                src = sources[i]
+                view = _bytes_of(src)
+                sizes[i] = len(view)
+                itemsize = dtypes.dtype(src.dtype).itemsize
+                if isinstance(src, Source) and src.box is not None and src.start is not None:
+                    spans = grid_spans(len(view), src.start, itemsize, chunk)
+                else:
+                    spans = spans_of(len(view), itemsize, chunk)
+                ids[i] = [""] * len(spans)
+                parts[i] = [_NO_MOMENTS] * len(spans)
+                jobs.extend((i, seq, off, view[off : off + ln], src.dtype, None) for seq, (off, ln) in enumerate(spans))
+                del view
+            if summaries is not None:
+                if len(summaries) != len(jobs):
+                    raise ValueError(f"{len(summaries)} chunk summaries given for {len(jobs)} chunks")
+                jobs = [(*job[:5], m) for job, m in zip(jobs, summaries, strict=True)]
+            feed(jobs)  # in functions: no loop variable outlives them holding a view of the bytes
+            del jobs
+            drain()
+            if isinstance(sources[first], LazySource):  # its chunks written: its bytes may go
+                self._resolve(batch, result)
+                batch.clear()
+                while self.encoding:
+                    self._write(self.encoding.popleft().result(), result)
         self._resolve(batch, result)
         self._plan_bases()  # a pending plan is waited for even when nothing needed encoding
         while self.encoding:
@@ -349,12 +406,13 @@ class _Ingest:
         for i, src in enumerate(sources):
             shape = list(src.shape)
             total = merged(parts[i])
-            stats = combine([total], len(src.data) // dtypes.dtype(src.dtype).itemsize)
+            stats = combine([total], sizes[i] // dtypes.dtype(src.dtype).itemsize)
             row = TensorRow(tensor_id=tensor_id(src.dtype, shape, self.opts.chunk_size, ids[i]), dtype=src.dtype,
-                            shape=shape, nbytes=len(src.data), chunk_size=self.opts.chunk_size, chunk_ids=ids[i],
+                            shape=shape, nbytes=sizes[i], chunk_size=self.opts.chunk_size, chunk_ids=ids[i],
                             stats=stats)
-            result.tensors.append(Ingested(name=src.name, row=row, moments=total, box=src.box, start=src.start))
-            result.logical_bytes += len(src.data)
+            box, start = (None, None) if isinstance(src, LazySource) else (src.box, src.start)
+            result.tensors.append(Ingested(name=src.name, row=row, moments=total, box=box, start=start))
+            result.logical_bytes += sizes[i]
             result.nonfinite += stats["nan_count"] + stats["inf_count"]
         result.packs = self.sink.seal()
         if self.ahead is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import torch
 
     from ckptrepo.db.engine import Sessions
-    from ckptrepo.ingest.sources import Source
+    from ckptrepo.ingest.sources import LazySource, Source
     from ckptrepo.ingest.stats import Moments
     from ckptrepo.ingest.writeahead import WriteAhead
 
@@ -59,7 +59,7 @@ class CommitRequest:
     wait_s: float
     staged_at: float
     tensors: Mapping[str, torch.Tensor] = field(default_factory=dict)
-    sources: list[Source] | None = None
+    sources: Sequence[Source | LazySource] | None = None
     ahead: WriteAhead | None = None  # raw chunks written ahead of phase 2 (ingest.writeahead)
     # Each chunk's moments, taken by the staging copy (``Slot.copy_summarized``), or None.
     summaries: list[Moments | None] | None = None

@@ -6,12 +6,17 @@ commit is durable: a staging slot's view, a memory-mapped file's, or a blocking 
 tensor). Torch tensors become sources through ``from_tensors``; a safetensors file's entries
 are sources already (``formats.safetensors_file``), so such a file is committed without
 importing torch.
+
+A ``LazySource`` is a whole tensor whose bytes do not exist yet: ``ingest`` asks for them when
+it reaches that tensor and lets go of them once its chunks are in packs, so a commit of
+computed tensors (``explore.merging``: a weight-space merge) holds about one tensor's bytes
+at a time, not the state's.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -45,6 +50,24 @@ class Source(NamedTuple):
     @property
     def numel(self) -> int:
         return math.prod(self.shape) if self.box is None else math.prod(self.box[1])
+
+
+class LazySource(NamedTuple):
+    """One whole tensor whose bytes ``produce()`` makes on demand: entry name, stored dtype name,
+    shape, and a callable returning its C-order bytes (a flat ``'B'`` memoryview of exactly
+    ``nbytes``). ``ingest`` calls it once it reaches the tensor, on its own thread, and drops
+    the view once every chunk of it is in a pack (or found stored), before it asks the next
+    lazy source. A commit that writes again (a concurrent gc removed what it shared) calls it
+    again: it must return the same bytes each time."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    produce: Callable[[], memoryview]
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
 
 
 def from_tensors(tensors: Mapping[str, torch.Tensor]) -> list[Source]:

@@ -34,7 +34,7 @@ import os
 import socket
 import time
 import warnings
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -70,7 +70,7 @@ from ckptrepo.ingest.committer import Committer
 from ckptrepo.ingest.idle import IdleRepack
 from ckptrepo.ingest.pipeline import DeltaPlan, IngestOptions, IngestResult, ingest
 from ckptrepo.ingest.request import CommitMeta, CommitRequest
-from ckptrepo.ingest.sources import Source, from_tensors
+from ckptrepo.ingest.sources import LazySource, Source, from_tensors
 from ckptrepo.ingest.spare import SpareCpuGate
 from ckptrepo.ledger import leases, manifest
 from ckptrepo.lineage import revparse
@@ -313,24 +313,28 @@ class CommitWriter:
         self.raise_unseen_failure()
         return request.prepare(self._sessions, branch=branch, names=(), **meta)
 
-    def commit_sources(self, skeleton: Any, sources: list[Source], meta: CommitMeta, *, branch: str,
-                       entered: float) -> t.Commit:
-        """A blocking commit of ``sources`` (a file's tensors as bytes) with ``skeleton``."""
+    def commit_sources(self, skeleton: Any, sources: Sequence[Source | LazySource], meta: CommitMeta, *,
+                       branch: str, entered: float, defer: bool | None = None) -> t.Commit:
+        """A blocking commit of ``sources`` (a file's tensors as bytes, or computed tensors as
+        ``LazySource`` s, made one at a time: ``ingest``) with ``skeleton``. ``defer``: store new
+        chunks raw for ``repack`` to encode (default: as blocking commits do, ``defers``)."""
         self.check_usable()
         self.raise_unseen_failure()
         fields = request.prepare(self._sessions, branch=branch, names=[s.name for s in sources], **meta)
         staged_at = time.perf_counter()
         req = CommitRequest(skeleton=skeleton, sources=sources, stall_s=staged_at - entered, wait_s=0.0,
                             staged_at=staged_at, **fields)
-        return self.commit_now(req).wait()
+        return self.commit_now(req, defer=defer).wait()
 
-    def commit_now(self, req: CommitRequest) -> CommitHandle:
+    def commit_now(self, req: CommitRequest, *, defer: bool | None = None) -> CommitHandle:
         """Commit ``req`` on this thread (a blocking commit), in call order after the pending
-        background commits, on the normal-priority pool; returns a finished handle or raises."""
+        background commits, on the normal-priority pool; returns a finished handle or raises.
+        ``defer``: as ``commit_sources``."""
         self.check_usable()
         self._committer.drain()
         done: Future[t.Commit] = Future()
-        done.set_result(self._persist(req, self._pool, defer=self.defers(blocking=True)))
+        defer = self.defers(blocking=True) if defer is None else defer and self._config.compression
+        done.set_result(self._persist(req, self._pool, defer=defer))
         return CommitHandle(done, staged=True)
 
     @property
@@ -465,8 +469,9 @@ class CommitWriter:
         likely = frozenset(cid for by_tensor in lists for ids in by_tensor.values() for cid in ids)
         return CommitPlan(head, parent_ids, transfer, parent, likely, lazy)
 
-    def write_packs(self, sources: list[Source], plan: CommitPlan, pool: ThreadPoolExecutor, *, defer: bool,
-                    ahead: WriteAhead | None = None, summaries: list[Moments | None] | None = None) -> IngestResult:
+    def write_packs(self, sources: Sequence[Source | LazySource], plan: CommitPlan, pool: ThreadPoolExecutor, *,
+                    defer: bool, ahead: WriteAhead | None = None,
+                    summaries: list[Moments | None] | None = None) -> IngestResult:
         """Step 1: store every chunk of ``sources`` the store lacks in packs, durable in the store
         when this returns (``ingest``); nothing in the database names them yet. ``defer``: new
         chunks are written raw into packs marked deferred, for ``repack`` to encode. ``ahead``

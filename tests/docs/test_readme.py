@@ -213,6 +213,15 @@ Path("hf-model-folder/config.json").write_text(json.dumps({"model_type": "toy", 
 Path("old-run").mkdir(exist_ok=True)
 for n in (1, 2, 3):
     save_file(later(0.01 * n), f"old-run/ckpt-{n}.safetensors")
+diverged = later(0.03)
+diverged["layer.2.mlp.weight"][3, 5] = float("nan")
+save_file(diverged, "step-4000.safetensors")
+# A user's evaluation script: reads a safetensors file, prints its results as JSON on its last line.
+Path("eval.py").write_text('''import json, sys
+from safetensors.numpy import load_file
+w = load_file(sys.argv[1])["embed.weight"]
+print(json.dumps({"eval/loss": float(abs(w).mean())}))
+''')
 """,
     # Every rank: a gloo group, the repository the README says exists (made by rank 0 first), a
     # DDP model and AdamW trained three steps, `step` counting them.
