@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from concurrent.futures import Executor, wait
 from typing import TYPE_CHECKING, Protocol
 
+import numpy as np
+
 from ckptrepo.chunks.store import ChunkReader
 from ckptrepo.errors import IntegrityError
 from ckptrepo.explore.merge import MergeSpec
@@ -122,6 +124,7 @@ def _run(spec: MergeSpec, commits: Sequence[Input], name: str, lists: list[list[
     from ckptrepo.explore import merge
 
     lead = 1 if spec.uses_base else 0  # where the first input is among ``commits``
+    plain = _plain_average(spec, dtype)
     buffers = scratch.take(len(commits) - 1, size)
     try:
         for k in positions:
@@ -139,6 +142,12 @@ def _run(spec: MergeSpec, commits: Sequence[Input], name: str, lists: list[list[
                     raise IntegrityError(detail=f"tensor {name!r} of commit {commit.commit_id[:10]}: {detail}") from exc
                 known[loc.chunk_id] = target
                 parts.append(target)
+            if plain is not None:  # an unweighted average of float32/64: numpy on the bytes, no tensor made
+                acc = np.frombuffer(parts[0], dtype=plain)
+                for p in parts[1:]:
+                    np.add(acc, np.frombuffer(p, dtype=plain), out=acc)
+                np.divide(acc, float(len(parts)), out=acc)
+                continue
             xs = [st.tensor_from_bytes(p, dtype, [length // _itemsize(dtype)]) for p in parts]
             if spec.uses_base:
                 assert spec.weights is not None and spec.lam is not None
@@ -148,6 +157,16 @@ def _run(spec: MergeSpec, commits: Sequence[Input], name: str, lists: list[list[
                 merge.linear(xs, spec.weights, out=xs[0])
     finally:
         scratch.give(buffers)
+
+
+def _plain_average(spec: MergeSpec, dtype: str) -> str | None:
+    """The numpy dtype when chunks of ``dtype`` merge as ``(x_1 + ... + x_n) / n`` in their own
+    precision (a linear merge with every weight 1, of float32 or float64), else None. numpy's
+    elementwise add and divide round as ``merge.linear``'s torch ops do for those weights (the
+    same bits, tested), without making a tensor for each chunk."""
+    if spec.uses_base or spec.weights is None or any(w != 1 for w in spec.weights):
+        return None
+    return dtype if dtype in ("float32", "float64") else None
 
 
 def _itemsize(dtype: str) -> int:
