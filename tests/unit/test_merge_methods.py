@@ -281,3 +281,28 @@ def test_bad_parameters_are_refused(method: str, n: int, kwargs: dict[str, objec
     assert message in err.value.message
     if method == "avg":
         assert "average" in err.value.hint
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_the_plain_average_on_bytes_gives_linears_bits(dtype: str, n: int) -> None:
+    """``explore.fused`` merges an unweighted average of float32/64 chunks with numpy on their bytes;
+    that must be ``merge.linear``'s result bit for bit, special values included."""
+    import numpy as np
+
+    from ckptrepo.explore import fused
+    from ckptrepo.explore import merge as m
+
+    spec = m.spec("average", n, base=False)
+    assert fused._plain_average(spec, dtype) == dtype
+    assert fused._plain_average(m.spec("weighted", n, base=False, weights=[0.5] * n), dtype) is None
+    assert fused._plain_average(spec, "bfloat16") is None
+    g = torch.Generator().manual_seed(n)
+    xs = [torch.randn(4096, generator=g, dtype=getattr(torch, dtype)) * 10.0 ** (i - 1) for i in range(n)]
+    xs[0][:6] = torch.tensor([float("inf"), float("-inf"), float("nan"), -0.0, 1e-40, 3e38], dtype=xs[0].dtype)
+    expected = m.linear(xs, [1.0] * n)
+    acc = xs[0].numpy().copy()
+    for x in xs[1:]:
+        np.add(acc, x.numpy(), out=acc)
+    np.divide(acc, float(n), out=acc)
+    assert acc.tobytes() == expected.numpy().tobytes()
