@@ -61,11 +61,11 @@ class PackWriter:
 
     Owned by one thread. ``finish`` derives the pack id from the header and index without
     reading the payloads back. Until ``finish`` the file is a temporary no reader knows
-    about; ``abort`` (or a failed ``finish``) removes it.
+    about; ``abort`` (or a failed ``finish``) removes it. ``direct``: as ``AppendFile``'s.
     """
 
-    def __init__(self, staging_dir: Path) -> None:
-        self._file: AppendFile | None = AppendFile(staging_dir, "pack-", ".tmp")
+    def __init__(self, staging_dir: Path, *, direct: bool = True) -> None:
+        self._file: AppendFile | None = AppendFile(staging_dir, "pack-", ".tmp", direct=direct)
         self.path = self._file.path
         self._entries: list[ChunkLocation] = []
         self._size = 0

@@ -47,13 +47,15 @@ class PackSink:
     is visible to the database until the caller inserts rows for the returned locations.
     A chunk id added twice between two ``seal`` calls is stored once. ``abort`` deletes
     the open pack's temporary file and waits for packs in flight; packs already put stay,
-    unreferenced, for gc to reclaim.
+    unreferenced, for gc to reclaim. ``direct=False``: pack files are written through the page
+    cache (``storage.appendfile``), for packs that are read back soon.
     """
 
-    def __init__(self, backend: Backend, pack_target: int) -> None:
+    def __init__(self, backend: Backend, pack_target: int, *, direct: bool = True) -> None:
         if pack_target < 1:
             raise UsageError(f"pack target {pack_target} must be positive")
         self._backend = backend
+        self._direct = direct
         self._target = pack_target
         self._writer: PackWriter | None = None
         self._inflight: list[Future[SealedPack | None]] = []
@@ -81,7 +83,7 @@ class PackSink:
             return
         if self._writer is None:
             self._raise_failures()
-            self._writer = PackWriter(self._backend.staging_dir())
+            self._writer = PackWriter(self._backend.staging_dir(), direct=self._direct)
         self._writer.add(chunk_id, encoding, payload, raw_length, depth=depth, base_id=base_id)
         self._seen.add(chunk_id)
         if self._writer.size >= self._target:

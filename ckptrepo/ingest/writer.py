@@ -494,8 +494,11 @@ class CommitWriter:
                              zstd_level=cfg.zstd_level)
         if len(self._hints) > _MAX_HINTS:
             self._hints.clear()
-        result = ingest(sources, PackSink(self._backend, cfg.pack_target), self._known, pool, opts, plan.likely,
-                        bases, self._hints, ahead=ahead, summaries=summaries)
+        # Computed tensors (a weight merge's lazy sources) stored raw are read back soon by the
+        # repack that encodes them: their packs go through the page cache, not around it.
+        direct = not (defer and any(isinstance(src, LazySource) for src in sources))
+        result = ingest(sources, PackSink(self._backend, cfg.pack_target, direct=direct), self._known, pool, opts,
+                        plan.likely, bases, self._hints, ahead=ahead, summaries=summaries)
         result.deferred = defer
         new = result.new_chunk_ids
         self._unchanged = frozenset(r.name for r in result.tensors

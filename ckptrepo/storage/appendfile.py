@@ -121,11 +121,12 @@ class AppendFile:
 
     ``buffer_bytes`` and ``inflight`` (None: the knobs ``WRITE_BUFFER`` / ``WRITES_IN_FLIGHT``)
     size the direct-I/O path: the file holds at most ``inflight + 1`` buffers of
-    ``buffer_bytes`` (rounded down to whole pages) while it is being written.
+    ``buffer_bytes`` (rounded down to whole pages) while it is being written. ``direct=False``:
+    through the page cache whatever the knob says (a file that is read back soon).
     """
 
     def __init__(self, directory: Path, prefix: str, suffix: str, buffer_bytes: int | None = None,
-                 inflight: int | None = None) -> None:
+                 inflight: int | None = None, *, direct: bool = True) -> None:
         buffer_bytes = write_buffer_bytes() if buffer_bytes is None else buffer_bytes
         inflight = writes_in_flight() if inflight is None else inflight
         if buffer_bytes < 1 or inflight < 1:
@@ -143,10 +144,10 @@ class AppendFile:
         self._flushed = 0  # file offset where the current buffer's bytes go
         self._writer: ThreadPoolExecutor | None = None
         self._pending: deque[tuple[Future[None], tuple[mmap.mmap, np.ndarray[Any, Any]]]] = deque()
-        direct = open_direct(name) if direct_io_enabled() else None
-        if direct is not None:
+        handle = open_direct(name) if direct and direct_io_enabled() else None
+        if handle is not None:
             os.close(fd)
-            self._fd = direct
+            self._fd = handle
             self._direct = True
 
     @property

@@ -150,6 +150,25 @@ def test_methods_equal_their_formulas_on_the_loaded_inputs(lineage: Lineage) -> 
     assert repo.get_commit("m3").config["merge"]["t"] == 0.3
 
 
+def test_a_merge_stored_raw_writes_its_packs_through_the_page_cache(lineage: Lineage,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its raw packs are read back soon by the repack that encodes them; a commit's are not."""
+    from ckptrepo.ingest import writer
+
+    made: list[bool] = []
+    real = writer.PackSink
+
+    def sink(*args: Any, direct: bool = True, **kwargs: Any) -> Any:
+        made.append(direct)
+        return real(*args, direct=direct, **kwargs)
+
+    monkeypatch.setattr(writer, "PackSink", sink)
+    lineage.repo.merge_weights(["ft-a", "ft-b"], method="average", branch="soup")
+    assert made == [False]
+    lineage.repo.commit(_state(_tuned(lineage.base, 9), "d"), branch="soup", blocking=True).wait()
+    assert made == [False, True]
+
+
 def test_chunk_by_chunk_and_whole_tensor_merges_agree(lineage: Lineage, monkeypatch: pytest.MonkeyPatch) -> None:
     """Elementwise methods merge chunk by chunk as the inputs are decoded (``explore.fused``); the
     whole-tensor path (``explore.merge.merged``, what the other methods take) gives the same bits."""

@@ -50,6 +50,15 @@ def test_direct_io_on_a_disk_filesystem(tmp_path: Path) -> None:
     assert data == b"".join(parts)
 
 
+def test_a_file_read_back_soon_goes_through_the_page_cache(tmp_path: Path) -> None:
+    parts = [os.urandom(5000), os.urandom(3 << 20)]
+    out = AppendFile(tmp_path, "f-", ".tmp", buffer_bytes=1 << 20, direct=False)
+    for p in parts:
+        out.write(p)
+    out.finish()
+    assert not out._direct and out.path.read_bytes() == b"".join(parts)
+
+
 def test_environment_turns_direct_io_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CKPT_DIRECT_IO", "0")
     assert not appendfile.direct_io_enabled()
