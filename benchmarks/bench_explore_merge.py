@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -39,7 +40,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import fsync_path, goal_note, report, scratch_dir, wait_quiet
+from _common import bootstrap, fsync_path, goal_note, report, scratch_dir, wait_quiet
 
 LAYERS, HIDDEN, VOCAB = 12, 768, 50_000
 
@@ -148,6 +149,8 @@ def run(quick: bool, rounds: int | None = None, parent: Path | None = None) -> l
                 if kind == "ckpt":
                     _forget(base, f"merged-{r}")
     t = {k: statistics.median(x["seconds"] for x in v) for k, v in runs.items()}
+    lo, hi = bootstrap(lambda idx: statistics.median(runs["ckpt"][i]["seconds"] for i in idx)
+                       / statistics.median(runs["torch"][i]["seconds"] for i in idx), rounds, random.Random(0))
     m = {k: statistics.median(x["peak_rss_mib"] for x in v) for k, v in runs.items()}
     mib = nbytes / (1 << 20)
     spread = {k: f"rounds {min(x['seconds'] for x in v):.2f}-{max(x['seconds'] for x in v):.2f} s"
@@ -157,7 +160,8 @@ def run(quick: bool, rounds: int | None = None, parent: Path | None = None) -> l
         ("ckpt merge_weights s", t["ckpt"], spread["ckpt"] + "; reads both commits, commits the result durably"),
         ("torch load+average+save+fsync s", t["torch"], spread["torch"] + "; safetensors load_file x2, save_file"),
         ("  the same without fsync s", statistics.median(x["unsynced"] for x in runs["torch"]), "(context)"),
-        ("time ckpt / torch", t["ckpt"] / t["torch"], goal_note(t["ckpt"] / t["torch"], 1.0)),
+        ("time ckpt / torch", t["ckpt"] / t["torch"],
+         goal_note(t["ckpt"] / t["torch"], 1.0) + f"  [{lo:.2f}, {hi:.2f}] (95% bootstrap over rounds)"),
         ("ckpt peak RSS MiB", m["ckpt"], "VmHWM of the child, imports included"),
         ("torch peak RSS MiB", m["torch"], "VmHWM of the child, imports included"),
         ("peak RSS ckpt / torch", m["ckpt"] / m["torch"], goal_note(m["ckpt"] / m["torch"], 0.5)),
