@@ -17,9 +17,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fnmatch import fnmatch
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ import httpx
 import pytest
 import tomllib
 import torch
+from html_dom import Page, page
 from starlette.testclient import TestClient
 
 import ckptrepo.ui
@@ -41,68 +41,6 @@ ODD_KEY = "<b>odd</b>"
 ODD_TENSOR = "<b>odd<%2Fb>"  # its entry name: a "/" inside a key is escaped (``state.join_path``)
 UI_DIR = Path(ckptrepo.ui.__file__).resolve().parent
 ROOT = Path(__file__).resolve().parents[2]
-
-
-# -- a small DOM -------------------------------------------------------------------------------
-
-VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
-
-
-@dataclass
-class Node:
-    tag: str
-    attrs: dict[str, str]
-    children: list[Node | str] = field(default_factory=list)
-
-    @property
-    def text(self) -> str:
-        return "".join(c if isinstance(c, str) else c.text for c in self.children)
-
-    def walk(self) -> Iterator[Node]:
-        yield self
-        for c in self.children:
-            if isinstance(c, Node):
-                yield from c.walk()
-
-    def find_all(self, tag: str | None = None, **attrs: str) -> list[Node]:
-        return [n for n in self.walk() if (tag is None or n.tag == tag)
-                and all(n.attrs.get(k.rstrip("_").replace("_", "-")) == v for k, v in attrs.items())]
-
-    def by_id(self, element_id: str) -> Node:
-        found = [n for n in self.walk() if n.attrs.get("id") == element_id]
-        assert len(found) == 1, f"#{element_id}: {len(found)} elements"
-        return found[0]
-
-
-class Page(HTMLParser):
-    """An HTML document as a tree of ``Node`` (unclosed elements are closed by their parent's end tag)."""
-
-    def __init__(self, html: str) -> None:
-        super().__init__(convert_charrefs=True)
-        self.root = Node("#document", {})
-        self.stack = [self.root]
-        self.feed(html)
-        self.close()
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        node = Node(tag, {k: v if v is not None else "" for k, v in attrs})
-        self.stack[-1].children.append(node)
-        if tag not in VOID:
-            self.stack.append(node)
-
-    def handle_endtag(self, tag: str) -> None:
-        for i in range(len(self.stack) - 1, 0, -1):
-            if self.stack[i].tag == tag:
-                del self.stack[i:]
-                return
-
-    def handle_data(self, data: str) -> None:
-        self.stack[-1].children.append(data)
-
-
-def page(response: httpx.Response) -> Node:
-    assert response.headers["content-type"].startswith("text/html"), response.headers["content-type"]
-    return Page(response.text).root
 
 
 # -- the repository ----------------------------------------------------------------------------

@@ -11,14 +11,15 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from html.parser import HTMLParser
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import html_dom
 import httpx
 import pytest
 import torch
+from html_dom import Node
 from starlette.testclient import TestClient
 
 from ckptrepo import Repo
@@ -27,69 +28,11 @@ from ckptrepo.ui import create_app
 NOTE = "<script>alert(1)</script> & a second thought"
 SOURCE = "<b>eval.py</b>"
 ODD_METHOD = "<img src=x onerror=alert(1)>"
-VOID = {"br", "hr", "img", "input", "link", "meta", "source", "wbr"}
-
-
-# -- a small DOM (as tests/integration/test_ui.py parses pages) ----------------------------------------
-
-
-@dataclass
-class Node:
-    tag: str
-    attrs: dict[str, str]
-    children: list[Node | str] = field(default_factory=list)
-
-    @property
-    def text(self) -> str:
-        return "".join(c if isinstance(c, str) else c.text for c in self.children)
-
-    def walk(self) -> Iterator[Node]:
-        yield self
-        for c in self.children:
-            if isinstance(c, Node):
-                yield from c.walk()
-
-    def find_all(self, tag: str | None = None, cls: str | None = None) -> list[Node]:
-        return [n for n in self.walk() if (tag is None or n.tag == tag)
-                and (cls is None or cls in n.attrs.get("class", "").split())]
-
-    def by_id(self, element_id: str) -> Node:
-        found = [n for n in self.walk() if n.attrs.get("id") == element_id]
-        assert len(found) == 1, f"#{element_id}: {len(found)} elements"
-        return found[0]
-
-    def has_id(self, element_id: str) -> bool:
-        return any(n.attrs.get("id") == element_id for n in self.walk())
-
-
-class _Parser(HTMLParser):
-    def __init__(self, html: str) -> None:
-        super().__init__(convert_charrefs=True)
-        self.root = Node("#document", {})
-        self.stack = [self.root]
-        self.feed(html)
-        self.close()
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        node = Node(tag, {k: v if v is not None else "" for k, v in attrs})
-        self.stack[-1].children.append(node)
-        if tag not in VOID:
-            self.stack.append(node)
-
-    def handle_endtag(self, tag: str) -> None:
-        for i in range(len(self.stack) - 1, 0, -1):
-            if self.stack[i].tag == tag:
-                del self.stack[i:]
-                return
-
-    def handle_data(self, data: str) -> None:
-        self.stack[-1].children.append(data)
 
 
 def page(response: httpx.Response) -> Node:
     assert response.status_code == 200, response.text
-    assert response.headers["content-type"].startswith("text/html")
-    return _Parser(response.text).root
+    return html_dom.page(response)
 
 
 # -- the repository ----------------------------------------------------------------------------------
@@ -222,8 +165,8 @@ def test_only_a_config_shaped_as_ckpt_merge_writes_it_is_a_merge(explored: Explo
     assert client.get(f"/api/commits/{explored.not_merge}").json()["merge"] is None
     html = client.get(f"/commit/{explored.odd_merge}").text
     assert ODD_METHOD not in html  # a stored string, escaped
-    assert _Parser(html).root.by_id("merge-summary").text == ODD_METHOD
-    assert "(weight" not in _Parser(html).root.by_id("merge-inputs").text  # no weights recorded
+    assert html_dom.Page(html).root.by_id("merge-summary").text == ODD_METHOD
+    assert "(weight" not in html_dom.Page(html).root.by_id("merge-inputs").text  # no weights recorded
 
 
 def test_the_graph_labels_merges_made_by_ckpt_merge(explored: Explored, client: TestClient) -> None:
@@ -231,7 +174,7 @@ def test_the_graph_labels_merges_made_by_ckpt_merge(explored: Explored, client: 
     assert data["merges"] == {explored.merge: "ties, density 0.5, λ 1.0", explored.odd_merge: ODD_METHOD}
     html = client.get("/").text
     assert ODD_METHOD not in html
-    doc = _Parser(html).root
+    doc = html_dom.Page(html).root
     items = {li.attrs["data-commit"]: li for li in doc.by_id("commit-list").find_all("li")}
     labels = {cid: li.find_all("span", "merge-method") for cid, li in items.items()}
     assert {cid for cid, found in labels.items() if found} == {explored.merge, explored.odd_merge}
@@ -306,7 +249,7 @@ def test_the_new_parts_keep_the_security_rules(explored: Explored, client: TestC
             assert raw not in html, (url, raw)
         assert not re.search(r"<[^>]+\son[a-z]+\s*=", html), url
         assert not re.search(r"<[^>]+\sstyle\s*=", html), url
-        for script in _Parser(html).root.find_all("script"):
+        for script in html_dom.Page(html).root.find_all("script"):
             assert script.attrs.get("src", "").startswith("/static/") or script.attrs.get("type") == "application/json"
     assert client.get("/static/commit.js").status_code == 200
     assert client.post(f"/api/similar?rev={explored.main[1]}").status_code == 405
