@@ -10,7 +10,7 @@ it where they read, so that nothing which reads no tensor imports torch.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, wait
 
 import torch
@@ -27,6 +27,21 @@ Item = tuple[str, TensorRow, list[ChunkLocation]]
 
 def _workers(pool: Executor) -> int:
     return int(getattr(pool, "_max_workers", 2))
+
+
+def run_jobs(pool: Executor, count: int, run: Callable[[range], None], *, jobs_per_worker: int = 4) -> None:
+    """``run`` over ``range(count)`` cut into about ``jobs_per_worker`` runs per worker of ``pool``
+    (per-item futures would cost the GIL more than the work they schedule); returns when all are
+    done, else raises the first failure once the other jobs are cancelled or finished."""
+    per_job = max(1, -(-count // (jobs_per_worker * _workers(pool))))
+    jobs = [pool.submit(run, range(i, min(i + per_job, count))) for i in range(0, count, per_job)]
+    try:
+        for job in jobs:
+            job.result()
+    finally:
+        for job in jobs:
+            job.cancel()
+        wait(jobs)
 
 
 def _read_run(reader: ChunkReader, run: list[tuple[str, ChunkLocation, memoryview]], commit_id: str,
@@ -50,16 +65,8 @@ def read_runs(reader: ChunkReader, pool: Executor, work: Sequence[tuple[str, Chu
     if not work:
         return
     bases = reader.bases_for(loc for _, loc, _ in work)  # delta chains' bases, one query per chain level
-    per_job = max(1, -(-len(work) // (jobs_per_worker * _workers(pool))))
-    jobs = [pool.submit(_read_run, reader, list(work[i : i + per_job]), commit_id, bases, known)
-            for i in range(0, len(work), per_job)]
-    try:
-        for job in jobs:
-            job.result()
-    finally:
-        for job in jobs:
-            job.cancel()
-        wait(jobs)
+    run_jobs(pool, len(work), lambda r: _read_run(reader, list(work[r.start : r.stop]), commit_id, bases, known),
+             jobs_per_worker=jobs_per_worker)
 
 
 def read_tensors(reader: ChunkReader, pool: Executor, items: Sequence[Item], *,

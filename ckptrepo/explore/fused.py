@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Executor, wait
+from concurrent.futures import Executor
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -91,7 +91,7 @@ def fused_tensor(spec: MergeSpec, commits: Sequence[Input], name: str, out: torc
                  pool: Executor, scratch: Scratch) -> torch.Tensor:
     """Tensor ``name`` merged chunk by chunk (``fusable``) into ``out`` (a uint8 buffer of its bytes);
     returns it as a tensor of its dtype and shape. IntegrityError naming commit and tensor."""
-    from ckptrepo.chunks.tensors import assemble
+    from ckptrepo.chunks.tensors import assemble, run_jobs
 
     row, locs = commits[1 if spec.uses_base else 0].items[name]  # the first input's
     lists = [c.items[name][1] for c in commits]
@@ -101,18 +101,10 @@ def fused_tensor(spec: MergeSpec, commits: Sequence[Input], name: str, out: torc
         spans.append((offset, loc.raw_length))
         offset += loc.raw_length
     view = out.numpy().data if row.nbytes else memoryview(bytearray())
-    workers = int(getattr(pool, "_max_workers", 2))
-    per_job = max(1, -(-len(spans) // (_JOBS_PER_WORKER * workers)))
     size = max((n for _, n in spans), default=0)
-    jobs = [pool.submit(_run, spec, commits, name, lists, bases, spans, range(i, min(i + per_job, len(spans))),
-                        view, row.dtype, reader, scratch, size) for i in range(0, len(spans), per_job)]
-    try:
-        for job in jobs:
-            job.result()
-    finally:
-        for job in jobs:
-            job.cancel()
-        wait(jobs)
+    run_jobs(pool, len(spans), lambda positions: _run(spec, commits, name, lists, bases, spans, positions, view,
+                                                      row.dtype, reader, scratch, size),
+             jobs_per_worker=_JOBS_PER_WORKER)
     return assemble(out, row.dtype, list(row.shape), None)
 
 
