@@ -25,6 +25,7 @@ import numpy as np
 from ckptrepo.chunks.store import ChunkReader
 from ckptrepo.errors import IntegrityError
 from ckptrepo.explore.merge import MergeSpec
+from ckptrepo.ingest.sources import Digest
 from ckptrepo.locations import ChunkLocation
 from ckptrepo.rows import TensorRow
 
@@ -88,9 +89,12 @@ class Scratch:
 
 
 def fused_tensor(spec: MergeSpec, commits: Sequence[Input], name: str, out: torch.Tensor, reader: ChunkReader,
-                 pool: Executor, scratch: Scratch) -> torch.Tensor:
+                 pool: Executor, scratch: Scratch, digests: list[Digest] | None = None) -> torch.Tensor:
     """Tensor ``name`` merged chunk by chunk (``fusable``) into ``out`` (a uint8 buffer of its bytes);
-    returns it as a tensor of its dtype and shape. IntegrityError naming commit and tensor."""
+    returns it as a tensor of its dtype and shape. IntegrityError naming commit and tensor.
+    ``digests``: an empty list, filled with each merged chunk's ``(offset, length, chunk id,
+    moments)`` (``ingest.sources.LazySource.digests``), taken while the chunk is in cache, so a
+    commit of the result need not go over its bytes again."""
     from ckptrepo.chunks.tensors import assemble, run_jobs
 
     row, locs = commits[1 if spec.uses_base else 0].items[name]  # the first input's
@@ -102,18 +106,23 @@ def fused_tensor(spec: MergeSpec, commits: Sequence[Input], name: str, out: torc
         offset += loc.raw_length
     view = out.numpy().data if row.nbytes else memoryview(bytearray())
     size = max((n for _, n in spans), default=0)
+    found: list[Digest | None] | None = [None] * len(spans) if digests is not None else None
     run_jobs(pool, len(spans), lambda positions: _run(spec, commits, name, lists, bases, spans, positions, view,
-                                                      row.dtype, reader, scratch, size),
+                                                      row.dtype, reader, scratch, size, found),
              jobs_per_worker=_JOBS_PER_WORKER)
+    if digests is not None and found is not None:
+        digests.extend(d for d in found if d is not None)
     return assemble(out, row.dtype, list(row.shape), None)
 
 
 def _run(spec: MergeSpec, commits: Sequence[Input], name: str, lists: list[list[ChunkLocation]],
          bases: list[dict[str, ChunkLocation]], spans: list[tuple[int, int]], positions: range, view: memoryview,
-         dtype: str, reader: ChunkReader, scratch: Scratch, size: int) -> None:
-    """One job: decode and merge the chunks at ``positions``."""
+         dtype: str, reader: ChunkReader, scratch: Scratch, size: int, digests: list[Digest | None] | None) -> None:
+    """One job: decode and merge the chunks at ``positions`` (and digest each result, into ``digests``)."""
     from ckptrepo import state as st
     from ckptrepo.explore import merge
+    from ckptrepo.ids import hash_bytes
+    from ckptrepo.ingest.stats import moments_of_bytes
 
     lead = 1 if spec.uses_base else 0  # where the first input is among ``commits``
     plain = _plain_average(spec, dtype)
@@ -139,14 +148,17 @@ def _run(spec: MergeSpec, commits: Sequence[Input], name: str, lists: list[list[
                 for p in parts[1:]:
                     np.add(acc, np.frombuffer(p, dtype=plain), out=acc)
                 np.divide(acc, float(len(parts)), out=acc)
-                continue
-            xs = [st.tensor_from_bytes(p, dtype, [length // _itemsize(dtype)]) for p in parts]
-            if spec.uses_base:
-                assert spec.weights is not None and spec.lam is not None
-                merge.task_arithmetic(xs[0], xs[1:], spec.weights, spec.lam, out=xs[1])
             else:
-                assert spec.weights is not None
-                merge.linear(xs, spec.weights, out=xs[0])
+                xs = [st.tensor_from_bytes(p, dtype, [length // _itemsize(dtype)]) for p in parts]
+                if spec.uses_base:
+                    assert spec.weights is not None and spec.lam is not None
+                    merge.task_arithmetic(xs[0], xs[1:], spec.weights, spec.lam, out=xs[1])
+                else:
+                    assert spec.weights is not None
+                    merge.linear(xs, spec.weights, out=xs[0])
+            if digests is not None:  # the merged chunk, while it is in cache: what ingest would take of it
+                result = view[offset : offset + length]
+                digests[k] = (offset, length, hash_bytes(result), moments_of_bytes(result, dtype))
     finally:
         scratch.give(buffers)
 

@@ -33,7 +33,7 @@ from ckptrepo.chunks.store import ChunkReader
 from ckptrepo.errors import MergeMismatch
 from ckptrepo.explore import fused
 from ckptrepo.explore.merge import MergeSpec
-from ckptrepo.ingest.sources import LazySource
+from ckptrepo.ingest.sources import Digest, LazySource
 from ckptrepo.locations import ChunkLocation
 from ckptrepo.rows import TensorRow
 
@@ -199,10 +199,11 @@ def sizes(plan: Plan) -> list[int]:
 
 
 def merged_tensor(plan: Plan, name: str, reader: ChunkReader, pool: Executor, buffers: _Buffers | None = None,
-                  scratch: fused.Scratch | None = None) -> torch.Tensor:
+                  scratch: fused.Scratch | None = None, digests: list[Digest] | None = None) -> torch.Tensor:
     """Tensor ``name`` of the merge: the inputs' merged chunk by chunk (``explore.fused``) or whole
     (``explore.merge.merged``), or the first input's copied (``Plan.merge``). With ``buffers``,
-    read into them, and those the result does not use given back."""
+    read into them, and those the result does not use given back. ``digests`` (an empty list):
+    filled with the result's chunk digests when it is merged chunk by chunk (``fused_tensor``)."""
     import torch
 
     from ckptrepo.explore.merge import merged
@@ -213,7 +214,7 @@ def merged_tensor(plan: Plan, name: str, reader: ChunkReader, pool: Executor, bu
     if fused.fusable(plan.spec, commits, name):
         nbytes = plan.inputs[0].items[name][0].nbytes
         out = buffers.take(nbytes) if buffers is not None else torch.empty(nbytes, dtype=torch.uint8)
-        return fused.fused_tensor(plan.spec, commits, name, out, reader, pool, scratch or fused.Scratch())
+        return fused.fused_tensor(plan.spec, commits, name, out, reader, pool, scratch or fused.Scratch(), digests)
     known: dict[str, memoryview] = {}  # the base first: the inputs' chunks are likely deltas against its
     base = read(plan.base, name, reader, pool, buffers, known) if plan.spec.uses_base and plan.base else None
     xs = [read(x, name, reader, pool, buffers, known) for x in plan.inputs]
@@ -240,28 +241,39 @@ class _Ahead:
         self._buffers = _Buffers(sizes(plan))
         self._scratch = fused.Scratch()
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-merge")
-        self._ahead: deque[tuple[int, Future[torch.Tensor]]] = deque()
+        self._ahead: deque[tuple[int, Future[tuple[torch.Tensor, list[Digest]]]]] = deque()
         self._out: torch.Tensor | None = None  # the tensor handed out last
+        self._digests: tuple[int, list[Digest]] | None = None  # its index and its chunks' digests
 
-    def _compute(self, i: int) -> torch.Tensor:
-        return merged_tensor(self._plan, self._plan.names[i], self._reader, self._pool, self._buffers, self._scratch)
+    def _compute(self, i: int) -> tuple[torch.Tensor, list[Digest]]:
+        digests: list[Digest] = []
+        tensor = merged_tensor(self._plan, self._plan.names[i], self._reader, self._pool, self._buffers,
+                               self._scratch, digests)
+        return tensor, digests
 
     def produce(self, i: int) -> memoryview:
         from ckptrepo import state as st
 
         if self._out is not None:
             self._buffers.give(self._out)
-            self._out = None
+            self._out, self._digests = None, None
         if self._ahead and self._ahead[0][0] == i:
-            tensor = self._ahead.popleft()[1].result()
+            tensor, digests = self._ahead.popleft()[1].result()
         else:
             self._cancel()  # stale ones finish before this computes
-            tensor = self._compute(i)
+            tensor, digests = self._compute(i)
         queued = self._ahead[-1][0] if self._ahead else i
         for j in range(queued + 1, min(i + 1 + self._depth, len(self._plan.names))):
             self._ahead.append((j, self._thread.submit(self._compute, j)))
-        self._out = tensor
+        self._out, self._digests = tensor, (i, digests)
         return st.tensor_bytes(tensor)
+
+    def digests(self, i: int) -> list[Digest] | None:
+        """The chunk digests of tensor ``i``, produced last (None when it was not merged chunk by
+        chunk, or is no longer the one handed out)."""
+        if self._digests is None or self._digests[0] != i or not self._digests[1]:
+            return None
+        return self._digests[1]
 
     def _cancel(self) -> None:
         while self._ahead:
@@ -284,6 +296,7 @@ def stream(plan: Plan, reader: ChunkReader, pool: Executor) -> Iterator[list[Laz
     try:
         first = plan.inputs[0].items
         yield [LazySource(name, first[name][0].dtype, tuple(first[name][0].shape),
-                          functools.partial(ahead.produce, i)) for i, name in enumerate(plan.names)]
+                          functools.partial(ahead.produce, i), functools.partial(ahead.digests, i))
+               for i, name in enumerate(plan.names)]
     finally:
         ahead.close()

@@ -19,7 +19,9 @@ state's copy + 300 MiB. BLAKE3, zstd, numpy and the byte-plane kernels release t
 
 Lazy sources (``sources.LazySource``: computed tensors, a weight-space merge's) are hashed one
 at a time, and each one's chunks are written before the next is produced, so the bytes of one
-of them are in memory at once; eager sources go through as one run, as above.
+of them are in memory at once; eager sources go through as one run, as above. A lazy source
+whose producer digested its chunks as it made them (``LazySource.digests``: a merge, chunk by
+chunk) is not hashed again: its chunks' ids and moments are taken as they are.
 
 Delta encoding: ``DeltaPlan`` names, per tensor, the base tensor's chunks (the same
 name in the first parent, or the mapped tensor of a transfer source). A chunk whose
@@ -45,7 +47,7 @@ from ckptrepo.chunks.store import ChunkReader, PackSink, SealedPack
 from ckptrepo.errors import CkptError, UsageError
 from ckptrepo.ids import hash_bytes, tensor_id
 from ckptrepo.ingest.basecache import BaseCache
-from ckptrepo.ingest.sources import LazySource, Source
+from ckptrepo.ingest.sources import Digest, LazySource, Source
 from ckptrepo.ingest.stats import Moments, combine, merged, moments_of_bytes
 from ckptrepo.locations import ChunkLocation
 from ckptrepo.rows import TensorRow
@@ -206,6 +208,17 @@ def _bytes_of(src: Source | LazySource) -> memoryview:
     if len(view) != expected:
         raise ValueError(f"lazy source {src.name!r} produced {len(view)} bytes, not {expected}")
     return view
+
+
+def _digests_of(src: Source | LazySource, spans: list[tuple[int, int]]) -> list[Digest] | None:
+    """A lazy source's own digests of the bytes it just produced, when they are cut at ``spans``."""
+    if not isinstance(src, LazySource) or src.digests is None:
+        return None
+    found = src.digests()
+    if found is None or len(found) != len(spans) or any(
+            (d[0], d[1]) != span for d, span in zip(found, spans, strict=True)):
+        return None
+    return found
 
 
 _NO_MOMENTS = Moments()  # a placeholder, replaced by each chunk's own (frozen: shared safely)
@@ -370,6 +383,14 @@ class _Ingest:
                     take(h)
             in_flight = 0
 
+        def adopt(i: int, dtype: str, view: memoryview, digests: list[Digest]) -> None:
+            for seq, (off, ln, cid, moments) in enumerate(digests):
+                faults.point("ingest.chunk")
+                raw = view[off : off + ln]
+                if self.cache is not None and cid in self.likely:
+                    self.cache.put(cid, raw)
+                take(_Hashed(i, seq, off, raw, dtype, cid, moments))
+
         # Eager sources (their bytes held by the caller) are one run; each lazy source is a run of
         # its own, whose bytes exist from its ``produce()`` until every chunk of it is written.
         for first, stop in runs:
@@ -385,6 +406,11 @@ class _Ingest:
                     spans = spans_of(len(view), itemsize, chunk)
                 ids[i] = [""] * len(spans)
                 parts[i] = [_NO_MOMENTS] * len(spans)
+                known_digests = _digests_of(src, spans)
+                if known_digests is not None:  # hashed by its producer, cut as here: taken as they are
+                    adopt(i, src.dtype, view, known_digests)
+                    del view
+                    continue
                 jobs.extend((i, seq, off, view[off : off + ln], src.dtype, None) for seq, (off, ln) in enumerate(spans))
                 del view
             if summaries is not None:

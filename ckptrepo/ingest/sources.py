@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     import torch
 
     from ckptrepo.formats.readbuffer import ReadBuffer
+    from ckptrepo.ingest.stats import Moments
+
+# What a producer knows of one chunk of its bytes: (offset, length, chunk id, moments).
+Digest = tuple[int, int, str, "Moments"]
 
 
 class Source(NamedTuple):
@@ -58,12 +62,19 @@ class LazySource(NamedTuple):
     ``nbytes``). ``ingest`` calls it once it reaches the tensor, on its own thread, and drops
     the view once every chunk of it is in a pack (or found stored), before it asks the next
     lazy source. A commit that writes again (a concurrent gc removed what it shared) calls it
-    again: it must return the same bytes each time."""
+    again: it must return the same bytes each time.
+
+    ``digests``, when given, is called right after ``produce()`` and may return what a producer
+    that went over the bytes anyway (a merge, chunk by chunk) already knows of them: each chunk's
+    ``(offset, length, chunk id, moments)``. The ingest takes them instead of hashing the bytes
+    again when their cuts are exactly its own (``chunker.spans_of`` at its chunk size), and hashes
+    as usual otherwise or for None."""
 
     name: str
     dtype: str
     shape: tuple[int, ...]
     produce: Callable[[], memoryview]
+    digests: Callable[[], list[Digest] | None] | None = None
 
     @property
     def numel(self) -> int:

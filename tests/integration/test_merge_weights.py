@@ -193,6 +193,37 @@ def test_chunk_by_chunk_and_whole_tensor_merges_agree(lineage: Lineage, monkeypa
         assert _ids(repo, c.id) == _ids(repo, w.id)
 
 
+def test_chunks_merged_chunk_by_chunk_are_hashed_once(lineage: Lineage, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk-by-chunk merge hands the ingest each result chunk's id and moments, taken as it was
+    merged (``LazySource.digests``): the ingest hashes none of those chunks again, and the commit's
+    tensors (ids, statistics) equal those of the same merge hashed by the ingest (in a repository
+    of its own: a tensor row stored once keeps its first statistics)."""
+    from ckptrepo.ingest import pipeline
+
+    repo = lineage.repo
+    adopted: list[int] = []
+    real = pipeline._digests_of
+
+    def spied(src: Any, spans: Any) -> Any:
+        found = real(src, spans)
+        adopted.append(0 if found is None else len(found))
+        return found
+
+    monkeypatch.setattr(pipeline, "_digests_of", spied)
+    taken = repo.merge_weights(["ft-a", "ft-b"], method="weighted", weights=[0.3, 1.1], branch="digested")
+    chunks = sum(-(-lineage.a[n].numel() * lineage.a[n].element_size() // 4096) for n in FLOATS)
+    assert sum(adopted) == chunks  # every merged tensor's chunks, none of the copied ones
+    monkeypatch.setattr(pipeline, "_digests_of", lambda src, spans: None)
+    with ckptrepo.Repo.init(tmp_path / "hashed", chunk_size=4096) as other:
+        hashed = Lineage(other).repo.merge_weights(["ft-a", "ft-b"], method="weighted", weights=[0.3, 1.1],
+                                                   branch="hashed")
+        expected = {i.name: (i.tensor_id, i.stats) for i in other.tensors(hashed.id)}
+        expected_state = other.checkout(hashed.id)["model"]
+    assert {i.name: (i.tensor_id, i.stats) for i in repo.tensors(taken.id)} == expected
+    assert_states_equal(repo.checkout(taken.id)["model"], expected_state)
+
+
 def test_a_damaged_input_fails_the_merge_naming_it(lineage: Lineage) -> None:
     repo = lineage.repo
     packs = repo.repo_dir / "store" / "packs"
