@@ -100,6 +100,7 @@ __all__ = [
     "EvalResult",
     "ExactDelta",
     "FetchResult",
+    "FollowUpdate",
     "GcReport",
     "GraphEdge",
     "GraphNode",

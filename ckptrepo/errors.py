@@ -88,6 +88,21 @@ class UnknownTensor(CkptError):
     hint = "`ckpt show REV` lists the tensor names of a commit."
 
 
+class UnknownFile(CkptError, FileNotFoundError):
+    """Commit {commit} has no file {name!r}."""
+
+    exit_code = 3
+    hint = ("Repo.files(rev) lists the files a commit keeps; its view (fsspec `ls`, `ckpt mount`) also holds "
+            "the weight files. Paths are relative to the commit, with /.")
+
+
+class ReadOnlyView(CkptError, PermissionError):
+    """Cannot {what}: a view of a commit is read-only."""
+
+    exit_code = 2
+    hint = "Commit changes with `ckpt commit` or Repo.commit; export a writable copy with `ckpt checkout REV -o PATH`."
+
+
 class UnsupportedState(CkptError):
     """Cannot store the value at {path}: {reason}."""
 

@@ -40,7 +40,8 @@ class Exploring(Sync):
                    step: int | None = None, epoch: int | None = None, metrics: Mapping[str, float] | None = None,
                    config: Any = None, parents: list[str] | None = None, transfer_from: Any = None,
                    allow_pickle: bool = False, code_version: str | None = None, blocking: bool = False,
-                   group: Any = None, local: bool = False, wait_remote: bool = False) -> CommitHandle: ...
+                   group: Any = None, local: bool = False, wait_remote: bool = False,
+                   files: Mapping[str, Any] | None = None) -> CommitHandle: ...
 
     # -- annotations (db.notes; journal op "annotate") -----------------------------------
 
@@ -309,7 +310,7 @@ class Exploring(Sync):
         from ckptrepo.ingest.request import CommitMeta
 
         def commit_file(self, path: str | Path, *, branch: str | None = None, allow_pickle: bool = False,
-                        **meta: Unpack[CommitMeta]) -> t.Commit: ...
+                        allow_code: bool = False, **meta: Unpack[CommitMeta]) -> t.Commit: ...
 
     def similar(self, rev_or_path: str | Path | Mapping[str, Any], *, n: int = 5, exact: bool = True,
                 allow_pickle: bool = False) -> list[t.Similarity]:

@@ -67,6 +67,8 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
     Knob("COPY_STATS", 1, "Take float chunks' statistics in the staging copy's pass over memory."),
     Knob("DEFER_LAYOUTS", 1, "SQLite: asynchronous commits record tensor-level rows later, in batches."),
     Knob("DELTA_CACHE", 0, "Bytes of recent chunks kept in memory as delta bases (0: read them back)."),
+    Knob("FOLLOW_DELTAS", 0, "Commits of this process encode new chunks at once, as deltas against the parent "
+         "commit's chunk itself where smaller, so followers of the branch (`Repo.follow`) read only the difference."),
     Knob("DIRECT_IO", 1, "Write packs and read imported files with O_DIRECT where the filesystem allows."),
     Knob("WRITE_BUFFER", 2 << 20, "Bytes per direct-I/O write request."),
     Knob("WRITES_IN_FLIGHT", 2, "Direct-I/O writes one file keeps in flight."),
@@ -81,6 +83,11 @@ KNOBS: dict[str, Knob] = {k.name: k for k in (
          "unset"),
     Knob("REPLICATION_BACKLOG", 0, "Bytes of commits not yet on the replica remote beyond which a new commit is "
          "refused (ReplicationBacklog); 0: no limit.", "0 (no limit)"),
+    Knob("VIEW_CACHE", 64 << 20,
+         "Bytes of decoded chunks a view of a commit (fsspec, `ckpt mount`) keeps for its reads."),
+    Knob("VIEW_READ_AHEAD", 8 << 20, "Bytes of a file a view of a commit decodes ahead of its last read (0: none)."),
+    Knob("MAX_FILE_BYTES", 1 << 30, "Bytes of the largest file (config, tokenizer, model card ...) a commit "
+         "may keep beside its tensors.", "1073741824 (1 GiB)"),
     Knob("AUTHOR", _login_name, "The author recorded on commits.", "the login name"),
     Knob("REPO", None, "`ckpt` only: the repository to use when `--repo` is not given.",
          "the nearest .ckpt/ at or above the working directory"),

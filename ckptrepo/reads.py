@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Collection, Mapping
+import threading
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,8 @@ from ckptrepo import types as t
 from ckptrepo.config import RepoConfig
 from ckptrepo.db import catalog, refs, views
 from ckptrepo.db.engine import Sessions
-from ckptrepo.errors import ForkedProcess, UnknownRevision, UnknownTensor, UsageError
+from ckptrepo.entries import is_file_entry
+from ckptrepo.errors import ForkedProcess, UnknownFile, UnknownRevision, UnknownTensor, UsageError
 from ckptrepo.ids import short
 from ckptrepo.lineage import analysis, queries, revparse
 from ckptrepo.restore.layout import layout_of
@@ -34,6 +36,8 @@ if TYPE_CHECKING:  # imported where used: reading the lineage needs neither the 
     from ckptrepo.distributed.reader import CommitReader
     from ckptrepo.ingest.writer import CommitWriter
     from ckptrepo.locations import ChunkLocation
+    from ckptrepo.restore.follow import Follower
+    from ckptrepo.restore.view import CommitView
 
 DEFAULT_BRANCH = refs.DEFAULT_BRANCH
 
@@ -120,7 +124,8 @@ class Reads:
         self._check_open()
         with self._reading() as s:
             cid = revparse.resolve(s, rev)
-            return [views.tensor_info(e.name, tr) for e, tr in catalog.tensor_layout(s, cid)]
+            return [views.tensor_info(e.name, tr) for e, tr in catalog.tensor_layout(s, cid)
+                    if not is_file_entry(e.name)]
 
     def tensor_ids(self, state: Any, *, allow_pickle: bool = False) -> dict[str, str]:
         """Entry name -> the id each tensor of ``state`` would have if committed here by ``commit`` or
@@ -200,17 +205,77 @@ class Reads:
             st.load_into(scope.unwrapped(into), scope.strip_ddp_prefix(into, restored))
         return restored
 
-    def export(self, rev: str, path: str | Path, *, replace: bool = True) -> str:
+    def export(self, rev: str, path: str | Path, *, replace: bool = True, format: str | None = None,
+               max_shard_size: int | str = "5GB") -> str:
         """Write the state committed at ``rev`` to ``path`` (``.safetensors``; ``.pt``, ``.pth``, ``.bin``,
         ``.ckpt``: torch.save) atomically, a flat dict of tensors streamed; returns the commit id.
         ``replace=False``: OutputExists when anything is at ``path`` (before reading any chunk, and
-        for a file that appears meanwhile); else a file there is replaced (a symbolic link itself)."""
+        for a file that appears meanwhile); else a file there is replaced (a symbolic link itself).
+
+        ``format``: ``safetensors``, ``torch`` or ``dcp`` whatever the suffix (``formats.write_state``),
+        or ``hf``: a Hugging Face model folder at ``path`` (new or empty; ``restore.hf_export``): the
+        commit's files and its model weights (``formats.hf_layout.model_keys``) as ``model.safetensors``
+        or shards of at most ``max_shard_size`` (``"5GB"``, ``"500MB"`` or bytes) and their index,
+        which ``from_pretrained`` loads. UsageError when the commit holds no model weights."""
+        from ckptrepo.formats import FORMATS, suffix_format, write_state
+
+        if format == "hf":
+            from ckptrepo.formats.hf_layout import parse_size
+            from ckptrepo.restore.hf_export import export_hf
+
+            limit = parse_size(max_shard_size)
+            cid, skeleton, items = self._layout(rev, files=True)
+            export_hf(Path(path), skeleton, items, self._reader, self._pool, commit_id=cid, max_shard_size=limit)
+            return cid
+        if format is not None and format not in FORMATS:
+            raise UsageError(f"cannot write {path}: unknown format {format!r}",
+                             hint=f"Use one of {', '.join((*FORMATS, 'hf'))}.")
+        if format is not None and format != suffix_format(Path(path)):
+            cid = self.resolve(rev)
+            write_state(self.checkout(cid), Path(path), format=format, replace=replace)
+            return cid
         from ckptrepo.restore.export import export
 
         cid, skeleton, items = self._layout(rev)
         export(Path(path), skeleton, items, self._reader, self._pool, commit_id=cid,
                checkout=lambda: self.checkout(cid), replace=replace)
         return cid
+
+    def files(self, rev: str) -> dict[str, int]:
+        """The files commit ``rev`` keeps beside its state (``commit(files=)``, a model folder's
+        config and tokenizer files), relative path -> bytes, by path (no bytes read)."""
+        from ckptrepo.entries import file_path
+
+        self._check_open()
+        with self._reading() as s:
+            cid = revparse.resolve(s, rev)
+            return {file_path(e.name): tr.nbytes for e, tr in catalog.tensor_layout(s, cid) if is_file_entry(e.name)}
+
+    def read_file(self, rev: str, path: str) -> bytes:
+        """The bytes of file ``path`` of commit ``rev``, every chunk verified against its id
+        (IntegrityError rather than other bytes); UnknownFile when the commit keeps no such file."""
+        from ckptrepo.chunks.tensors import read_tensors
+        from ckptrepo.entries import check_file_path, file_entry
+
+        if not isinstance(path, str) or check_file_path(path) is not None:
+            raise UsageError(f"{path!r} cannot name a file of a commit", hint="Name it by its relative path, "
+                             "as `ckpt show REV` lists the files.")
+        name = file_entry(path)
+        cid, _, items = self._layout(rev, [name], files=True)
+        if name not in items:
+            raise UnknownFile(f"commit {short(cid)} keeps no file {path!r}", commit=short(cid), name=path,
+                              hint="`ckpt show REV` lists the files a commit keeps.")
+        return bytes(read_tensors(self._reader, self._pool, [(name, *items[name])], commit_id=cid)[name].numpy())
+
+    def view(self, rev: str, *, layout: str = "auto", max_shard_size: int | str = "5GB") -> CommitView:
+        """Commit ``rev`` as the files its export would hold, read in place (``restore.view``):
+        ``layout`` ``hf`` (its files and the model's weights as safetensors shards and index),
+        ``safetensors`` (one ``model.safetensors``) or ``auto`` (``hf`` when it has a
+        config.json). ``view.read(name, start, end)`` decodes only the chunks a range needs, verified."""
+        from ckptrepo.restore.view import CommitView
+
+        cid, skeleton, items = self._layout(rev, files=True)
+        return CommitView(cid, skeleton, items, self._reader, self._pool, layout=layout, max_shard_size=max_shard_size)
 
     def load_tensor(self, rev: str, name: str) -> torch.Tensor:
         """One tensor of a commit, reading only that tensor's chunks."""
@@ -221,14 +286,16 @@ class Reads:
             raise UnknownTensor(commit=short(cid), name=name)
         return read_tensors(self._reader, self._pool, [(name, *items[name])], commit_id=cid)[name]
 
-    def _layout(self, rev: str, names: list[str] | None = None) -> tuple[str, Any, dict[str, Any]]:
-        """Commit id, skeleton and tensor locations of ``rev``, once this process's pending commits
-        have landed (read-your-writes: ``commit()`` then ``checkout("main")`` reads that commit)."""
+    def _layout(self, rev: str, names: list[str] | None = None, *,
+                files: bool = False) -> tuple[str, Any, dict[str, Any]]:
+        """Commit id, skeleton and tensor locations of ``rev`` (its files' entries too with ``files``),
+        once this process's pending commits have landed (read-your-writes: ``commit()`` then
+        ``checkout("main")`` reads that commit)."""
         self._check_open()
         self._own_commits_landed()
-        found = layout_of(self._reading, rev, names)
+        found = layout_of(self._reading, rev, names, files=files)
         if self._keep({c for row, _ in found[2].values() for c in row.chunk_ids}):
-            found = layout_of(self._reading, found[0], names)  # the chunks' new, local locations
+            found = layout_of(self._reading, found[0], names, files=files)  # the chunks' new, local locations
         return found
 
     def _keep(self, chunk_ids: set[str]) -> bool:
@@ -255,6 +322,37 @@ class Reads:
         self._own_commits_landed()
         self._keep_commits([rev])
         return CommitReader(self._reading, self._reader, self._pool, rev, allow_pickle=allow_pickle)
+
+    def follow(self, ref: str, *, into: Any, since: str | None = None, poll: float = 0.05,
+               timeout: float | None = None, stop: threading.Event | None = None) -> Follower:
+        """An iterator over the new commits of branch ``ref`` (or a remote-tracking ref
+        ``REMOTE/BRANCH``, fetched at every poll), each applied to ``into`` in place before it is
+        yielded (a ``Commit``): ``into`` is a module, optimizer or state as ``commit`` takes it, whose
+        tensors are written in place (the same objects, no reallocation). Only the chunks whose id
+        differs from the one held are read, delta payloads decoded against the bytes ``into`` holds,
+        every chunk verified before it is written (``restore.follow``). The first commit yielded
+        is the ref's head applied in full, or, with ``since`` (a commit ``into`` already holds),
+        the head applied from there; a follower that missed commits goes to the head at once.
+        ``poll``: seconds between looks at the ref; the iteration ends when ``stop`` is set, on
+        ``close()``, or after ``timeout`` seconds without a new commit. ``follower.last``: the
+        figures of the latest update (``FollowUpdate``). StateMismatch when a commit's tensors do
+        not fit ``into`` (nothing written)."""
+        from ckptrepo.restore.follow import Follower
+
+        self._check_open()
+
+        def before_read() -> None:
+            self._check_open()
+            self._own_commits_landed()
+
+        return Follower(reading=self._reading, backend=self._backend, lookup=catalog.locator(self._sessions),
+                        fallback=self._chunk_fallback, pool=self._pool, ref=ref, into=into, since=since, poll=poll,
+                        timeout=timeout, stop=stop, refresh=self._follow_refresh(ref), before_read=before_read,
+                        commit_of=self.get_commit)
+
+    def _follow_refresh(self, ref: str) -> Callable[[], None] | None:
+        """What brings ``ref`` up to date before each look (``sync.Sync``: a fetch for a remote-tracking ref)."""
+        return None
 
     # -- lineage and analysis (read-only; see lineage.queries and lineage.analysis) ---------
 

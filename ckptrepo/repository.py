@@ -11,6 +11,7 @@ import contextlib
 import functools
 import os
 import time
+import warnings
 from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -245,7 +246,8 @@ class Repo(Exploring):
                epoch: int | None = None, metrics: Mapping[str, float] | None = None, config: Any = None,
                parents: list[str] | None = None, transfer_from: Any = None, allow_pickle: bool = False,
                code_version: str | None = None, blocking: bool = False, group: ProcessGroup | None = None,
-               local: bool = False, wait_remote: bool = False) -> CommitHandle:
+               local: bool = False, wait_remote: bool = False,
+               files: Mapping[str, bytes | str | os.PathLike[str]] | None = None) -> CommitHandle:
         """Store ``state`` as a new commit on ``branch`` (default: the current branch, ``head``); two-phase.
 
         Phase 1, on the caller's thread: validate the state and every argument (UnsupportedState
@@ -272,6 +274,12 @@ class Repo(Exploring):
         there in the background once durable here; ``wait_remote=True`` returns only once the
         remote holds it (``wait_replicated``). ReplicationBacklog, before anything is written, when
         more than ``CKPT_REPLICATION_BACKLOG`` bytes wait to reach the remote.
+
+        ``files``: files the commit keeps beside the state (``{relative path: bytes or a path to
+        read}``: a model's config.json, tokenizer files, model card), checked whole first
+        (``formats.files``: names, ``CKPT_MAX_FILE_BYTES``) and read as bytes, never run;
+        ``files()`` lists them, ``read_file`` reads one, ``export(format="hf")`` writes them out.
+        Not in a collective commit.
         """
         from ckptrepo.distributed import scope
 
@@ -279,11 +287,20 @@ class Repo(Exploring):
         self._check_writable("commit")
         self._check_backlog()
         group = scope.collective_group(state, group, local=local, what="commit()")
+        kept = None
+        if files:
+            from ckptrepo.formats.files import file_tensors
+
+            if group is not None:
+                raise UsageError("files= is for a commit of one process",
+                                 hint="Commit the files from one rank with local=True, or leave them out.")
+            kept = file_tensors(files)
         meta: CommitMeta = {"message": message, "step": step, "epoch": epoch, "metrics": metrics, "config": config,
                             "parents": parents, "transfer_from": transfer_from, "code_version": code_version}
         if group is None:
             handle = self._writer.commit_state(scope.unwrapped(state), meta, branch=branch or self.head,
-                                               blocking=blocking, allow_pickle=allow_pickle, entered=entered)
+                                               blocking=blocking, allow_pickle=allow_pickle, entered=entered,
+                                               files=kept)
         else:
             from ckptrepo.distributed import native
 
@@ -297,11 +314,17 @@ class Repo(Exploring):
         return handle
 
     def commit_file(self, path: str | Path, *, branch: str | None = None, allow_pickle: bool = False,
-                    **meta: Unpack[CommitMeta]) -> t.Commit:
+                    allow_code: bool = False, **meta: Unpack[CommitMeta]) -> t.Commit:
         """Commit a checkpoint file or folder (``formats.read_state``; ``meta`` as for ``commit``,
         else what the run recorded: ``formats.fill_run_meta``), validated whole first; a plain
-        safetensors file is read whole and committed as bytes, without torch. Returns the commit."""
+        safetensors file is read whole and committed as bytes, without torch. Returns the commit.
+
+        A model folder's other files are kept too (``formats.files.hf_folder_files``: config,
+        tokenizer, model card, subfolders; not hidden ones, pickles or the weights read), code
+        files (``*.py`` ...) only with ``allow_code``: without it they are left out with a
+        warning naming them."""
         from ckptrepo.formats import ReadBuffer, fill_run_meta, read_state
+        from ckptrepo.formats.files import hf_folder_files, skipped_note
         from ckptrepo.ingest.sources import from_safetensors
 
         entered = time.perf_counter()
@@ -310,9 +333,15 @@ class Repo(Exploring):
             found = from_safetensors(Path(path), buffer)  # a plain file: nothing recorded beside it
             if found is not None:
                 return self._writer.commit_sources(*found, meta, branch=branch or self.head, entered=entered)
+        folder_files = hf_folder_files(Path(path), allow_code=allow_code) if Path(path).is_dir() else None
         state = read_state(Path(path), mapped=True, allow_pickle=allow_pickle)
         meta = fill_run_meta(meta, Path(path), state)
-        return self.commit(state, branch=branch, blocking=True, allow_pickle=allow_pickle, local=True, **meta).wait()
+        commit = self.commit(state, branch=branch, blocking=True, allow_pickle=allow_pickle, local=True,
+                             files=folder_files.kept if folder_files else None, **meta).wait()
+        note = skipped_note(folder_files) if folder_files else None
+        if note is not None:
+            warnings.warn(note, UserWarning, stacklevel=2)
+        return commit
 
     def dcp_writer(self, *, branch: str | None = None, allow_pickle: bool = False,
                    **meta: Unpack[CommitMeta]) -> ShareWriter:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -531,6 +531,26 @@ class Sync(Reads):
                             Meter()) > 0
         return False
 
+
+    def _follow_refresh(self, ref: str) -> Callable[[], None] | None:
+        """A remote-tracking ref ``REMOTE/BRANCH`` (no local branch of that name) is fetched before
+        each look of a follower (``Reads.follow``); a lazy clone then reads the changed chunks'
+        payloads from the remote as it applies them, without keeping them here."""
+        remote, sep, _ = ref.partition("/")
+        if not sep or remote not in remote_config.load(self.repo_dir):
+            return None
+        with self._sessions() as s:
+            if refs.branch_head(s, ref) is not None:
+                return None
+        return lambda: self._fetch_refs(remote)
+
+    def _fetch_refs(self, remote: str) -> None:
+        """The commits and refs of ``remote`` (``fetch`` without results or data)."""
+        from ckptrepo.remote.fetch import fetch
+
+        self._check_writable("fetch")
+        info, store = self._remote(remote)
+        fetch(self._sessions, self._reading, self._backend, store, info.name, self._repo_id(), Meter())
 
 def remote_packs_of(repo_dir: Path) -> tuple[list[Any], list[str]]:
     """The packs of the repository's remotes, for a rebuild (``maintenance.rebuild``): a lazy

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import random
 import time
 import warnings
@@ -200,17 +201,19 @@ class CommitStream:
 
     def commit(self, state: Any, step: int, rule: str, *, epoch: int | None = None,
                metrics: Mapping[str, float] | None = None, message: str | None = None,
-               allow_pickle: bool = False, started: float | None = None) -> CommitHandle:
+               allow_pickle: bool = False, started: float | None = None,
+               files: Mapping[str, Any] | None = None) -> CommitHandle:
         """Start a commit of ``state`` at ``step``; ``rule`` (why) goes in the message and the
         config, with the world size (on several ranks, rank 0's metrics and rule are recorded).
         ``started``: when the loop stopped for it (``time.perf_counter()``; default: now), so
-        the policy hears what gathering the state cost too."""
+        the policy hears what gathering the state cost too. ``files``: kept beside the state
+        (``Repo.commit(files=)``; not on several ranks)."""
         t0 = time.perf_counter() if started is None else started
         config = {"checkpointer": {"rule": rule, "world_size": self.world[1]}}
         handle = self.repo.commit(state, branch=self.branch, step=step, epoch=epoch, metrics=metrics,
                                   message=message or f"step {step} ({rule})", config=config,
                                   allow_pickle=allow_pickle, group=self.group,
-                                  local=self.group is None and _default_group() is not None)
+                                  local=self.group is None and _default_group() is not None, files=files)
         self.policy.committed(step, time.perf_counter() - t0)
         self._handles.append(handle)
         self.last_rule = rule
@@ -259,6 +262,27 @@ class CommitStream:
 _RESUME_CANDIDATES = 50  # commits of the branch ``resume`` tries, newest first
 
 
+def config_files(model_config: Any = None, files: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The files a commit keeps for ``model_config`` and ``files``: ``config.json`` from a dict, or
+    an object with ``to_json_string()`` (a transformers ``PretrainedConfig``) or ``to_dict()``, so
+    that ``Repo.export(rev, DIR, format="hf")`` writes a folder ``from_pretrained`` loads; then
+    ``files`` (relative path -> bytes or a path) as given."""
+    out: dict[str, Any] = {}
+    if model_config is not None:
+        if isinstance(model_config, Mapping):
+            text = json.dumps(dict(model_config), indent=2, sort_keys=True) + "\n"
+        elif callable(getattr(model_config, "to_json_string", None)):
+            text = model_config.to_json_string()
+        elif callable(getattr(model_config, "to_dict", None)):
+            text = json.dumps(model_config.to_dict(), indent=2, sort_keys=True) + "\n"
+        else:
+            raise UsageError(f"model_config is a {type(model_config).__name__}",
+                             hint="Pass a dict, or a config with to_json_string() or to_dict() (model.config).")
+        out["config.json"] = text.encode()
+    out.update(files or {})
+    return out
+
+
 def _stateful(obj: Any) -> bool:
     return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
@@ -274,6 +298,9 @@ class Checkpointer(CommitStream):
     record and restore every RNG state. ``group``: on several ranks, the process group whose
     ranks commit together (default: the default group, when one with two or more ranks is
     initialized); every rank of it runs the same loop with its own Checkpointer.
+    ``model_config`` (a dict, or ``model.config``) and ``files`` (relative path -> bytes or a
+    path: tokenizer files ...): kept by every commit as files (``config_files``), so that
+    ``repo.export(rev, DIR, format="hf")`` writes a folder ``from_pretrained`` loads (one process only).
 
     Use::
 
@@ -286,7 +313,8 @@ class Checkpointer(CommitStream):
 
     def __init__(self, repo: Repo | str | Path, *, model: Any = None, optimizer: Any = None, scheduler: Any = None,
                  dataloader: Any = None, extra: Mapping[str, Any] | None = None, branch: str | None = None,
-                 policy: Policy | None = None, rng: bool = True, group: Any = None) -> None:
+                 policy: Policy | None = None, rng: bool = True, group: Any = None, model_config: Any = None,
+                 files: Mapping[str, Any] | None = None) -> None:
         objects = {"model": model, "optimizer": optimizer, "scheduler": scheduler}
         for name, obj in [*objects.items(), *((f"extra[{k!r}]", v) for k, v in (extra or {}).items())]:
             if obj is not None and not _stateful(obj):
@@ -306,6 +334,11 @@ class Checkpointer(CommitStream):
                              hint="Pass model= as well as optimizer=.")
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.dataloader, self.extra, self.rng = dataloader, dict(extra or {}), rng
+        self.files = config_files(model_config, files)
+        if self.files and group is not None:
+            raise UsageError("model_config= and files= are kept by a commit of one process, and this one is "
+                             "collective", hint="Commit them once from one rank (Repo.commit(..., files=, "
+                             "local=True)), or leave them out.")
         super().__init__(repo, branch=branch, policy=policy, group=group)
 
     # -- resume ------------------------------------------------------------------------------
@@ -459,7 +492,8 @@ class Checkpointer(CommitStream):
         """Commit now, whatever the policy; ``rule`` names why (recorded in the message and config).
         On several ranks, every rank calls it at the same step (a commit is collective)."""
         started = time.perf_counter()
-        return self.commit(self.state(), step, rule, epoch=epoch, metrics=metrics, started=started)
+        return self.commit(self.state(), step, rule, epoch=epoch, metrics=metrics, started=started,
+                           files=self.files or None)
 
     def __enter__(self) -> Checkpointer:
         return self

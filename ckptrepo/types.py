@@ -628,12 +628,14 @@ class TensorDelta:
 
 @dataclass(frozen=True)
 class Diff:
-    """Every tensor name of commits ``a`` and ``b`` (full ids), by name."""
+    """Every tensor name of commits ``a`` and ``b`` (full ids), by name; ``files``: the files they
+    keep (``Repo.files``) that differ, path -> ``added``, ``removed`` or ``changed``."""
 
     a: str
     b: str
     exact: bool
     tensors: tuple[TensorDelta, ...]
+    files: dict[str, str] = field(default_factory=dict)
 
     def names(self, status: str) -> list[str]:
         return [t.name for t in self.tensors if t.status == status]
@@ -650,7 +652,7 @@ class Diff:
         """``a``, ``b``, ``exact``, ``counts`` and ``tensors`` (without unchanged ones if ``changed_only``)."""
         shown = [t for t in self.tensors if not (changed_only and t.status == "unchanged")]
         return {"a": self.a, "b": self.b, "exact": self.exact, "counts": self.counts,
-                "tensors": [t.to_json() for t in shown]}
+                "tensors": [t.to_json() for t in shown], "files": dict(self.files)}
 
 
 @dataclass(frozen=True)
@@ -1225,3 +1227,28 @@ class InterpolationPoint:
     def to_json(self) -> dict[str, Any]:
         return {"t": self.t, "metrics": dict(self.metrics), "error": self.error, "stderr": self.stderr,
                 "seconds": self.seconds}
+
+
+@dataclass(frozen=True)
+class FollowUpdate:
+    """What one update of a follower did (``Repo.follow``: the follower's ``last``): the commit
+    applied and the one held before (None: the first, applied in full), tensors whose id changed,
+    chunks read (``delta_chunks`` of them delta payloads decoded against the follower's own bytes
+    or down a chain to them, ``fallbacks`` read again from the store alone after that failed its
+    check), the stored bytes actually read for it (``bytes_read``, in ``reads`` requests: what a
+    lazy clone fetched from its remote too) and the seconds from reading the layout to applied."""
+
+    commit_id: str
+    previous: str | None
+    tensors_changed: int
+    chunks_read: int
+    delta_chunks: int
+    fallbacks: int
+    bytes_read: int
+    reads: int
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"commit": self.commit_id, "previous": self.previous, "tensors_changed": self.tensors_changed,
+                "chunks_read": self.chunks_read, "delta_chunks": self.delta_chunks, "fallbacks": self.fallbacks,
+                "bytes_read": self.bytes_read, "reads": self.reads, "seconds": self.seconds}

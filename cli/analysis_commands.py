@@ -41,7 +41,8 @@ def diff(
 
     Each tensor is added, removed, changed (how many chunks differ, how its
     stored statistics moved) or unchanged; --stat reads no tensor bytes.
-    --exact also measures each change, reading only the chunks that differ."""
+    --exact also measures each change, reading only the chunks that differ.
+    The files the commits keep (config, tokenizer files) are listed when they differ."""
     with current().open() as repo:
         result = repo.diff(a, b, exact=exact)
     if as_json:
@@ -51,6 +52,8 @@ def diff(
     shown = [t for t in result.tensors if not (changed_only and t.status == "unchanged")]
     if shown:
         render.out.print(render.diff_table(shown, exact=exact))
+    if result.files:
+        render.out.print(render.diff_files(result.files), soft_wrap=True)
 
 
 def history(tensor: TensorArg, along: AlongOpt = None, max_count: HistoryLimitOpt = None,

@@ -91,6 +91,7 @@ _COMMANDS: dict[str, tuple[str, str, str]] = {
     "interpolate": ("merge_commands", "interpolate", ANALYSIS),
     "plot": ("analysis_commands", GROUP, ANALYSIS),
     "ui": ("ui_commands", "ui", ANALYSIS),
+    "mount": ("mount_commands", "mount", ANALYSIS),
     "remote": ("remote_commands", GROUP, REMOTES),
     "clone": ("remote_commands", "clone", REMOTES),
     "fetch": ("remote_commands", "fetch", REMOTES),

@@ -46,14 +46,16 @@ def log(
 
 
 def show(rev: RevArg, as_json: JsonOpt = False) -> None:
-    """Show one commit: its fields, parents, metrics, annotations, ingest figures and tensors."""
+    """Show one commit: its fields, parents, metrics, annotations, ingest figures, tensors and the
+    files it keeps (a model folder's config and tokenizer files), with their sizes."""
     with current().open() as repo:
         commit = repo.get_commit(rev)
         notes = repo.annotations(commit.id)
         tensors = repo.tensors(commit.id)
+        files = repo.files(commit.id)
     if as_json:
         render.emit_json({**commit.to_json(), "annotation_history": [a.to_json() for a in notes],
-                          "tensors": [tensor.to_json() for tensor in tensors]})
+                          "tensors": [tensor.to_json() for tensor in tensors], "files": files})
         return
     render.out.print(render.commit_fields(commit))
     if notes:
@@ -62,6 +64,9 @@ def show(rev: RevArg, as_json: JsonOpt = False) -> None:
     if tensors:
         render.out.print()
         render.out.print(render.tensor_table(tensors))
+    if files:
+        render.out.print()
+        render.out.print(render.file_table(files))
 
 
 def annotate(rev: RevArg, metric: ResultOpt = None, note: NoteOpt = None, source: SourceOpt = None,

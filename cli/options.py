@@ -336,11 +336,23 @@ FormatOpt = Annotated[
     str | None,
     typer.Option(
         "--format",
-        metavar="safetensors|torch|dcp",
+        metavar="safetensors|torch|dcp|hf",
         help="With -o: the format to write, whatever PATH's suffix. dcp writes a torch.distributed.checkpoint "
-        "folder (PATH must not exist or be empty) that dcp.load reads at any world size.",
+        "folder (PATH must not exist or be empty) that dcp.load reads at any world size; hf a Hugging Face model "
+        "folder (the commit's files, the model's weights as safetensors shards and their index) that "
+        "from_pretrained loads.",
         show_default=False,
     ),
+]
+MaxShardSizeOpt = Annotated[
+    str,
+    typer.Option("--max-shard-size", metavar="SIZE", help="With --format hf: the largest safetensors shard "
+                 "(5GB, 500MB, 2GiB or bytes); a larger model is split as save_pretrained splits it."),
+]
+AllowCodeOpt = Annotated[
+    bool,
+    typer.Option("--allow-code", help="Keep the code files of a model folder (*.py: a model's own modeling code) "
+                 "with its other files; they are stored, never run. Without it they are left out."),
 ]
 ExportForceOpt = Annotated[
     bool,

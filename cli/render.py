@@ -481,6 +481,24 @@ def diff_summary(d: Diff) -> Text:
     return text
 
 
+def file_table(files: Mapping[str, int]) -> Table:
+    """The files a commit keeps beside its tensors, with their sizes."""
+    table = _table()
+    table.add_column("file")
+    table.add_column("size", justify="right")
+    for path, nbytes in files.items():
+        table.add_row(plain(path), size(nbytes))
+    return table
+
+
+def diff_files(files: Mapping[str, str]) -> Text:
+    """``files: config.json changed, tokenizer.json added``: the kept files that differ."""
+    text = Text("files: ")
+    for i, (path, status) in enumerate(files.items()):
+        text.append(", " if i else "").append(plain(path)).append(f" {status}")
+    return text
+
+
 def diff_table(tensors: Sequence[TensorDelta], *, exact: bool) -> Table:
     """One row per tensor: status mark, name, chunks that differ; then the L2 norm's relative change
     and the mean/std deltas (stat), or ‖b−a‖, ‖b−a‖/‖a‖, cosine similarity and max |b−a| (exact)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,7 @@ from ckptrepo.types import short_id
 from . import render
 from .options import (
     AcceptOpt,
+    AllowCodeOpt,
     AllowPickleOpt,
     BranchOpt,
     CheckoutRevArg,
@@ -24,6 +26,7 @@ from .options import (
     InferParentOpt,
     InputArg,
     JsonOpt,
+    MaxShardSizeOpt,
     MessageOpt,
     MetricOpt,
     NewBranchOpt,
@@ -54,9 +57,15 @@ def commit(
     allow_pickle: AllowPickleOpt = False,
     infer_parent: InferParentOpt = False,
     accept: AcceptOpt = False,
+    allow_code: AllowCodeOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Commit checkpoint files or model folders on a branch (default: the current branch).
+
+    A Hugging Face model folder keeps its other files too (config.json, tokenizer files, chat
+    template, model card, subfolders; not hidden ones, pickles or the weights it read), so
+    that `ckpt checkout REV -o DIR --format hf` gives the folder back; code files (*.py) only
+    with --allow-code. Each file at most CKPT_MAX_FILE_BYTES.
 
     Each input is validated (format, header, sizes) before anything of it is written; a
     safetensors file is read whole, then hashed and stored as bytes. Several inputs (an
@@ -83,12 +92,14 @@ def commit(
     if len(paths) > 1:
         _commit_many(paths, message, branch, as_json,
                      given={"--step": step, "--epoch": epoch, "--metric": metric, "--parent": parent,
-                            "--transfer-from": transfer_from}, allow_pickle=allow_pickle)
+                            "--transfer-from": transfer_from}, allow_pickle=allow_pickle, allow_code=allow_code)
         return
     path = paths[0]
     transfer = _transfer_spec(transfer_from) if transfer_from is not None else None
     read_ahead(path)  # a safetensors file is read while the library is imported and the repository opened
-    with current().open() as repo, render.phases(enabled=_input_bytes(path) >= PROGRESS_MIN_BYTES) as phase:
+    with current().open() as repo, render.phases(enabled=_input_bytes(path) >= PROGRESS_MIN_BYTES) as phase, \
+            warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", UserWarning)
         branch = branch or repo.head
         phase(f"committing {path.name}: reading, hashing, compressing and writing")
         result = repo.commit_file(
@@ -101,11 +112,20 @@ def commit(
             parents=parent or None,
             transfer_from=transfer,
             allow_pickle=allow_pickle,
+            allow_code=allow_code,
         )
+    _tell(said)
     if as_json:
         render.emit_json(result.to_json())
     else:
         render.out.print(render.commit_summary(result))
+
+
+def _tell(said: list[warnings.WarningMessage]) -> None:
+    """Print on stderr the notes a call gave as UserWarnings (files left out, a missing config)."""
+    for note in said:
+        if issubclass(note.category, UserWarning):
+            render.err.print(f"note: {note.message}", markup=False)
 
 
 def _warn_if_pickle(allow_pickle: bool) -> None:
@@ -116,7 +136,7 @@ def _warn_if_pickle(allow_pickle: bool) -> None:
 
 
 def _commit_many(paths: list[Path], message: str | None, branch: str | None, as_json: bool,
-                 given: Mapping[str, object], *, allow_pickle: bool = False,
+                 given: Mapping[str, object], *, allow_pickle: bool = False, allow_code: bool = False,
                  steps: Mapping[Path, int | None] | None = None) -> None:
     """Commit several inputs in order on one branch, each read while the one before is committed.
 
@@ -132,6 +152,7 @@ def _commit_many(paths: list[Path], message: str | None, branch: str | None, as_
     if len(set(paths)) != len(paths):
         raise errors.UsageError("an input is named twice", hint="Name each file or folder once.")
     from ckptrepo.formats import fill_run_meta, read_states
+    from ckptrepo.formats.files import hf_folder_files, skipped_note
 
     done: list[dict[str, Any]] = []
     with current().open() as repo, render.phases(enabled=True) as phase:
@@ -142,9 +163,14 @@ def _commit_many(paths: list[Path], message: str | None, branch: str | None, as_
                 phase(f"committing {path.name} ({i + 1} of {len(paths)})")
                 run: dict[str, Any] = fill_run_meta({}, path, state)
                 step = run.get("step", (steps or {}).get(path))
+                kept = hf_folder_files(path, allow_code=allow_code) if path.is_dir() else None
                 result = repo.commit(state, branch=branch, message=f"{message}: {path.name}" if message else path.name,
                                      step=step, epoch=run.get("epoch"), metrics=run.get("metrics"),
-                                     allow_pickle=allow_pickle, blocking=True).wait()
+                                     allow_pickle=allow_pickle, blocking=True,
+                                     files=kept.kept if kept else None).wait()
+                note = skipped_note(kept) if kept else None
+                if note is not None:
+                    render.err.print(f"note: {path.name}: {note}", markup=False)
                 del state
                 done.append(result.to_json())
                 if not as_json:
@@ -289,6 +315,7 @@ def checkout(
     output: OutputOpt = None,
     fmt: FormatOpt = None,
     force: ExportForceOpt = False,
+    max_shard_size: MaxShardSizeOpt = "5GB",
     as_json: JsonOpt = False,
 ) -> None:
     """Switch branches, start one (-b NEW [REV]), or export a commit (REV -o PATH).
@@ -299,8 +326,10 @@ def checkout(
     PATH.safetensors or PATH.pt without switching, and with --format
     safetensors|torch|dcp in that format whatever the name (dcp: a
     torch.distributed.checkpoint folder, which dcp.load reads at any
-    world size). The output appears whole or not at all, and replaces
-    an existing file only with --force.
+    world size); --format hf writes a Hugging Face model folder (the
+    commit's files and the model's weights, sharded at --max-shard-size)
+    that from_pretrained loads. The output appears whole or not at all,
+    and replaces an existing file only with --force.
 
     The current branch is where `ckpt commit` commits and what `ckpt log`
     shows; .ckpt/HEAD names it. Switching changes no other file.
@@ -311,7 +340,7 @@ def checkout(
                 "-o exports one commit and switches no branch" + (", so it takes no -b" if new_branch else ""),
                 hint="Export with `ckpt checkout REV -o PATH`; start a branch with `ckpt checkout -b NEW [REV]`.",
             )
-        _export(rev, output, fmt, as_json, replace=force)
+        _export(rev, output, fmt, as_json, replace=force, max_shard_size=max_shard_size)
         return
     if force:
         raise errors.UsageError("--force replaces the file an export writes", hint="Export over an existing file "
@@ -373,17 +402,23 @@ def _switched(name: str, commit_id: str, *, created: bool, previous: str | None,
         render.out.print(f"switched to branch {name} ({short_id(commit_id)})", markup=False)
 
 
-def _export(rev: str, output: Path, fmt: str | None, as_json: bool, *, replace: bool) -> None:
+def _export(rev: str, output: Path, fmt: str | None, as_json: bool, *, replace: bool,
+            max_shard_size: str = "5GB") -> None:
     # Refused before restoring anything: restoring a large state only to fail here wastes minutes.
     kind = output_format(output, fmt, replace=replace)
-    with current().open() as repo:
-        if kind == suffix_format(output):
+    with current().open() as repo, warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", UserWarning)
+        if kind == "hf":
+            commit_id = repo.export(rev, output, format="hf", max_shard_size=max_shard_size)
+        elif kind == suffix_format(output):
             # streams: each tensor written while later ones decode
             commit_id = repo.export(rev, output, replace=replace)
         else:
             commit_id = repo.resolve(rev)
             write_state(repo.checkout(commit_id), output, format=kind, replace=replace)
-    written = output.stat().st_size if kind != "dcp" else sum(f.stat().st_size for f in output.iterdir())
+    _tell(said)
+    written = output.stat().st_size if kind not in ("dcp", "hf") else \
+        sum(f.stat().st_size for f in output.rglob("*") if f.is_file())
     if as_json:
         render.emit_json({"id": commit_id, "short_id": short_id(commit_id), "path": str(output), "format": kind,
                           "bytes": written})

@@ -29,6 +29,7 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from ckptrepo.db.models import Commit, Entry, Id, Tensor
+from ckptrepo.entries import is_file_entry
 from ckptrepo.errors import UsageError
 from ckptrepo.lineage import where as where_language
 
@@ -108,7 +109,7 @@ def stat_test(session: Session, predicate: StatPredicate) -> Callable[[str], boo
 
     def test(commit_id: str) -> bool:
         return any(predicate.matches(name) and predicate.holds(value)
-                   for name, value in session.execute(query, {"cid": commit_id}))
+                   for name, value in session.execute(query, {"cid": commit_id}) if not is_file_entry(name))
 
     return test
 

@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session
 from ckptrepo.db import catalog
 from ckptrepo.db.engine import Sessions
 from ckptrepo.db.models import Chunk, Commit, Entry, EntryRun, Tensor, TensorChunk
+from ckptrepo.entries import is_file_entry
 from ckptrepo.explore import distance
 from ckptrepo.explore.weights import Model, TensorSummary
 
@@ -186,4 +187,4 @@ def commit_rows(session: Session, commit_id: str) -> dict[str, tuple[str, Any, d
     return {entry.name: (tensor.dtype, tensor.shape,
                          {"numel": tensor.numel, "mean": tensor.mean, "std": tensor.std, "min": tensor.min,
                           "max": tensor.max, "l2_norm": tensor.l2_norm, "abs_max": tensor.abs_max}, tensor.id)
-            for entry, tensor in catalog.tensor_layout(session, commit_id)}
+            for entry, tensor in catalog.tensor_layout(session, commit_id) if not is_file_entry(entry.name)}

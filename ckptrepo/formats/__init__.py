@@ -181,13 +181,18 @@ def output_format(path: Path, format: str | None = None, *, replace: bool = True
     any state is made: ``format`` when given (one of ``FORMATS``), else the one ``path``'s suffix names.
 
     UsageError for an unknown format or suffix, and for a target that format cannot take: for
-    ``dcp``, anything but a new or empty folder (``check_folder_target``); for a file format, a
+    ``dcp`` and ``hf`` (a model folder, which ``Repo.export`` writes), anything but a new or empty
+    folder (``check_folder_target``); for a file format, a
     folder, or anything at all unless ``replace`` (``check_file_target``). Writes nothing and does
     not import torch.
     """
     path = Path(path)
+    if format == "hf":  # a model folder: Repo.export(format="hf") writes it, from a commit
+        check_folder_target(path)
+        return format
     if format is not None and format not in FORMATS:
-        raise UsageError(f"cannot write {path}: unknown format {format!r}", hint=f"Use one of {', '.join(FORMATS)}.")
+        raise UsageError(f"cannot write {path}: unknown format {format!r}",
+                         hint=f"Use one of {', '.join(FORMATS)} or hf.")
     kind = format or suffix_format(path)
     if kind is None:
         works = ", ".join(SAFETENSORS_SUFFIXES + TORCH_SUFFIXES)

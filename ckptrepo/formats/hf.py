@@ -27,18 +27,35 @@ def read_hf_folder(folder: Path, *, allow_pickle: bool = False) -> dict[str, Any
     with none of these, a broken index, a missing shard or a tensor the index promises but
     its shard lacks.
     """
+    path, reader, sharded = _weights_of(folder)
+    if sharded:
+        return _read_sharded(path, reader, allow_pickle)
+    return _as_dict(path, reader(path, allow_pickle=allow_pickle))
+
+
+def weight_files(folder: Path) -> set[str]:
+    """The names of the files ``read_hf_folder`` reads the tensors from: the weights file, or the
+    index and the shards it names (InvalidInput as there)."""
+    path, _, sharded = _weights_of(folder)
+    if not sharded:
+        return {path.name}
+    return {path.name, *_weight_map(path).values()}
+
+
+def _weights_of(folder: Path) -> tuple[Path, Reader, bool]:
+    """The file ``read_hf_folder`` reads, its reader, and whether it is an index of shards."""
     for name, reader in _INDEXES:
         if (folder / name).is_file():
-            return _read_sharded(folder / name, reader, allow_pickle)
+            return folder / name, reader, True
     for name, reader in _SINGLES:
         if (folder / name).is_file():
-            return _as_dict(folder / name, reader(folder / name, allow_pickle=allow_pickle))
+            return folder / name, reader, False
     indexes = sorted(folder.glob("*.safetensors.index.json"))
     if len(indexes) == 1:
-        return _read_sharded(indexes[0], read_safetensors, allow_pickle)
+        return indexes[0], read_safetensors, True
     files = sorted(folder.glob("*.safetensors"))
     if len(files) == 1 and not indexes:
-        return read_safetensors(files[0], allow_pickle=allow_pickle)
+        return files[0], read_safetensors, False
     wanted = ", ".join(n for n, _ in _SINGLES + _INDEXES)
     raise InvalidInput(path=str(folder), reason=f"no model weights found (looked for {wanted})")
 
@@ -49,7 +66,7 @@ def _as_dict(path: Path, content: Any) -> dict[str, Any]:
     return content
 
 
-def _read_sharded(index_path: Path, reader: Reader, allow_pickle: bool) -> dict[str, Any]:
+def _weight_map(index_path: Path) -> dict[str, str]:
     try:
         index = json.loads(index_path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
@@ -57,6 +74,11 @@ def _read_sharded(index_path: Path, reader: Reader, allow_pickle: bool) -> dict[
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(s, str) for s in weight_map.values()):
         raise InvalidInput(path=str(index_path), reason='it has no "weight_map" of tensor name -> shard file')
+    return weight_map
+
+
+def _read_sharded(index_path: Path, reader: Reader, allow_pickle: bool) -> dict[str, Any]:
+    weight_map = _weight_map(index_path)
     contents: dict[str, dict[str, Any]] = {}
     for shard in dict.fromkeys(weight_map.values()):
         shard_path = index_path.parent / shard

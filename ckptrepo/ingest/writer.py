@@ -85,6 +85,7 @@ if TYPE_CHECKING:
 
 _MAX_PENDING_CHUNKS = 1_000_000  # chunk ids of pending layouts kept for deduplication
 _MAX_HINTS = 100_000  # per-name encoding hints kept across commits (a few hundred bytes each)
+_FOLLOW_CACHE = 4 << 30  # bytes of parent chunks kept as delta bases for commits to followers (FOLLOW_DELTAS)
 _MOVE_ATTEMPTS = 20  # transactions a commit without given parents makes to land on a moving branch
 _GC_ATTEMPTS = 5  # times a commit writes and records again when a concurrent gc removed what it shared
 
@@ -176,7 +177,10 @@ class CommitWriter:
             raise UsageError(f"max_inflight must be at least 1, not {self._max_inflight}")
         self._snapshots: Snapshots | None = None  # made by the first asynchronous commit (imports torch)
         self._defers_layouts = defers_layouts and knobs.get_bool("DEFER_LAYOUTS")
-        self._base_cache = BaseCache(knobs.get_int("DELTA_CACHE"))
+        # Commits for followers (``FOLLOW_DELTAS``): encoded at once against the parent's chunks,
+        # which the cache keeps (else each base would be decoded down its chain from the store).
+        self._follow_deltas = knobs.get_bool("FOLLOW_DELTAS") and config.compression and config.delta
+        self._base_cache = BaseCache(knobs.get_int("DELTA_CACHE") or (_FOLLOW_CACHE if self._follow_deltas else 0))
         self._hints: dict[str, PlaneHint] = {}
         self._unchanged: frozenset[str] = frozenset()  # tensor names the last commit found unchanged
         # The layout of the commit recorded last, which the next one is likely to have as first parent.
@@ -251,6 +255,8 @@ class CommitWriter:
     def defers(self, *, blocking: bool) -> bool:
         """Whether a commit stores its new chunks raw, leaving their encoding to ``repack``."""
         mode = self._config.encode
+        if self._follow_deltas:  # followers read what the commit stores: encoded now, not by a later repack
+            return False
         return self._config.compression and (mode == "deferred" or (mode == "auto" and not blocking))
 
     def submit(self, tensors: Mapping[str, torch.Tensor], meta: dict[str, Any], *, blocking: bool,
@@ -294,17 +300,19 @@ class CommitWriter:
         return CommitHandle(future, staged=True, on_failure_seen=self._committer.acknowledge)
 
     def commit_state(self, state: Any, meta: CommitMeta, *, branch: str, blocking: bool, allow_pickle: bool,
-                     entered: float) -> CommitHandle:
+                     entered: float, files: Mapping[str, torch.Tensor] | None = None) -> CommitHandle:
         """``Repo.commit`` on this process alone: validate ``state`` and ``meta``
-        (``request.prepare``), then commit it (``submit``). A commit of every rank of a process
-        group starts from ``collective_fields`` instead (the facade decides which)."""
+        (``request.prepare``), then commit it (``submit``) with ``files`` (``formats.files``: entry
+        name -> bytes as uint8, which the skeleton does not name). A commit of every rank of a
+        process group starts from ``collective_fields`` instead (the facade decides which)."""
         from ckptrepo import state as st
 
         self.check_usable()
         self.raise_unseen_failure()
         flat = st.flatten(state, allow_pickle=allow_pickle)
-        fields = request.prepare(self._sessions, branch=branch, names=flat.tensors.keys(), **meta)
-        return self.submit(flat.tensors, {"skeleton": flat.skeleton, **fields}, blocking=blocking, entered=entered)
+        tensors = {**flat.tensors, **files} if files else flat.tensors
+        fields = request.prepare(self._sessions, branch=branch, names=tensors.keys(), **meta)
+        return self.submit(tensors, {"skeleton": flat.skeleton, **fields}, blocking=blocking, entered=entered)
 
     def collective_fields(self, meta: CommitMeta, *, branch: str) -> dict[str, Any]:
         """``meta`` validated (``request.prepare``) for a commit of every rank of a process group
@@ -487,7 +495,8 @@ class CommitWriter:
             def plan_bases() -> DeltaPlan:
                 with self._sessions() as s:
                     return delta_plan(s, names, first, plan.transfer, reader=self._reader, cache=self._base_cache,
-                                      max_depth=cfg.max_delta_depth, policy=cfg.delta_base)
+                                      max_depth=cfg.max_delta_depth,
+                                      policy="parent" if self._follow_deltas else cfg.delta_base)
 
             bases = pool.submit(plan_bases)  # queued before the hashing jobs: read while they run
         opts = IngestOptions(chunk_size=cfg.chunk_size, compression=cfg.compression and not defer,

@@ -54,7 +54,7 @@ from ckptrepo.atomic import atomic_output
 from ckptrepo.integrations._resume import first_run
 from ckptrepo.policy import Every, Policy
 from ckptrepo.repository import Repo
-from ckptrepo.training import CommitStream, capture_rng, restore_rng
+from ckptrepo.training import CommitStream, capture_rng, config_files, restore_rng
 
 __all__ = ["RepoCheckpoint"]
 
@@ -65,14 +65,19 @@ class RepoCheckpoint(Callback):
     ``every_n_steps`` (default 1000) or ``policy`` choose the optimizer steps after which to
     commit; ``branch``: where commits go (default: the repository's current branch).
     ``allow_pickle``: commit (and check out) checkpoint values that are neither tensors nor JSON.
+    ``model_config`` (a dict or a transformers config) and ``files`` (relative path -> bytes or a
+    path): kept by every commit as files (``training.config_files``), so that ``repo.export(rev,
+    DIR, format="hf")`` writes the ``state_dict`` as a model folder.
     """
 
     def __init__(self, repo: Repo | str | Path, *, every_n_steps: int | None = None, policy: Policy | None = None,
-                 branch: str | None = None, allow_pickle: bool = False) -> None:
+                 branch: str | None = None, allow_pickle: bool = False, model_config: Any = None,
+                 files: Mapping[str, Any] | None = None) -> None:
         if every_n_steps is not None and policy is not None:
             raise ValueError("give every_n_steps or policy, not both")
         self.stream = CommitStream(repo, branch=branch, policy=policy or Every(every_n_steps or 1000))
         self.allow_pickle = allow_pickle
+        self.files = config_files(model_config, files)
         self._last_step = -1
         self._committing = False  # dump_checkpoint runs for this callback's commit (at a batch's end)
         self._forget_resume()
@@ -105,7 +110,7 @@ class RepoCheckpoint(Callback):
                 self._committing = False
             metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if _scalar(v)}
             self.stream.commit(checkpoint, step, rule, epoch=int(trainer.current_epoch), metrics=metrics or None,
-                               allow_pickle=self.allow_pickle, started=started)
+                               allow_pickle=self.allow_pickle, started=started, files=self.files or None)
         self.stream.stepped()
 
     def state_dict(self) -> dict[str, Any]:

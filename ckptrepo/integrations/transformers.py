@@ -35,7 +35,9 @@ __all__ = ["RepoCallback"]
 
 
 class RepoCallback(TrainerCallback):
-    """Commit each checkpoint the ``Trainer`` saves to ``repo`` (an open ``Repo`` or a path; created if missing).
+    """Commit each checkpoint the ``Trainer`` saves to ``repo`` (an open ``Repo`` or a path; created if missing),
+    with the files saved beside its weights (config, tokenizer files), so that ``repo.export(rev,
+    DIR, format="hf")`` writes a folder ``from_pretrained`` loads.
 
     ``branch``: where the commits go (default: the repository's current branch).
     """
@@ -61,7 +63,7 @@ class RepoCallback(TrainerCallback):
         step = int(state.global_step)
         self.stream.commit(snapshot, step, "trainer save", epoch=math.floor(state.epoch or 0),
                            metrics=logged_at(trainer_state.get("log_history") or [], step) or None,
-                           message=f"checkpoint-{step}")
+                           message=f"checkpoint-{step}", files=_saved_files(args, step, model))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.wait()
@@ -109,6 +111,21 @@ class RepoCallback(TrainerCallback):
         write_atomic(out / "trainer_state.json",
                      (json.dumps(state["trainer_state"], indent=2, sort_keys=True) + "\n").encode())
         return str(out)
+
+
+def _saved_files(args: Any, step: int, model: Any) -> dict[str, Any]:
+    """The files the Trainer saved beside the weights of checkpoint ``step`` (config, generation
+    config, tokenizer files ...: ``formats.files.scan_folder``, no code, pickles or weights), so
+    that the commit exports as a model folder (``Repo.export(format="hf")``); the model's config
+    alone when that folder is not there."""
+    from ckptrepo.formats.files import scan_folder
+    from ckptrepo.training import config_files
+
+    folder = Path(getattr(args, "output_dir", None) or ".") / f"checkpoint-{step}"
+    if folder.is_dir():
+        return dict(scan_folder(folder).kept)
+    config = getattr(model, "config", None)
+    return config_files(config) if config is not None and hasattr(config, "to_json_string") else {}
 
 
 def _not_a_trainer_commit(rev: str) -> Exception:

@@ -37,6 +37,7 @@ from ckptrepo.chunks.chunker import chunk_step
 from ckptrepo.db import catalog, integers, lines
 from ckptrepo.db.engine import Sessions, fetch_tuples, serial_plans
 from ckptrepo.db.models import Chunk, Commit, Entry, EntryRun, Id, Metric, Tensor, TensorChunk, utc_datetime
+from ckptrepo.entries import file_path, is_file_entry
 from ckptrepo.errors import CommitDamaged, UnknownTensor, UsageError, did_you_mean
 from ckptrepo.ids import short
 from ckptrepo.lineage import nearest, revparse
@@ -159,7 +160,13 @@ def diff(reading: Sessions, a: str, b: str, *, exact: bool = False, reader: Chun
         width = len(_TENSOR_FIELDS)
         conn = s.connection()
         serial_plans(conn)
+        files: dict[str, str] = {}  # a commit's files are no tensors: only whether they changed
         for name, same, changed, *columns in fetch_tuples(conn, _diff_query(), {"a": a_id, "b": b_id}):
+            if is_file_entry(name):
+                if not same:
+                    files[file_path(name)] = "added" if columns[0] is None else \
+                        "removed" if columns[width] is None else "changed"
+                continue
             sa = _side(name, columns[:width], shapes)
             # An unchanged tensor comes once, on a's side.
             sb = sa if sa is not None and same else _side(name, columns[width:], shapes)
@@ -185,7 +192,7 @@ def diff(reading: Sessions, a: str, b: str, *, exact: bool = False, reader: Chun
         if reader is None or pool is None:
             raise UsageError("an exact diff needs a chunk reader and a worker pool")
         out = _with_exact(out, sides, compare(reader, pool, requests))
-    return Diff(a_id, b_id, exact, tuple(out))
+    return Diff(a_id, b_id, exact, tuple(out), files=dict(sorted(files.items())))
 
 
 def _dropped_tensors(s: Session, commits: Sequence[str]) -> set[str]:
@@ -360,7 +367,7 @@ def history(reading: Sessions, name: str, *, along: str = "main", limit: int | N
         runs = sorted(fetch_tuples(conn, along_chain, {**params, "name": name}), key=itemgetter(0))
         tensors, differing = _history_tensors(name, rows, runs)
         if not any(tensors[:limit]):
-            names = s.scalars(select(Entry.name).where(Entry.commit_id == head))
+            names = [n for n in s.scalars(select(Entry.name).where(Entry.commit_id == head)) if not is_file_entry(n)]
             which = f"None of the last {limit} commits" if limit is not None and len(rows) > limit else "No commit"
             raise UnknownTensor(
                 f"{which} on the first-parent chain of {along!r} has a tensor named {name!r}.",

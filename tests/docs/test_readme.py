@@ -223,6 +223,21 @@ w = load_file(sys.argv[1])["embed.weight"]
 print(json.dumps({"eval/loss": float(abs(w).mean())}))
 ''')
 """,
+    # A tiny causal LM and its tokenizer, built here (no download), saved as a Hugging Face folder.
+    "hf": """
+import torch
+import tokenizers
+import transformers
+
+config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+torch.manual_seed(0)
+transformers.LlamaForCausalLM(config).save_pretrained("tiny-model")
+tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(unk_token="[UNK]"))
+tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+tok.train_from_iterator(["the cat sat on the mat"], tokenizers.trainers.WordLevelTrainer(special_tokens=["[UNK]"]))
+transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained("tiny-model")
+""",
     # Every rank: a gloo group, the repository the README says exists (made by rank 0 first), a
     # DDP model and AdamW trained three steps, `step` counting them.
     "ddp": """
