@@ -101,6 +101,7 @@ _RECORDS_OF_TENSORS = (
     .order_by(_TENSOR_CHUNKS.tensor_key, _TENSOR_CHUNKS.seq)
 )
 _CHUNK_KEYS = select(_CHUNKS.id, _CHUNKS.key).where(_CHUNKS.id.in_(_IDS))
+_PLACES_OF_CHUNKS = select(_CHUNKS.id, _CHUNKS.pack_id, _CHUNKS.offset, _CHUNKS.depth).where(_CHUNKS.id.in_(_IDS))
 # A commit's entries with their tensors' columns (``tensors_of``): all of them, or those named.
 _ENTRY_TENSORS = (select(_ENTRIES.name, _TENSORS.key, _TENSORS.id, _TENSORS.dtype, _TENSORS.shape, _TENSORS.nbytes,
                          _TENSORS.chunk_size, _TENSORS.boxes, *[_TENSORS[k] for k in STAT_KEYS])
@@ -293,6 +294,47 @@ def insert_chunks(session: Session, chunks: Iterable[ChunkLocation]) -> dict[str
              None if c.base_id is None else keys[c.base_id], c.alone_length)
             for c in rows if level[c.chunk_id] == depth], keys, stored)
     return keys
+
+
+def relocate_chunks(session: Session, locations: Iterable[ChunkLocation], now: datetime) -> int:
+    """Move stored chunks' rows to new, shallower copies (``locations``: in packs whose rows
+    exist, made durable before this transaction; a commit's bases stored again standalone,
+    ``ingest.pipeline``), inside the caller's transaction; returns how many rows moved.
+
+    A row moves only if the new copy is shallower and the row is still where this transaction
+    reads it (a repack or another commit moving it meanwhile keeps its move: this copy is then
+    garbage in its pack). A delta's row names its base by key, so the rows of chunks encoded
+    against a moved chunk are untouched. An old pack left without chunk rows is retired
+    (``retired_at``), as a repack retires one: ``gc`` deletes it only after the grace period, so
+    a reader that looked up the old location still finds the bytes there."""
+    olds: set[str] = set()
+    moved = 0
+    conn = session.connection()
+    by_id = {loc.chunk_id: loc for loc in locations}
+    ids = sorted(by_id)
+    current = {row[0]: row for start in range(0, len(ids), _IN_BATCH) for row in fetch_tuples(
+        conn, _PLACES_OF_CHUNKS, {"ids": ids[start : start + _IN_BATCH]})}
+    for cid in sorted(current):  # id order: two transactions moving overlapping rows lock them alike
+        _, old_pack, old_offset, old_depth = current[cid]
+        loc = by_id[cid]
+        if loc.depth >= old_depth or (old_pack, old_offset) == (loc.pack_id, loc.offset):
+            continue
+        done = conn.execute(
+            update(_CHUNKS_T)
+            .where(_CHUNKS.id == cid, _CHUNKS.pack_id == old_pack, _CHUNKS.offset == old_offset)
+            .values(pack_id=loc.pack_id, offset=loc.offset, length=loc.length, raw_length=loc.raw_length,
+                    encoding=loc.encoding, depth=loc.depth, alone_length=loc.alone_length,
+                    base_key=None if loc.base_id is None else chunk_keys_of(session, [loc.base_id])[loc.base_id]))
+        if done.rowcount:
+            moved += 1
+            olds.add(old_pack)
+    if olds:
+        packs = cast(Table, Pack.__table__)
+        conn.execute(update(packs)
+                     .where(packs.c.id.in_(sorted(olds)), packs.c.retired_at.is_(None),
+                            ~exists(select(_CHUNKS.id).where(_CHUNKS.pack_id == packs.c.id)))
+                     .values(retired_at=now))
+    return moved
 
 
 def record_commit(

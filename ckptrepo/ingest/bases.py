@@ -51,9 +51,11 @@ def delta_plan(
     cache: BaseCache,
     max_depth: int,
     policy: str = "root",
+    restore: bool = False,
 ) -> DeltaPlan:
     """The bases of ``names`` (see ``base_sources``) with their chunk locations, and every
-    location their delta chains need, read in a few queries."""
+    location their delta chains need, read in a few queries. ``restore``: a base at
+    ``max_depth`` is stored again standalone instead of its new chunk (``DeltaPlan``)."""
     sources = base_sources(names, parent, transfer)
     by_commit: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for name, (commit, there) in sources.items():
@@ -65,4 +67,5 @@ def delta_plan(
             for name in wanted[there]:
                 tensors[name] = base
     chain = reader.bases_for(loc for base in tensors.values() for loc in base.chunks)
-    return DeltaPlan(tensors=tensors, reader=reader, chain=chain, cache=cache, max_depth=max_depth, policy=policy)
+    return DeltaPlan(tensors=tensors, reader=reader, chain=chain, cache=cache, max_depth=max_depth, policy=policy,
+                     restore=restore)

@@ -28,6 +28,13 @@ name in the first parent, or the mapped tensor of a transfer source). A chunk wh
 base has the same length and a chain shorter than ``max_depth`` is also encoded as a difference
 against the base's bytes (from the ``BaseCache`` or decoded from the store) and stored
 that way when that is smaller than its standalone encoding.
+
+Keyframes out of a follower's way (``DeltaPlan.restore``: commits for followers, policy
+``parent``): a chunk whose base is at ``max_depth`` is not stored standalone. The *base*'s bytes
+(decoded already, and checked against its id here) are stored again, standalone, in this commit's
+packs, and the chunk as a depth-1 delta against them; ``IngestResult.restored`` names such bases,
+whose catalog rows the commit's transaction moves to the new, shallower copy
+(``db.catalog.relocate_chunks``). A follower holds the base's bytes and reads only the delta.
 """
 
 from __future__ import annotations
@@ -89,6 +96,7 @@ class IngestResult:
     alone_lengths: dict[str, int] = field(default_factory=dict)  # delta chunks' standalone sizes
     delta_chunks: int = 0
     deferred: bool = False  # stored raw for ``repack`` to encode (set by the caller)
+    restored: set[str] = field(default_factory=set)  # stored chunks stored again standalone (bases)
 
 
 @dataclass(frozen=True)
@@ -113,7 +121,10 @@ class BaseTensor:
 @dataclass
 class DeltaPlan:
     """Where delta bases come from: base tensors by name, the reader that decodes them
-    (with every chain location they need), the cache of recent chunks, the chain bound."""
+    (with every chain location they need), the cache of recent chunks, the chain bound.
+    ``restore`` (policy ``parent`` only): a base at ``max_depth`` is stored again standalone
+    and the chunk made a depth-1 delta against it (module docstring), instead of the chunk
+    being stored standalone."""
 
     tensors: dict[str, BaseTensor]
     reader: ChunkReader
@@ -121,6 +132,7 @@ class DeltaPlan:
     cache: BaseCache
     max_depth: int
     policy: str = "parent"
+    restore: bool = False
 
 
 @dataclass(frozen=True)
@@ -250,6 +262,7 @@ class _Encoded:
     depth: int = 0
     base_id: str | None = None
     alone_length: int | None = None
+    restored: _Encoded | None = None  # the base's own standalone copy, written before this chunk
 
 
 class _Ingest:
@@ -282,6 +295,7 @@ class _Ingest:
         self.hints: list[PlaneHint] = []
         self.known_hints = hints if hints is not None else {}
         self.queued: set[str] = set()
+        self.restored: set[str] = set()  # bases this ingest stored again standalone
         self.hashing: deque[Future[list[_Hashed]]] = deque()
         self.encoding: deque[Future[_Encoded]] = deque()
 
@@ -333,7 +347,7 @@ class _Ingest:
             raise ValueError("chunk summaries are taken by a staging copy: not for lazy sources")
         if summaries and not runs:
             raise ValueError(f"{len(summaries)} chunk summaries given for 0 chunks")
-        result = IngestResult(tensors=[], packs=[], new_chunk_ids=self.queued)
+        result = IngestResult(tensors=[], packs=[], new_chunk_ids=self.queued, restored=self.restored)
         hashing = self.hashing
         batch: list[_Hashed] = []
         # Lookups feed the encoding (and raw writes) as early as possible, in batches of
@@ -489,6 +503,12 @@ class _Ingest:
                 self._write(self.encoding.popleft().result(), result)
 
     def _write(self, d: _Encoded, result: IngestResult) -> None:
+        b = d.restored
+        if b is not None and b.chunk_id not in self.restored and b.chunk_id not in self.queued:
+            # The base first: every pack is durable before the transaction that names any of them.
+            self.sink.add(b.chunk_id, b.encoding, b.payload, b.raw_length)
+            self.restored.add(b.chunk_id)
+            result.stored_bytes += len(b.payload)
         self.sink.add(d.chunk_id, d.encoding, d.payload, d.raw_length, depth=d.depth, base_id=d.base_id)
         result.new_bytes += d.raw_length
         result.stored_bytes += len(d.payload)
@@ -496,32 +516,40 @@ class _Ingest:
             result.alone_lengths[d.chunk_id] = d.alone_length
             result.delta_chunks += 1
 
-    def _base(self, tensor: int, offset: int, length: int) -> tuple[ChunkLocation, int, bytes | memoryview] | None:
+    def _base(self, tensor: int, offset: int,
+              length: int) -> tuple[ChunkLocation, int, bytes | memoryview, bool] | None:
         """The delta base of a chunk at byte ``offset`` of its source: the base tensor's chunk
-        at the same byte of its stream, the new chunk's depth and the base's decoded bytes, or
-        None (no base, chain full, or the base cannot be read)."""
+        at the same byte of its stream, the new chunk's depth, the base's decoded bytes and
+        whether the base is to be stored again standalone (``DeltaPlan.restore``: its chain is
+        full), or None (no base, chain full, or the base cannot be read)."""
         plan, base, start = self.delta, self.bases[tensor], self.starts[tensor]
         if plan is None or base is None or base.boxed or start is None:
             return None
         loc = base.at.get(start + offset)
-        if loc is None or loc.raw_length != length or loc.depth + 1 > plan.max_depth:
+        if loc is None or loc.raw_length != length:
             return None
-        depth = loc.depth + 1
+        restore = loc.depth + 1 > plan.max_depth
+        if restore and not (plan.restore and plan.policy == "parent" and plan.max_depth >= 1):
+            return None
+        depth = 1 if restore else loc.depth + 1
         if plan.policy == "root" and loc.base_id is not None:
             root = plan.chain.get(loc.base_id)
             if root is None:
                 return None
             loc = root
-        cached = plan.cache.get(loc.chunk_id)
-        if cached is not None:
-            return loc, depth, cached
-        data = memoryview(bytearray(length))  # this chunk's own: no copy into bytes
-        try:
-            plan.reader.read_into(loc, data, plan.chain, verify=False)
-        except CkptError as exc:  # a damaged base only costs this chunk its delta
-            log.warning("delta base %s unreadable, storing standalone: %s", loc.chunk_id[:12], exc)
+        data: bytes | memoryview | None = plan.cache.get(loc.chunk_id)
+        if data is None:
+            data = memoryview(bytearray(length))  # this chunk's own: no copy into bytes
+            try:
+                plan.reader.read_into(loc, data, plan.chain, verify=False)
+            except CkptError as exc:  # a damaged base only costs this chunk its delta
+                log.warning("delta base %s unreadable, storing standalone: %s", loc.chunk_id[:12], exc)
+                return None
+        if restore and hash_bytes(data) != loc.chunk_id:
+            # Stored again under its id, these bytes must be the chunk's: else no delta at all.
+            log.warning("delta base %s does not match its id, storing standalone", loc.chunk_id[:12])
             return None
-        return loc, depth, data
+        return loc, depth, data, restore
 
     def _encode(self, h: _Hashed) -> _Encoded:
         raw, cid, tensor = h.raw, h.chunk_id, h.tensor
@@ -538,6 +566,11 @@ class _Ingest:
         )
         cache = self.cache
         if encoding == Encoding.DELTA and base is not None:
+            restored = None
+            if base[3]:  # the base's chain is full: the base itself stored again, standalone
+                b_enc, b_payload, _ = encode_with_base(base[2], itemsize, None, level=self.opts.zstd_level,
+                                                       min_saving=self.opts.min_saving, hint=self.hints[tensor])
+                restored = _Encoded(base[0].chunk_id, int(b_enc), b_payload, len(base[2]))
             if cache is not None:
                 # The next commit's base: this chunk (policy parent) or the same keyframe (root).
                 if self.delta is not None and self.delta.policy == "root":
@@ -545,7 +578,7 @@ class _Ingest:
                 else:
                     cache.put(cid, raw)
             return _Encoded(cid, int(encoding), payload, len(raw),
-                         depth=base[1], base_id=base[0].chunk_id, alone_length=alone)
+                            depth=base[1], base_id=base[0].chunk_id, alone_length=alone, restored=restored)
         if cache is not None:
             cache.put(cid, raw)  # stored standalone: a keyframe for the next commits
         return _Encoded(cid, int(encoding), payload, len(raw))

@@ -496,7 +496,8 @@ class CommitWriter:
                 with self._sessions() as s:
                     return delta_plan(s, names, first, plan.transfer, reader=self._reader, cache=self._base_cache,
                                       max_depth=cfg.max_delta_depth,
-                                      policy="parent" if self._follow_deltas else cfg.delta_base)
+                                      policy="parent" if self._follow_deltas else cfg.delta_base,
+                                      restore=self._follow_deltas)
 
             bases = pool.submit(plan_bases)  # queued before the hashing jobs: read while they run
         opts = IngestOptions(chunk_size=cfg.chunk_size, compression=cfg.compression and not defer,
@@ -628,6 +629,8 @@ class CommitWriter:
         else:
             layout = catalog.record_commit(s, packs=packs, chunks=chunks, tensors=tensors, commit=row, entries=entries,
                                            edges=edges, metrics=req.metrics, now=now, parent=parent)
+        if result.restored:  # bases stored again standalone: their rows move to the new copies
+            catalog.relocate_chunks(s, [loc for loc in chunks if loc.chunk_id in result.restored], now)
         conflict = refs.move_branch(s, req.branch, row["id"], head, now)
         if conflict is not None and not keep:
             raise _BranchMoved(conflict)

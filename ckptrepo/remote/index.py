@@ -82,6 +82,25 @@ def record_pushed(s: Session, remote: str, packs: Iterable[tuple[str, int, list[
                                 c.depth, c.base_id) for _, _, entries in packs for c in entries}.values())
     insert_tuples(conn, RemoteChunk, ("remote", "chunk_id", "pack_id", "offset", "length", "raw_length", "encoding",
                                       "depth", "base_id"), rows, ignore=True)
+    _prefer_shallower(s, remote, rows)
+
+
+def _prefer_shallower(s: Session, remote: str, rows: list[tuple[Any, ...]]) -> None:
+    """Point the cached copies of ``rows``' chunks (``(remote, chunk id, pack, offset, length, raw
+    length, encoding, depth, base id)``) at these when shallower than the one recorded: a chunk
+    the remote holds twice (a base sent again standalone) is read at its shallowest."""
+    deeper: set[str] = set()
+    for batch in _batches(sorted({r[1] for r in rows})):
+        stored = {str(cid): int(d) for cid, d in s.execute(select(RemoteChunk.chunk_id, RemoteChunk.depth).where(
+            RemoteChunk.remote == remote, RemoteChunk.chunk_id.in_(batch)))}
+        deeper.update(r[1] for r in rows if r[1] in stored and stored[r[1]] > r[7])
+    for r in rows:
+        if r[1] not in deeper:
+            continue
+        s.execute(update(RemoteChunk)
+                  .where(RemoteChunk.remote == remote, RemoteChunk.chunk_id == r[1], RemoteChunk.depth > r[7])
+                  .values(pack_id=r[2], offset=r[3], length=r[4], raw_length=r[5], encoding=r[6], depth=r[7],
+                          base_id=r[8]))
 
 
 def record_commits(s: Session, remote: str, commit_ids: Iterable[str]) -> None:
@@ -144,10 +163,11 @@ def _record_read(s: Session, remote: str, packs: dict[str, tuple[int, list[Chunk
             have = chunks.get(loc.chunk_id)
             if have is None or loc.depth < have.depth:
                 chunks[loc.chunk_id] = loc
+    rows = sorted((remote, c.chunk_id, c.pack_id, c.offset, c.length, c.raw_length, c.encoding, c.depth, c.base_id)
+                  for c in chunks.values())
     insert_tuples(conn, RemoteChunk, ("remote", "chunk_id", "pack_id", "offset", "length", "raw_length", "encoding",
-                                      "depth", "base_id"),
-                  sorted((remote, c.chunk_id, c.pack_id, c.offset, c.length, c.raw_length, c.encoding, c.depth,
-                          c.base_id) for c in chunks.values()), ignore=True)
+                                      "depth", "base_id"), rows, ignore=True)
+    _prefer_shallower(s, remote, rows)
 
 
 def bundles_to_fold(s: Session, remote: str, listed: list[str]) -> list[str]:

@@ -260,7 +260,11 @@ def push(sessions: sessionmaker[Session], reading: Sessions, local: Backend, sto
         with reading() as s:
             lacking = wanted - index.held(s, name, wanted)
             found = closure(lacking, lambda ids: catalog.chunks_by_id(s, sorted(ids)))
-            bases = index.held(s, name, found.keys() - lacking)
+            # A base the remote holds is sent again when the copy here is shallower (a base a
+            # commit for followers stored again standalone, ``ingest.pipeline``): chains on the
+            # remote stay within the bound the local ones keep.
+            there = index.locations(s, name, found.keys() - lacking)
+            bases = {c for c, loc in there.items() if loc.depth <= found[c].depth}
             locs = {c: loc for c, loc in found.items() if c not in bases}
         if waiting:  # node-local stores: publish once every node's own upload is on the remote
             elsewhere = sum(1 for loc in locs.values() if not local.exists(pack_key(loc.pack_id)))
