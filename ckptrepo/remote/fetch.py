@@ -226,9 +226,15 @@ def fetch(sessions: sessionmaker[Session], reading: Sessions, local: Backend, st
     entries = notes.read_entries(reading, backend, out.problems)  # prune marks and annotations
     with reading() as s:
         have = catalog.chunks_by_id(s, sorted(wanted))
+        moved: list[ChunkLocation] = []  # rows here to move to the remote's shallower copies
 
         def lookup(ids: Collection[str]) -> dict[str, ChunkLocation]:
-            return index.locations(s, name, [i for i in ids if i not in have])
+            there = index.locations(s, name, ids)
+            here = {**{c: have[c] for c in ids if c in have},
+                    **catalog.chunks_by_id(s, sorted(c for c in there if c not in have))}  # bases met on the way
+            remote_held = _remote_packs(s, {loc.pack_id for loc in here.values()})
+            moved.extend(loc for c, loc in there.items() if c in here and _shallower(loc, here[c], remote_held))
+            return {c: loc for c, loc in there.items() if c not in here or _shallower(loc, here[c], remote_held)}
 
         fetched = closure([c for c in wanted if c not in have], lookup)
         sizes = {**{c: loc.raw_length for c, loc in have.items()}, **{c: loc.raw_length for c, loc in fetched.items()}}
@@ -257,6 +263,8 @@ def fetch(sessions: sessionmaker[Session], reading: Sessions, local: Backend, st
                                  for p in pack_ids if p not in present and p in pack_rows))
             catalog.insert_chunks(s, [loc for loc in fetched.values()
                                       if loc.pack_id in pack_rows or loc.pack_id in present])
+            catalog.relocate_chunks(s, [loc for loc in moved if loc.pack_id in pack_rows or loc.pack_id in present],
+                                    now)
             unreadable = record_bodies(s, order, sizes)
             if mark_key is not None:
                 catalog.record_journal_key(s, mark_key)
@@ -278,6 +286,23 @@ def fetch(sessions: sessionmaker[Session], reading: Sessions, local: Backend, st
     out.commits, out.pruned, out.new_ids = len(order), len(marked), ids
     out.annotations = notes.fetch(sessions, reading, local, entries)
     return out
+
+
+def _remote_packs(s: Session, pack_ids: Collection[str]) -> set[str]:
+    """Those of ``pack_ids`` that only a remote holds (``packs.remote``)."""
+    out: set[str] = set()
+    ids = sorted(pack_ids)
+    for start in range(0, len(ids), 500):
+        out.update(s.scalars(select(Pack.id).where(Pack.id.in_(ids[start : start + 500]), Pack.remote.is_not(None))))
+    return out
+
+
+def _shallower(there: ChunkLocation, here: ChunkLocation, held_there: set[str]) -> bool:
+    """Whether a chunk this repository names in a remote's pack should be named at the remote's
+    copy ``there`` instead: a shallower one (a base the publisher stored again standalone,
+    ``ingest.pipeline``), so that the deltas fetched against it keep chains within the bound. A
+    chunk held in this store stays where it is (moving it would make it need the remote)."""
+    return here.pack_id in held_there and there.depth < here.depth and there.pack_id != here.pack_id
 
 
 def _update_refs(s: Session, name: str, heads: dict[tuple[str, str], str], now: datetime,

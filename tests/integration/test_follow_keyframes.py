@@ -200,8 +200,8 @@ def test_a_failure_before_the_transaction_leaves_every_commit_exact(tmp_path: Pa
 
 def test_a_lazy_clone_follower_reads_deltas_and_the_remote_keeps_chains_bounded(tmp_path: Path) -> None:
     """Pushed after every commit: a base stored again standalone is sent again (the remote's copy
-    is deeper), so a follower on a lazy clone reads only deltas and a new clone of the remote
-    finds every chunk within the bound and reads every commit exactly."""
+    is deeper), so a follower on a lazy clone reads only deltas, that clone and a new clone of the
+    remote find every chunk within the bound, and both read every commit exactly."""
     depth = 2
     remote = tmp_path / "remote"
     state = model_state()
@@ -222,6 +222,12 @@ def test_a_lazy_clone_follower_reads_deltas_and_the_remote_keeps_chains_bounded(
                 assert follower.last.bytes_read < 0.7 * TRL_BYTES * changed
                 assert_states_equal(into, state)
                 saved.append((commit.id, copy(state)))
+            # The clone that fetched at every poll moved its rows of re-stored bases to the remote's
+            # standalone copies: its chains stay within the bound too, and it reads every commit.
+            for cid, _ in saved:
+                for loc in chunks_of(clone, cid):
+                    assert chain_length(clone, loc) <= depth, cid
+            check_all(clone, saved)
     with ckptrepo.Repo.clone(str(remote), tmp_path / "c") as fresh:
         check_all(fresh, saved)
         for cid, _ in saved:
