@@ -436,6 +436,7 @@ class Sync(Reads):
         info, store = self._remote(remote)
         started, meter = time.perf_counter(), Meter()
         done = fetch(self._sessions, self._reading, self._backend, store, info.name, self._repo_id(), meter)
+        self._keep_relocated(done.relocated_here, meter)
         chunks = self._keep_revs(None if data is True else list(data), meter) if data else 0
         return t.FetchResult(remote=info.name, commits=done.commits, packs_indexed=done.packs_indexed,
                              bytes_downloaded=meter.bytes_read, refs=tuple(done.refs), pruned=done.pruned,
@@ -465,6 +466,15 @@ class Sync(Reads):
         if mine != target:
             self._fast_forward(branch, mine, target)
         return t.PullResult(fetch=got, branch=branch, old=mine, new=target)
+
+    def _keep_relocated(self, chunk_ids: Collection[str], meter: Meter) -> None:
+        """Chunks this store held whose rows a fetch moved to the remote's shallower copies
+        (``remote.fetch``): copied here again, so that what was local stays local."""
+        from ckptrepo.remote.localize import localize
+        from ckptrepo.remote.tiered import TieredBackend
+
+        if chunk_ids and isinstance(self._backend, TieredBackend) and self._backend.remote_names():
+            localize(self._sessions, self._reading, self._backend, set(chunk_ids), self.config.pack_target, meter)
 
     def _keep_revs(self, revs: Sequence[str] | None, meter: Meter) -> int:
         """Download the tensor bytes of ``revs`` (None: of every commit) that only a remote holds."""
@@ -550,7 +560,9 @@ class Sync(Reads):
 
         self._check_writable("fetch")
         info, store = self._remote(remote)
-        fetch(self._sessions, self._reading, self._backend, store, info.name, self._repo_id(), Meter())
+        meter = Meter()
+        done = fetch(self._sessions, self._reading, self._backend, store, info.name, self._repo_id(), meter)
+        self._keep_relocated(done.relocated_here, meter)
 
 def remote_packs_of(repo_dir: Path) -> tuple[list[Any], list[str]]:
     """The packs of the repository's remotes, for a rebuild (``maintenance.rebuild``): a lazy

@@ -66,6 +66,9 @@ class Fetched:
     annotations: int = 0
     problems: list[str] = field(default_factory=list)
     new_ids: list[str] = field(default_factory=list)
+    # Chunks this store held whose rows moved to the remote's shallower copies: the caller keeps
+    # them here again (``localize``), so that what was local stays local.
+    relocated_here: list[str] = field(default_factory=list)
 
 
 class CountingBackend:
@@ -233,8 +236,10 @@ def fetch(sessions: sessionmaker[Session], reading: Sessions, local: Backend, st
             here = {**{c: have[c] for c in ids if c in have},
                     **catalog.chunks_by_id(s, sorted(c for c in there if c not in have))}  # bases met on the way
             remote_held = _remote_packs(s, {loc.pack_id for loc in here.values()})
-            moved.extend(loc for c, loc in there.items() if c in here and _shallower(loc, here[c], remote_held))
-            return {c: loc for c, loc in there.items() if c not in here or _shallower(loc, here[c], remote_held)}
+            shallower = [c for c, loc in there.items() if c in here and _shallower(loc, here[c])]
+            moved.extend(there[c] for c in shallower)
+            out.relocated_here.extend(c for c in shallower if here[c].pack_id not in remote_held)
+            return {c: loc for c, loc in there.items() if c not in here or c in shallower}
 
         fetched = closure([c for c in wanted if c not in have], lookup)
         sizes = {**{c: loc.raw_length for c, loc in have.items()}, **{c: loc.raw_length for c, loc in fetched.items()}}
@@ -297,12 +302,11 @@ def _remote_packs(s: Session, pack_ids: Collection[str]) -> set[str]:
     return out
 
 
-def _shallower(there: ChunkLocation, here: ChunkLocation, held_there: set[str]) -> bool:
-    """Whether a chunk this repository names in a remote's pack should be named at the remote's
-    copy ``there`` instead: a shallower one (a base the publisher stored again standalone,
-    ``ingest.pipeline``), so that the deltas fetched against it keep chains within the bound. A
-    chunk held in this store stays where it is (moving it would make it need the remote)."""
-    return here.pack_id in held_there and there.depth < here.depth and there.pack_id != here.pack_id
+def _shallower(there: ChunkLocation, here: ChunkLocation) -> bool:
+    """Whether a chunk this repository names at ``here`` should be named at the remote's copy
+    ``there`` instead: a shallower one (a base the publisher stored again standalone,
+    ``ingest.pipeline``), so that the deltas fetched against it keep chains within the bound."""
+    return there.depth < here.depth and there.pack_id != here.pack_id
 
 
 def _update_refs(s: Session, name: str, heads: dict[tuple[str, str], str], now: datetime,

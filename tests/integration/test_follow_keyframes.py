@@ -233,3 +233,30 @@ def test_a_lazy_clone_follower_reads_deltas_and_the_remote_keeps_chains_bounded(
         for cid, _ in saved:
             for loc in chunks_of(fresh, cid):
                 assert chain_length(fresh, loc) <= depth
+
+
+def test_a_full_clone_pulling_every_commit_keeps_chains_bounded_and_its_data_local(tmp_path: Path) -> None:
+    """A clone with every byte here, pulling after each commit of a publisher: a base it holds
+    whose row moves to the remote's standalone copy is copied here again, so its chains stay
+    within the bound and every commit reads exactly with the remote gone."""
+    depth = 2
+    remote = tmp_path / "remote"
+    state = model_state()
+    with ckptrepo.Repo.init(tmp_path / "a", chunk_size=CHUNK, max_delta_depth=depth) as origin:
+        origin.add_remote("origin", str(remote))
+        saved = [(origin.commit(state).wait().id, copy(state))]
+        origin.push()
+        with ckptrepo.Repo.clone(str(remote), tmp_path / "b", data="full") as clone:
+            updates = 3 * depth + 1
+            for step in range(updates):
+                one_percent(state, step)
+                saved.append((origin.commit(state).wait().id, copy(state)))
+                origin.push()
+                # The last fetch brings no data: it moves rows of bases held here all the same.
+                clone.fetch(data=step < updates - 1)
+            for cid, _ in saved:
+                for loc in chunks_of(clone, cid):
+                    assert chain_length(clone, loc) <= depth, cid
+    remote.rename(tmp_path / "gone")  # every byte of what was fetched with its data must be here
+    with ckptrepo.Repo.open(tmp_path / "b") as clone:
+        check_all(clone, saved[:-1])
