@@ -208,3 +208,37 @@ def scratch_dir(parent: Path | None) -> Iterator[Path]:
         yield base
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def run_parts(title: str, parts: dict[str, str], doc: str | None) -> None:
+    """The main of a benchmark made of parts (``--quick``, ``--only a,b``): each part's module
+    (``parts[name]``, a script of this folder with ``run(quick) -> [(name, value, note)]``) runs in
+    turn, its rows printed as they come, then all rows together (``report``) and the RATIO lines
+    of those whose note starts with ``goal``."""
+    import argparse
+    import importlib
+    import platform
+
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
+    parser.add_argument("--only", default=",".join(parts), help="comma-separated parts: " + ", ".join(parts))
+    args = parser.parse_args()
+    chosen = [p.strip() for p in args.only.split(",") if p.strip()]
+    unknown = [p for p in chosen if p not in parts]
+    if unknown:
+        parser.error(f"unknown parts {unknown}; known: {', '.join(parts)}")
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    print(f"# {title} on {cpu}, {time.strftime('%Y-%m-%d', time.gmtime())}")
+    rows: list[tuple[str, float, str]] = []
+    for part in chosen:
+        started = time.perf_counter()
+        got = importlib.import_module(parts[part]).run(args.quick)
+        rows += got
+        print(f"# {part}: {time.perf_counter() - started:.0f} s")
+        for name, value, note in got:
+            print(f"  {name}: {value:.3f}  {note}", flush=True)
+    report(title, rows)
+    for name, value, note in rows:
+        if note.startswith("goal"):
+            print(f"RATIO {name}: {value:.3f}  {note}")

@@ -15,13 +15,12 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ckptrepo import state as st
 from ckptrepo.chunks.store import ChunkReader
 from ckptrepo.chunks.tensors import iter_tensors
 from ckptrepo.errors import UsageError
 from ckptrepo.formats import SAFETENSORS_SUFFIXES, TORCH_SUFFIXES, check_file_target, write_state
+from ckptrepo.formats.hf_layout import flat_keys
 from ckptrepo.formats.safetensors_io import flat_header, write_flat
 from ckptrepo.locations import ChunkLocation
 from ckptrepo.rows import TensorRow
@@ -30,24 +29,9 @@ METADATA = {"format": "pt"}  # what write_state puts into a flat safetensors fil
 
 
 def flat_entries(skeleton: Any) -> dict[str, str] | None:
-    """``{key: entry name}`` when ``skeleton`` describes a flat dict of tensors, else None."""
-    probe: dict[str, torch.Tensor] = {}
-
-    class Entries(dict[str, torch.Tensor]):
-        def __contains__(self, name: object) -> bool:
-            return True
-
-        def __getitem__(self, name: str) -> torch.Tensor:
-            return probe.setdefault(name, torch.empty(0))
-
-    try:
-        state = st.unflatten(skeleton, Entries())
-    except Exception:
-        return None
-    if not st.is_flat_tensor_dict(state):
-        return None
-    by_object = {id(t): name for name, t in probe.items()}
-    return {key: by_object[id(t)] for key, t in state.items()}
+    """``{key: entry name}`` when ``skeleton`` describes a flat dict of tensors, else None
+    (``formats.hf_layout.flat_keys``)."""
+    return flat_keys(skeleton)
 
 
 def export(
