@@ -354,6 +354,9 @@ def history(reading: Sessions, name: str, *, along: str = "main", limit: int | N
     close matches from the head commit) when no commit of the chain has the tensor.
     """
     _check_limit(limit)
+    if is_file_entry(name):  # a commit's file is stored as an entry, but it has no tensor history
+        raise UsageError(f"{name!r} names a file a commit keeps, not a tensor",
+                         hint="Read it with `Repo.read_file(REV, PATH)`; `ckpt diff A B` lists changed files.")
     # One commit further than is shown: the last one shown is compared with its first parent.
     walked = None if limit is None else limit + 1
     with reading() as s:

@@ -231,3 +231,11 @@ def test_trainer_callback_commits_export_hf(tmp_path: Path) -> None:
         repo.export("main", tmp_path / "out", format="hf")
     _assert_same_model(model, tmp_path / "out")
     _assert_same_tokenizer(tokenizer, tmp_path / "out")
+
+
+def test_a_file_has_no_tensor_history(tmp_path: Path) -> None:
+    with ckptrepo.Repo.init(tmp_path / "r") as repo:
+        repo.commit({"w": torch.ones(2)}, files={"config.json": b"{}"}, blocking=True).wait()
+        with pytest.raises(UsageError, match="names a file"):
+            repo.history("%file/config.json")
+        assert [p.commit_id for p in repo.history("w")] == [repo.resolve("main")]
