@@ -150,7 +150,8 @@ class RefInfo:
 
 @dataclass(frozen=True)
 class RepoStats:
-    """Sizes of a repository. ``logical_bytes`` sums every commit's state; ``unique_bytes``
+    """Sizes of a repository. ``tensors`` counts distinct stored tensors (a commit's files,
+    stored as uint8 entries, among them); ``logical_bytes`` sums every commit's state and files; ``unique_bytes``
     is the raw size of distinct chunks; ``stored_bytes`` what those occupy encoded in packs;
     ``pack_bytes`` the pack files' total size (including unreferenced packs and indexes);
     ``alone_bytes`` what the distinct chunks would occupy with no delta encoding (each
