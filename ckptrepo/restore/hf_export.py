@@ -29,8 +29,8 @@ from ckptrepo import state as st
 from ckptrepo.atomic import atomic_build
 from ckptrepo.chunks.store import ChunkReader
 from ckptrepo.chunks.tensors import iter_tensors
-from ckptrepo.entries import file_path, is_file_entry
-from ckptrepo.errors import OutputExists, UsageError
+from ckptrepo.entries import check_file_path, file_path, is_file_entry
+from ckptrepo.errors import IntegrityError, OutputExists, UsageError
 from ckptrepo.formats import check_folder_target, hf_layout
 from ckptrepo.ids import short
 from ckptrepo.locations import ChunkLocation
@@ -63,6 +63,10 @@ def export_hf(folder: Path, skeleton: Any, items: Items, reader: ChunkReader, po
     shards = hf_layout.plan(model_specs(skeleton, items, commit_id), max_shard_size)
     index = hf_layout.index_json(shards)
     files = {file_path(n): n for n in sorted(items) if is_file_entry(n) and not hf_layout.is_weight_file(file_path(n))}
+    for path in files:  # checked when committed; a name that is no plain relative path now is damage
+        problem = check_file_path(path)
+        if problem is not None:
+            raise IntegrityError(detail=f"commit {short(commit_id)} names a file {path!r}: {problem}")
     check_folder_target(folder)
     order = [(path, *items[entry]) for path, entry in files.items()]
     order += [(key, *items[entry]) for shard in shards for key, entry in shard.tensors]

@@ -239,3 +239,17 @@ def test_a_file_has_no_tensor_history(tmp_path: Path) -> None:
         with pytest.raises(UsageError, match="names a file"):
             repo.history("%file/config.json")
         assert [p.commit_id for p in repo.history("w")] == [repo.resolve("main")]
+
+
+def test_a_file_name_damaged_in_the_database_is_refused_at_export(tmp_path: Path) -> None:
+    """A file's name was checked when committed; one that later reads as no plain relative path
+    (a damaged or hand-edited database) fails the export, and nothing is written outside it."""
+    import sqlite3
+
+    with ckptrepo.Repo.init(tmp_path / "r") as repo:
+        repo.commit({"w": torch.ones(2)}, files={"config.json": b"{}"}, blocking=True).wait()
+    with sqlite3.connect(tmp_path / "r" / ".ckpt" / "db.sqlite") as db:
+        db.execute("UPDATE entries SET name = '%file/../../escaped.json' WHERE name = '%file/config.json'")
+    with ckptrepo.Repo.open(tmp_path / "r") as repo, pytest.raises(IntegrityError, match=r"escaped\.json"):
+        repo.export("main", tmp_path / "out", format="hf")
+    assert not (tmp_path / "out").exists() and not (tmp_path.parent / "escaped.json").exists()
