@@ -96,19 +96,22 @@ def _now() -> datetime:
 
 class WriterOptions(TypedDict, total=False):
     """How a process commits (``Repo.open``'s options; each defaults to its knob in ``knobs.KNOBS``:
-    ``MAX_INFLIGHT``, ``STAGING_BUDGET``, ``BACKGROUND_PRIORITY``, ``IDLE_REPACK``).
+    ``MAX_INFLIGHT``, ``STAGING_BUDGET``, ``BACKGROUND_PRIORITY``, ``IDLE_REPACK``, ``FOLLOW_DELTAS``).
 
     ``max_inflight`` bounds commits staged but not yet durable; ``staging_budget`` (bytes, 0:
     unbounded) their staged bytes: ``commit()`` waits when either is used up.
     ``background_priority`` (``normal`` or ``idle``) is the CPU priority of asynchronous commits'
     phase 2 (``ingest.priority``). ``idle_repack`` (with ``encode="auto"``): between
     asynchronous commits, idle-priority threads encode what they stored raw (``ingest.idle``).
+    ``follow_deltas``: a publisher's commits, encoded at once as deltas against the parent commit's
+    chunks, so that followers (``Repo.follow``) read only those (docs/design.md, "Following a branch").
     """
 
     max_inflight: int | None
     staging_budget: int | None
     background_priority: str | None
     idle_repack: bool | None
+    follow_deltas: bool | None
 
 
 class _BranchMoved(Exception):
@@ -148,7 +151,8 @@ class CommitWriter:
     def __init__(self, sessions: sessionmaker[Session], backend: Backend, reader: ChunkReader, config: RepoConfig,
                  pool: ThreadPoolExecutor, *, defers_layouts: bool, max_inflight: int | None = None,
                  staging_budget: int | None = None, background_priority: str | None = None,
-                 idle_repack: bool | None = None, after_commit: Callable[[str], None] | None = None) -> None:
+                 idle_repack: bool | None = None, follow_deltas: bool | None = None,
+                 after_commit: Callable[[str], None] | None = None) -> None:
         self._sessions, self._backend, self._reader, self._config = sessions, backend, reader, config
         # Called with a commit's id once ``_persist`` recorded it (durable and visible), on the
         # thread that ran it: must return at once (``Repo``: queues the retention setting's run).
@@ -179,7 +183,8 @@ class CommitWriter:
         self._defers_layouts = defers_layouts and knobs.get_bool("DEFER_LAYOUTS")
         # Commits for followers (``FOLLOW_DELTAS``): encoded at once against the parent's chunks,
         # which the cache keeps (else each base would be decoded down its chain from the store).
-        self._follow_deltas = knobs.get_bool("FOLLOW_DELTAS") and config.compression and config.delta
+        wanted = follow_deltas if follow_deltas is not None else knobs.get_bool("FOLLOW_DELTAS")
+        self._follow_deltas = wanted and config.compression and config.delta
         self._base_cache = BaseCache(knobs.get_int("DELTA_CACHE") or (_FOLLOW_CACHE if self._follow_deltas else 0))
         self._hints: dict[str, PlaneHint] = {}
         self._unchanged: frozenset[str] = frozenset()  # tensor names the last commit found unchanged

@@ -125,6 +125,24 @@ def test_a_follower_never_reads_a_keyframe(tmp_path: Path, db_url: str) -> None:
         assert report.ok, report
 
 
+def test_follow_deltas_as_an_option_of_the_publishing_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Repo.open(..., follow_deltas=True)`` makes a process a publisher as the knob does, and
+    ``follow_deltas=False`` overrides the knob."""
+    monkeypatch.delenv("CKPT_FOLLOW_DELTAS")
+    with ckptrepo.Repo.init(tmp_path / "r", chunk_size=CHUNK, max_delta_depth=3):
+        pass
+    with ckptrepo.Repo.open(tmp_path / "r", follow_deltas=True) as repo:
+        check_all(repo, run(repo, 4, 3))
+    monkeypatch.setenv("CKPT_FOLLOW_DELTAS", "1")
+    with ckptrepo.Repo.init(tmp_path / "q", chunk_size=CHUNK, max_delta_depth=3, follow_deltas=False) as repo:
+        state = model_state()
+        repo.commit(state).wait()
+        one_percent(state, 0)
+        repo.commit(state).wait()  # asynchronous, not a publisher: stored raw for the repack
+        assert {loc.encoding for loc in chunks_of(repo, "main") if loc.chunk_id not in
+                {c.chunk_id for c in chunks_of(repo, "main~1")}} == {0}
+
+
 @pytest.mark.slow
 def test_twenty_updates_through_verify_gc_repack_and_rebuild(tmp_path: Path, db_url: str) -> None:
     path = tmp_path / "r"
