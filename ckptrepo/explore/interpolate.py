@@ -82,10 +82,11 @@ def write_state_at(path: Path, plan: Plan, at: float, reader: ChunkReader, pool:
     tensors, else built whole (see the module docstring)."""
     from ckptrepo import state as st
     from ckptrepo.formats import write_state
+    from ckptrepo.formats.hf_layout import flat_keys
     from ckptrepo.formats.safetensors_io import flat_header, write_flat
-    from ckptrepo.restore.export import METADATA, flat_entries
+    from ckptrepo.restore.export import METADATA
 
-    keys = flat_entries(skeleton_at(plan, at))
+    keys = flat_keys(skeleton_at(plan, at))
     header = None
     if keys is not None:
         rows = {name: row for name, (row, _) in plan.inputs[0].items.items()}

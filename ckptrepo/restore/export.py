@@ -28,12 +28,6 @@ from ckptrepo.rows import TensorRow
 METADATA = {"format": "pt"}  # what write_state puts into a flat safetensors file
 
 
-def flat_entries(skeleton: Any) -> dict[str, str] | None:
-    """``{key: entry name}`` when ``skeleton`` describes a flat dict of tensors, else None
-    (``formats.hf_layout.flat_keys``)."""
-    return flat_keys(skeleton)
-
-
 def export(
     path: Path,
     skeleton: Any,
@@ -57,7 +51,7 @@ def export(
                          hint=f"Name it {'/'.join(SAFETENSORS_SUFFIXES)}, or {'/'.join(TORCH_SUFFIXES)} "
                               "for torch.save.")
     check_file_target(path, replace=replace)
-    keys = flat_entries(skeleton) if suffix in SAFETENSORS_SUFFIXES else None
+    keys = flat_keys(skeleton) if suffix in SAFETENSORS_SUFFIXES else None
     header = None
     if keys is not None:
         header = flat_header({k: (st.dtype_from_name(items[e][0].dtype), list(items[e][0].shape))

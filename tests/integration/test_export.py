@@ -13,7 +13,7 @@ from torch import nn
 import ckptrepo
 from ckptrepo import errors
 from ckptrepo.formats import read_state, write_state
-from ckptrepo.restore.export import flat_entries
+from ckptrepo.formats.hf_layout import flat_keys as flat_entries
 from ckptrepo.state import flatten
 from ckptrepo.testing import parts
 
