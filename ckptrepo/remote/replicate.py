@@ -113,19 +113,27 @@ class Replicator:
         return True
 
     def wait(self, commit_id: str, timeout: float | None = None) -> None:
-        """Block until the remote holds ``commit_id``; after ``timeout`` seconds, raise the last
-        replication error (or TimeoutError when there was none)."""
+        """Block until the remote holds ``commit_id`` and the round that carried it has ended (no
+        write to the remote is left in flight for it); after ``timeout`` seconds, raise the last
+        replication error (or TimeoutError when there was none). A round is started only when none
+        is running or due (a commit an earlier process left); one that is would carry it anyway."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        self.kick()
-        while not self._held(commit_id):
+        with self._cond:
+            idle = not self._dirty and not self._running
+        if idle and not self._held(commit_id):
+            self.kick()
+        while True:
+            held = self._held(commit_id)
             with self._cond:
+                if held and not self._running:
+                    return
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
+                    if held:
+                        return
                     if self.last_error is not None:
                         raise self.last_error
                     raise TimeoutError(f"commit {commit_id[:10]} did not reach remote {self.remote!r} in {timeout} s")
-                if not self._dirty and not self._running and self.last_error is None and self._held(commit_id):
-                    return
                 self._cond.wait(0.05 if left is None else min(left, 0.05))
 
     def close(self) -> None:
