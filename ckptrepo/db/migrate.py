@@ -193,7 +193,6 @@ def initialize(engine: Engine, meta: dict[str, str], *, scripts: Path | None = N
     """
     if "repo_id" not in meta:
         raise UsageError("repository metadata needs a repo_id")
-    from alembic import command
 
     with _migration_transaction(engine) as conn:
         if inspect(conn).has_table(RepoMeta.__tablename__):
@@ -202,8 +201,51 @@ def initialize(engine: Engine, meta: dict[str, str], *, scripts: Path | None = N
                 raise RepositoryExists(path=_where(engine))
         else:
             _clear_leftovers(conn, engine, scripts)
-        command.upgrade(_config(scripts, conn), "head")
+        _create_at_head(conn, scripts)
         conn.execute(insert(RepoMeta), [{"key": key, "value": value} for key, value in meta.items()])
+
+
+def _create_at_head(conn: Connection, scripts: Path | None) -> None:
+    """Create the schema at head in an empty database, in the caller's transaction. On SQLite
+    with the packaged migrations, by replaying ``db.head_sqlite`` (what the migrations make,
+    statement for statement: a test pins the two equal), which spares a new repository the
+    migrations' run and Alembic's import (~1 s of ``ckpt init``); else by running them."""
+    from ckptrepo.db import head_sqlite
+
+    if conn.dialect.name == "sqlite" and scripts is None and head_sqlite.REVISION == HEAD:
+        for statement in head_sqlite.STATEMENTS:
+            conn.exec_driver_sql(statement)
+        return
+    from alembic import command
+
+    command.upgrade(_config(scripts, conn), "head")
+
+
+def sqlite_dump(conn: Connection) -> list[str]:
+    """Every statement that recreates what an SQLite database holds (its tables, indexes and
+    rows, ``sqlite_sequence``'s included), in one order for one schema: what ``db.head_sqlite``
+    holds of a database the migrations brought to head (``scripts/gen-sqlite-head`` writes it)."""
+    objects = [(kind, name, sql) for kind, name, sql in conn.exec_driver_sql(
+        "SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY rowid").all()
+        if not str(name).startswith("sqlite_")]
+    # Tables in the order they were made, then indexes by name (Alembic's batch mode makes a
+    # table's indexes in no fixed order), then the rest.
+    order = {"table": 0, "index": 1}
+    ranked = sorted(enumerate(objects), key=lambda o: (order.get(o[1][0], 2), o[1][1] if o[1][0] == "index" else o[0]))
+    statements = [sql for _, (_, _, sql) in ranked]
+    tables = conn.exec_driver_sql("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY rowid").scalars()
+    for name in list(tables):
+        for row in sorted(conn.exec_driver_sql(f'SELECT * FROM "{name}"').all(), key=repr):
+            statements.append(f'INSERT INTO "{name}" VALUES ({", ".join(_sql_literal(v) for v in row)})')
+    return statements
+
+
+def _sql_literal(value: object) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise TypeError(f"a migration left a {type(value).__name__} in a new database; extend sqlite_dump for it")
+    return str(value) if isinstance(value, int) else "'" + value.replace("'", "''") + "'"
 
 
 def drop_schema(conn: Connection) -> None:
@@ -258,7 +300,6 @@ def building(engine: Engine, meta: dict[str, str], *, replace: bool = False,
     (``_clear_leftovers``: PostgreSQL's key sequences, the Alembic stamp, the rest of its tables)."""
     if "repo_id" not in meta:
         raise UsageError("repository metadata needs a repo_id")
-    from alembic import command
 
     with _migration_transaction(engine) as conn:
         if inspect(conn).has_table(RepoMeta.__tablename__):
@@ -269,7 +310,7 @@ def building(engine: Engine, meta: dict[str, str], *, replace: bool = False,
             drop_schema(conn)
         else:
             _clear_leftovers(conn, engine, scripts)
-        command.upgrade(_config(scripts, conn), "head")
+        _create_at_head(conn, scripts)
         conn.execute(insert(RepoMeta), [{"key": key, "value": value} for key, value in meta.items()])
         yield conn
 

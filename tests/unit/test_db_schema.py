@@ -101,6 +101,44 @@ def test_migrations_match_models(engine: Engine) -> None:
     migrate.check_schema(engine)
 
 
+def test_packaged_sqlite_schema_is_what_the_migrations_make(tmp_path: Path) -> None:
+    # A new SQLite repository replays db.head_sqlite instead of running the migrations: the two
+    # must be the same statements (tables, indexes, the stamp, sqlite_sequence's rows).
+    from ckptrepo.db import head_sqlite
+
+    eng = make_engine(f"sqlite:///{tmp_path}/migrated.sqlite")
+    migrate.upgrade(eng)
+    with eng.connect() as conn:
+        made = migrate.sqlite_dump(conn)
+    eng.dispose()
+    assert (head_sqlite.REVISION, list(head_sqlite.STATEMENTS)) == (migrate.HEAD, made), \
+        "the migrations changed: run scripts/gen-sqlite-head"
+    assert any(s.startswith('INSERT INTO "alembic_version"') for s in made)
+
+    replayed = make_engine(f"sqlite:///{tmp_path}/new.sqlite")
+    migrate.initialize(replayed, {"repo_id": "r1", "format_version": "1"})
+    with replayed.connect() as conn:
+        held = migrate.sqlite_dump(conn)
+        opts = {"compare_type": True, "include_object": include_object("sqlite")}
+        assert compare_metadata(MigrationContext.configure(conn, opts=opts), schema_metadata()) == []
+    migrate.check_schema(replayed)
+    replayed.dispose()
+    meta_rows = [s for s in held if s.startswith('INSERT INTO "repo_meta"')]
+    assert sorted(meta_rows) == ["INSERT INTO \"repo_meta\" VALUES ('format_version', '1')",
+                                 "INSERT INTO \"repo_meta\" VALUES ('repo_id', 'r1')"]
+    assert [s for s in held if s not in meta_rows] == made
+
+
+def test_a_new_repository_on_sqlite_loads_no_alembic(tmp_path: Path) -> None:
+    code = textwrap.dedent(f"""
+        import sys, ckptrepo
+        ckptrepo.Repo.init({str(tmp_path / "r")!r}).close()
+        ckptrepo.Repo.open({str(tmp_path / "r")!r}).close()
+        assert "alembic" not in sys.modules, "Repo.init ran the migrations"
+    """)
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_dialect_only_indexes(engine: Engine) -> None:
     # ``ix_entries_name_commit`` (history's lookups by name) exists on PostgreSQL only, and
     # covers tensor_id there; a downgrade past 0005 drops it.
