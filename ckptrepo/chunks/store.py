@@ -191,7 +191,8 @@ class ChunkReader:
     Thread-safe: several checkout threads may share one (each gets its own scratch
     buffers for fetched payloads and decoded bases).
     A mismatch raises IntegrityError naming the chunk and its pack; a missing pack raises
-    the backend's StorageError.
+    the backend's StorageError, once a second read where the index places the chunk and its
+    bases now (locations looked up before a move whose old pack is gone) has failed too.
     """
 
     def __init__(self, backend: Backend, lookup: BaseLookup | None = None, *, max_depth: int = 64,
@@ -268,6 +269,8 @@ class ChunkReader:
             if verify:
                 self._verify(loc, target)
         except (IntegrityError, StorageError) as exc:
+            if isinstance(exc, StorageError) and self._read_where_now(loc, target, verify, known):
+                return
             other = self._fallback(loc) if self._fallback is not None else None
             if other is None:
                 raise
@@ -276,6 +279,24 @@ class ChunkReader:
                 other.read_into(loc.chunk_id, target)
             except (IntegrityError, StorageError):
                 raise exc from None
+
+    def _read_where_now(self, loc: ChunkLocation, target: memoryview, verify: bool,
+                        known: Mapping[str, memoryview] | None) -> bool:
+        """After a read failed in the store (a pack gone): read again where the index says the
+        chunk and its delta bases are now. A reader's locations may predate a move (a repack, a
+        keyframe relocated by a commit, ``catalog.relocate_chunks``) whose old pack ``gc`` has
+        deleted since; the index then names the current copy. True once read (and verified);
+        False when the index names no other place or that read fails too."""
+        if self._lookup is None:
+            return False
+        now = self._lookup([loc.chunk_id]).get(loc.chunk_id, loc)
+        try:
+            self._materialize(now, target, {}, 0, known)
+            if verify:
+                self._verify(now, target)
+        except (IntegrityError, StorageError):
+            return False
+        return True
 
     def _materialize(self, loc: ChunkLocation, target: memoryview, bases: Mapping[str, ChunkLocation],
                      level: int, known: Mapping[str, memoryview] | None = None) -> None:

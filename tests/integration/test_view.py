@@ -128,6 +128,28 @@ def test_sequential_small_reads_decode_each_chunk_once(tmp_path: Path) -> None:
         assert whole.read("model.safetensors") == expected and whole.cache.decoded <= 2
 
 
+def test_a_view_reads_on_after_repack_and_gc_at_grace_0_moved_its_chunks(tmp_path: Path, db_url: str) -> None:
+    # The view looked its chunks up when it opened; repack then moved them out of a pack half
+    # dead after a prune, and gc at grace 0 deleted that pack: reads go where the index says now.
+    g = torch.Generator().manual_seed(5)
+    kept, dropped = torch.randn(64, 256, generator=g), torch.randn(64, 256, generator=g)
+    with ckptrepo.Repo.init(tmp_path / "repo", db_url=db_url, chunk_size=CHUNK) as repo:
+        repo.commit({"w": kept, "v": dropped}).wait()
+        repo.commit({"w": kept, "u": torch.randn(64, 256, generator=g)}).wait()
+        repo.export("main", tmp_path / "m.safetensors")
+        expected = (tmp_path / "m.safetensors").read_bytes()
+        view = repo.view("main", layout="safetensors")
+        before = {loc.pack_id for loc in view._stream("w").chunks}
+        assert len(repo.prune(keep_last=1).pruned) == 1
+        assert repo.repack(compact_below=0.9).packs_retired > 0
+        repo.gc(grace=0)
+        packs = {p.stem for p in (repo.repo_dir / "store" / "packs").rglob("*.pack")}
+        assert not before & packs  # the view's places are gone from the store
+        assert view.read("model.safetensors") == expected
+        assert b"".join(view.read("model.safetensors", at, at + 5000) for at in range(0, len(expected), 5000)) \
+            == expected
+
+
 def _flip_a_chunk(repo: ckptrepo.Repo, view: CommitView, entry: str) -> None:
     loc = view._stream(entry).chunks[0]
     pack = repo.repo_dir / "store" / "packs" / loc.pack_id[:2] / f"{loc.pack_id}.pack"

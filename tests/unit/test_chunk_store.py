@@ -209,6 +209,47 @@ def test_bad_locations(backend: Backend) -> None:
         reader.read_into(loc, memoryview(bytearray(loc.raw_length + 1)))
 
 
+def test_a_location_whose_pack_is_gone_is_read_where_the_index_places_the_chunk_now(backend: Backend) -> None:
+    # A reader looked up a delta and its base, then a commit moved the base's row to a new copy
+    # and gc deleted the old pack: the read goes to the index's current places instead of failing.
+    from ckptrepo.chunks.codecs import encode_with_base
+
+    rng = np.random.default_rng(7)
+    base_raw = rng.standard_normal(16_384).astype(np.float32).tobytes()
+    new = np.frombuffer(base_raw, dtype=np.float32).copy()
+    new[::97] += 1.0
+    new_raw = new.tobytes()
+    base_id, new_id = hash_bytes(base_raw), hash_bytes(new_raw)
+
+    def pack_of(*chunks: tuple[str, bytes, bytes | None]) -> list[ChunkLocation]:
+        sink = PackSink(backend, 1 << 20)
+        for cid, raw, against in chunks:
+            encoding, payload, _ = encode_with_base(raw, 4, against)
+            sink.add(cid, encoding, payload, len(raw), depth=1 if encoding == Encoding.DELTA else 0,
+                     base_id=hash_bytes(against) if encoding == Encoding.DELTA and against else None)
+        return locations(sink.seal())
+
+    (old_base,) = pack_of((base_id, base_raw, None))
+    (_, moved_base) = pack_of((hash_bytes(b"x" * 64), b"x" * 64, None), (base_id, base_raw, None))  # another pack
+    (delta,) = pack_of((new_id, new_raw, base_raw))
+    assert delta.encoding == Encoding.DELTA and delta.base_id == base_id
+    assert moved_base.pack_id != old_base.pack_id
+    index = {base_id: moved_base, new_id: delta}
+    reader = ChunkReader(backend, lambda ids: {i: index[i] for i in ids if i in index})
+    backend.delete(pack_key(old_base.pack_id))
+
+    assert reader.read(delta, {base_id: old_base}) == new_raw  # the stale base location is not used again
+    assert reader.read(old_base) == base_raw
+    out = bytearray(len(new_raw))
+    reader.read_into(delta, memoryview(out), {base_id: old_base}, verify=False)
+    assert out == new_raw
+    index[base_id] = old_base  # the index has no other place: the store's error stands
+    with pytest.raises(StorageError):
+        reader.read(delta, {base_id: old_base})
+    with pytest.raises(StorageError):
+        ChunkReader(backend).read(old_base)  # no index to ask
+
+
 def test_read_into_a_typed_buffer(backend: Backend) -> None:
     values = np.arange(256, dtype=np.float64)
     loc = stored_chunk(backend, values.tobytes())
