@@ -17,6 +17,7 @@ import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
@@ -49,6 +50,21 @@ def _check(repo_path: Path) -> int:
         return len(visible)
 
 
+def _acked(repo_path: Path) -> int:
+    path = repo_path / "acked.txt"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _wait_for_a_save(repo_path: Path, processes: list[Any], bound_s: float = 180.0) -> None:
+    """Until rank 0 acknowledges one more save: both ranks are past their start-up (a rank killed
+    before the other reached the rendezvous would test the process group's start, not a save)."""
+    before, end = _acked(repo_path), time.monotonic() + bound_s
+    while _acked(repo_path) == before:
+        assert all(p.is_alive() for p in processes), "a rank died before its first save"
+        assert time.monotonic() < end, f"no save in {bound_s} s"
+        time.sleep(0.05)
+
+
 def test_killing_one_rank_mid_save_never_shows_a_partial_commit(tmp_path: Path) -> None:
     ckptrepo.Repo.init(tmp_path, chunk_size=4096).close()
     rng = random.Random(7)
@@ -56,7 +72,8 @@ def test_killing_one_rank_mid_save_never_shows_a_partial_commit(tmp_path: Path) 
     for kill in range(KILLS):
         ctx = mp.start_processes(rank_main, args=(2, free_port(), "save_loop", str(tmp_path), (1000,)), nprocs=2,
                                  join=False, start_method="spawn")
-        time.sleep(rng.uniform(3.0, 7.0))  # past start-up, somewhere in the loop of saves
+        _wait_for_a_save(tmp_path, ctx.processes)  # past start-up (a slow one too): the ranks are saving
+        time.sleep(rng.uniform(0.0, 3.0))  # somewhere in the loop of saves
         victim = rng.randrange(2)
         ctx.processes[victim].kill()
         survivor = ctx.processes[1 - victim]
