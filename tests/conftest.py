@@ -154,9 +154,16 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
-    """``http://127.0.0.1:PORT`` of an S3-protocol server (moto) running for the whole session."""
+    """``http://127.0.0.1:PORT`` of an S3-protocol server (moto) running for the whole session.
+
+    S3 applies a conditional PUT (``If-Match``, ``If-None-Match``) atomically; moto checks the
+    condition, then writes, with nothing held in between, so two racing PUTs with one ETag can
+    both succeed there (a lost update that the store's compare-and-swap tests see under load).
+    PUTs are serialized in this server, which then keeps S3's contract."""
+    from moto.s3.responses import S3Response
     from moto.server import ThreadedMotoServer
 
+    _serialize_puts(S3Response)
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
@@ -164,6 +171,22 @@ def s3_endpoint() -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         server.stop()
+
+
+def _serialize_puts(response: Any) -> None:
+    """Run moto's ``put_object`` handler under one lock (once per process)."""
+    import threading
+
+    if getattr(response.put_object, "_ckpt_serialized", False):
+        return
+    lock, put = threading.Lock(), response.put_object
+
+    def locked_put(self: Any) -> Any:
+        with lock:
+            return put(self)
+
+    locked_put._ckpt_serialized = True  # type: ignore[attr-defined]
+    response.put_object = locked_put
 
 
 @pytest.fixture
