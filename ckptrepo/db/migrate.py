@@ -225,16 +225,14 @@ def sqlite_dump(conn: Connection) -> list[str]:
     """Every statement that recreates what an SQLite database holds (its tables, indexes and
     rows, ``sqlite_sequence``'s included), in one order for one schema: what ``db.head_sqlite``
     holds of a database the migrations brought to head (``scripts/gen-sqlite-head`` writes it)."""
-    objects = [(kind, name, sql) for kind, name, sql in conn.exec_driver_sql(
-        "SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY rowid").all()
-        if not str(name).startswith("sqlite_")]
+    master = conn.exec_driver_sql("SELECT type, name, sql FROM sqlite_master ORDER BY rowid").all()
+    made = [(kind, name, sql) for kind, name, sql in master if sql is not None and not name.startswith("sqlite_")]
     # Tables in the order they were made, then indexes by name (Alembic's batch mode makes a
     # table's indexes in no fixed order), then the rest.
-    order = {"table": 0, "index": 1}
-    ranked = sorted(enumerate(objects), key=lambda o: (order.get(o[1][0], 2), o[1][1] if o[1][0] == "index" else o[0]))
-    statements = [sql for _, (_, _, sql) in ranked]
-    tables = conn.exec_driver_sql("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY rowid").scalars()
-    for name in list(tables):
+    statements = [sql for kind, _, sql in made if kind == "table"]
+    statements += [sql for _, sql in sorted((name, sql) for kind, name, sql in made if kind == "index")]
+    statements += [sql for kind, _, sql in made if kind not in ("table", "index")]
+    for name in (name for kind, name, _ in master if kind == "table"):  # sqlite_sequence's rows too
         for row in sorted(conn.exec_driver_sql(f'SELECT * FROM "{name}"').all(), key=repr):
             statements.append(f'INSERT INTO "{name}" VALUES ({", ".join(_sql_literal(v) for v in row)})')
     return statements
